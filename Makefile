@@ -1,0 +1,37 @@
+# Two entry points (see README): `make demo` and `make test`. Both set up .venv first.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch is pinned to the CPU wheel that lies on this machine type's disk. A looser spec
+# would make pip download a multi-GB CUDA build, so it is installed first, on its own.
+TORCH  := torch==2.13.0
+
+.PHONY: demo test setup setup-dev clean
+
+$(VENV)/.setup-base: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q $(TORCH)
+	$(BIN)/python -m pip install -q -e .
+	touch $@
+
+$(VENV)/.setup-dev: $(VENV)/.setup-base
+	$(BIN)/python -m pip install -q -e ".[dev,gpu]"
+	touch $@
+
+setup: $(VENV)/.setup-base
+setup-dev: $(VENV)/.setup-dev
+
+# Seed A's Break 19: control (clip 1.0) and break (no clip) on the same batches, trained as
+# two parallel 1-thread processes, then the comparison report in out/phase-19/.
+demo: $(VENV)/.setup-base
+	@$(BIN)/spikecheck train experiments/19-control --quiet & control=$$!; \
+	 $(BIN)/spikecheck train experiments/19-break-no-clip --quiet & broken=$$!; \
+	 wait $$control && wait $$broken
+	$(BIN)/spikecheck compare experiments/19-control experiments/19-break-no-clip --out out/phase-19
+
+test: $(VENV)/.setup-dev
+	$(BIN)/python -m pytest --spikecheck
+
+clean:
+	rm -rf out experiments/*/run .pytest_cache

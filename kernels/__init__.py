@@ -1,0 +1,1 @@
+"""CUDA sources for the clipping kernels (installed as ``pytest_spikecheck.kernels``)."""

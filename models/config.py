@@ -1,0 +1,53 @@
+"""Model configuration and named presets. Plain dataclasses: importing this never imports torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int = 2  # transformer blocks
+    n_head: int = 4  # attention heads per block; n_embd must divide by it
+    n_embd: int = 64  # residual stream width
+    block_size: int = 32  # context length in tokens
+    vocab_size: int = 0  # 0 = take it from the tokenizer when the engine builds the model
+    bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
+    layernorm_eps: float = 1e-5  # 0 is a numeric break: a constant input then gives 0/0 = NaN
+    init_std: float = 0.02  # GPT-2 init; residual projections get init_std / sqrt(2 * n_layer)
+
+    def __post_init__(self) -> None:
+        for name in ("n_layer", "n_head", "n_embd", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"model.{name} must be a positive integer, was {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+        if self.vocab_size < 0:
+            raise ValueError(f"model.vocab_size must be >= 0 (0 = from the tokenizer), was {self.vocab_size}")
+        if self.layernorm_eps < 0:
+            raise ValueError(f"model.layernorm_eps must be >= 0, was {self.layernorm_eps}")
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+#: Named shapes. ``micro`` is Seed A's Phase-19 model. The ``andrea-*`` shapes are Seed B's
+#: models (vocab 8449); they exist for kernel benchmarks and the capacity sweep's upper end,
+#: and are far too slow to train on a CPU.
+PRESETS: dict[str, GPTConfig] = {
+    "nano": GPTConfig(n_layer=2, n_head=2, n_embd=32),
+    "micro": GPTConfig(n_layer=2, n_head=4, n_embd=64),
+    "mini": GPTConfig(n_layer=4, n_head=4, n_embd=128),
+    "small": GPTConfig(n_layer=6, n_head=8, n_embd=256),
+    "andrea-12m": GPTConfig(n_layer=6, n_head=6, n_embd=384, block_size=256, vocab_size=8449),
+    "andrea-120m": GPTConfig(n_layer=12, n_head=12, n_embd=768, block_size=256, vocab_size=8449),
+}
+
+
+def model_preset(name: str) -> GPTConfig:
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}") from None

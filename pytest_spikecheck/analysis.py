@@ -1,0 +1,171 @@
+"""Measures on recorded series: spike ratio, loss jump, recovery, final gap.
+
+Everything works on a *metrics mapping*: ``{"step": int array, "loss": ..., ...}`` with
+NaN where a value was not recorded (a Run's ``metrics``, a loaded ``metrics.jsonl``, or a
+user's own arrays). Steps are the real step numbers, so logs with gaps work: a "window of
+50 steps" means steps, not rows. numpy only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+
+Metrics = Mapping[str, np.ndarray]
+
+#: Composer's recovery criterion: back within 1.10x the pre-spike average.
+RECOVERY_FACTOR = 1.10
+#: How long a recovered series must stay recovered (steps after the event).
+RECOVERY_HORIZON = 50
+#: The baseline of a spike ratio: the median over this many steps before the spike.
+BASELINE_WINDOW = 50
+
+
+def column(metrics: Metrics, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of one metric, dropping steps where it was not recorded (NaN kept
+    only where the record says the value itself was non-finite is impossible to tell, so
+    NaN means 'not recorded' here; use :func:`first_nonfinite` for real NaNs)."""
+    if name not in metrics:
+        raise KeyError(f"no {name!r} series; have {', '.join(sorted(k for k in metrics if k != 'step'))}")
+    steps = np.asarray(metrics["step"], dtype=np.int64)
+    values = np.asarray(metrics[name], dtype=np.float64)
+    keep = ~np.isnan(values)
+    return steps[keep], values[keep]
+
+
+def value_at(metrics: Metrics, name: str, step: int) -> float:
+    steps = np.asarray(metrics["step"])
+    idx = np.flatnonzero(steps == step)
+    return float(np.asarray(metrics[name], dtype=np.float64)[idx[-1]]) if idx.size else math.nan
+
+
+def baseline(metrics: Metrics, name: str, step: int, window: int = BASELINE_WINDOW) -> float:
+    """Median of ``name`` over the ``window`` steps before ``step`` (finite values only)."""
+    steps, values = column(metrics, name)
+    sel = (steps >= step - window) & (steps < step) & np.isfinite(values)
+    return float(np.median(values[sel])) if sel.any() else math.nan
+
+
+def spike_ratio(metrics: Metrics, step: int, name: str = "grad_norm_pre", window: int = BASELINE_WINDOW) -> float:
+    """Value at ``step`` divided by the median of the ``window`` steps before it."""
+    base = baseline(metrics, name, step, window)
+    value = value_at(metrics, name, step)
+    return value / base if base and base > 0 and not math.isnan(base) else math.nan
+
+
+def ratio_series(metrics: Metrics, name: str = "grad_norm_pre", window: int = BASELINE_WINDOW,
+                 min_history: int = 10) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, value / median of the previous ``window`` steps) for every recorded step."""
+    steps, values = column(metrics, name)
+    out = np.full(values.shape, np.nan)
+    for i, s in enumerate(steps):
+        lo = np.searchsorted(steps, s - window)
+        hist = values[lo:i]
+        hist = hist[np.isfinite(hist)]
+        if hist.size >= min_history:
+            med = np.median(hist)
+            if med > 0:
+                out[i] = values[i] / med
+    return steps, out
+
+
+def largest_spike(metrics: Metrics, name: str = "grad_norm_pre", window: int = BASELINE_WINDOW) -> tuple[int | None, float]:
+    """(step, ratio) of the largest ratio to the rolling median; (None, nan) for short series."""
+    steps, ratios = ratio_series(metrics, name, window)
+    finite = np.isfinite(ratios)
+    if not finite.any():
+        return None, math.nan
+    i = int(np.nanargmax(np.where(finite, ratios, -np.inf)))
+    return int(steps[i]), float(ratios[i])
+
+
+def loss_jump(metrics: Metrics, step: int, after: int = 10, name: str = "eval_loss") -> float:
+    """Worst ``name`` in the ``after`` steps from ``step`` minus the last value before ``step``."""
+    steps, values = column(metrics, name)
+    before = values[steps < step]
+    window = values[(steps >= step) & (steps < step + after)]
+    if before.size == 0 or window.size == 0:
+        return math.nan
+    return float(np.max(window) - before[-1])
+
+
+def pre_event_mean(metrics: Metrics, step: int, before: int = 10, name: str = "eval_loss") -> float:
+    steps, values = column(metrics, name)
+    sel = (steps >= step - before) & (steps < step)
+    return float(np.mean(values[sel])) if sel.any() else math.nan
+
+
+def recovery_steps(metrics: Metrics, step: int, factor: float = RECOVERY_FACTOR, name: str = "eval_loss",
+                   before: int = 10, reference: float | None = None, horizon: int = RECOVERY_HORIZON) -> int | None:
+    """Steps from ``step`` until ``name`` is back within ``factor`` x the pre-event mean (or
+    ``reference``) and stays there until ``step + horizon``. 0 = never left; None = not back
+    within the horizon. The horizon is bounded because a tiny corpus overfits: late in a run
+    the eval loss drifts up for reasons that have nothing to do with the event."""
+    steps, values = column(metrics, name)
+    level = reference if reference is not None else pre_event_mean(metrics, step, before, name)
+    if math.isnan(level):
+        return None
+    window = (steps >= step) & (steps <= step + horizon)
+    s_after, v_after = steps[window], values[window]
+    bad = ~(v_after <= factor * level)  # NaN/inf count as not recovered
+    if not bad.any():
+        return 0
+    last_bad = int(np.flatnonzero(bad)[-1])
+    if last_bad + 1 >= len(s_after):
+        return None
+    return int(s_after[last_bad + 1] - step)
+
+
+def final_value(metrics: Metrics, name: str = "eval_loss", last: int = 3) -> float:
+    """Mean of the last ``last`` recorded values of ``name``."""
+    _, values = column(metrics, name)
+    return float(np.mean(values[-last:])) if values.size else math.nan
+
+
+def first_nonfinite(metrics: Metrics, names: Sequence[str] = ("loss", "grad_norm_pre"),
+                    missing: Mapping[str, np.ndarray] | None = None) -> tuple[int, str] | None:
+    """(step, metric) of the first NaN/inf among ``names``; ``missing`` masks mark steps where
+    a metric was not logged (those NaNs are not counted)."""
+    steps = np.asarray(metrics["step"])
+    first: tuple[int, str] | None = None
+    for name in names:
+        if name not in metrics:
+            continue
+        nonfinite = ~np.isfinite(np.asarray(metrics[name], dtype=np.float64))
+        if missing and name in missing:
+            nonfinite &= ~missing[name]
+        bad = np.flatnonzero(nonfinite)
+        if bad.size and (first is None or steps[bad[0]] < first[0]):
+            first = (int(steps[bad[0]]), name)
+    return first
+
+
+@dataclass(frozen=True)
+class EventSummary:
+    """One row of a control-vs-break comparison."""
+
+    step: int | None
+    ratio: float
+    loss_jump: float
+    recovery: int | None
+    post_clip_at_step: float
+    final_eval: float
+
+    @classmethod
+    def measure(cls, metrics: Metrics, step: int | None) -> "EventSummary":
+        if step is None:
+            step, _ = largest_spike(metrics)
+        if step is None:
+            return cls(None, math.nan, math.nan, None, math.nan, final_value(metrics))
+        has_eval = "eval_loss" in metrics and np.isfinite(np.asarray(metrics["eval_loss"], dtype=float)).any()
+        return cls(
+            step=step,
+            ratio=spike_ratio(metrics, step),
+            loss_jump=loss_jump(metrics, step) if has_eval else loss_jump(metrics, step, name="loss"),
+            recovery=recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss"),
+            post_clip_at_step=value_at(metrics, "grad_norm_post", step) if "grad_norm_post" in metrics else math.nan,
+            final_eval=final_value(metrics) if has_eval else final_value(metrics, "loss", last=20),
+        )

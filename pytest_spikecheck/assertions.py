@@ -1,0 +1,216 @@
+"""Assertions on training records, importable by any test suite.
+
+Each takes a :class:`~pytest_spikecheck.run.Run`, a mapping of arrays
+(``{"loss": [...], "grad_norm_pre": [...], "grad_norm_post": [...]}``) or a path to a log,
+and raises :class:`~pytest_spikecheck.errors.SpikeCheckError` (an ``AssertionError``) whose
+message carries the evidence: a capped table of the steps around the event, a sparkline,
+the diagnosis, and the command that reproduces the run. numpy only (no torch).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from pytest_spikecheck.analysis import (
+    BASELINE_WINDOW, RECOVERY_FACTOR, column, first_nonfinite, largest_spike, ratio_series,
+    recovery_steps, spike_ratio, value_at,
+)
+from pytest_spikecheck.detectors import get_detector
+from pytest_spikecheck.errors import SpikeCheckError
+from pytest_spikecheck.records import Record, as_record
+from pytest_spikecheck.report import fmt, sparkline, table
+
+__all__ = [
+    "assert_clip_contains", "assert_diverges", "assert_finite", "assert_no_spike",
+    "assert_recovers", "assert_spike",
+]
+
+_TABLE_COLUMNS = ("loss", "eval_loss", "grad_norm_pre", "grad_norm_post", "clip_factor", "grad_norm")
+_MAX_ROWS = 11
+
+
+def _context(rec: Record, step: int | None, metric: str, *, diagnose_step: bool = True) -> str:
+    """Evidence appended to every failure: table around ``step``, sparkline, diagnosis, reproduce."""
+    m = rec.metrics
+    parts = []
+    if step is not None and len(m["step"]):
+        steps = np.asarray(m["step"])
+        centre = int(np.searchsorted(steps, step))
+        lo = max(0, centre - _MAX_ROWS // 2)
+        idx = range(lo, min(len(steps), lo + _MAX_ROWS))
+        cols = [c for c in _TABLE_COLUMNS if c in m]
+        rows = [[("→ " if int(steps[i]) == step else "  ") + str(int(steps[i]))]
+                + [fmt(float(m[c][i]), ".4g") for c in cols] for i in idx]
+        parts.append(table(["step", *cols], rows))
+    if metric in m:
+        _, values = column(m, metric) if np.isfinite(np.asarray(m[metric], dtype=float)).any() else (None, m[metric])
+        parts.append(f"{metric}: {sparkline(values)}")
+    if diagnose_step and step is not None:
+        from pytest_spikecheck.diagnosis import diagnose
+
+        try:
+            parts.append(diagnose(rec, step).text())
+        except Exception as exc:  # the evidence must never hide the assertion itself
+            parts.append(f"(diagnosis unavailable: {type(exc).__name__}: {exc})")
+    cmd = rec.reproduce_command()
+    if cmd:
+        parts.append(f"reproduce: {cmd}")
+    parts.append(f"record: {rec.source}")
+    return "\n\n".join(parts)
+
+
+def _fail(headline: str, rec: Record, step: int | None, metric: str, **kwargs: Any) -> None:
+    __tracebackhide__ = True
+    raise SpikeCheckError(f"{headline}\n\n{_context(rec, step, metric, **kwargs)}")
+
+
+def _pick_metric(rec: Record, metric: str) -> str:
+    if metric in rec.metrics:
+        return metric
+    if metric == "grad_norm_pre" and "grad_norm" in rec.metrics:  # logs name the pre-clip norm "grad_norm"
+        return "grad_norm"
+    have = ", ".join(sorted(k for k in rec.metrics if k != "step")) or "nothing"
+    raise SpikeCheckError(f"the record has no {metric!r} series (it has {have})")
+
+
+def _event_step(rec: Record, at: int | None, metric: str) -> int | None:
+    if at is not None:
+        return at
+    if rec.run is not None and rec.run.scenario.burst_steps:
+        return rec.run.scenario.burst_steps[0]
+    return largest_spike(rec.metrics, metric)[0]
+
+
+def assert_spike(run: Any, at: int | None = None, min_ratio: float = 10.0, metric: str = "grad_norm_pre",
+                 window: int = BASELINE_WINDOW) -> float:
+    """Assert a spike of at least ``min_ratio`` x the median of the ``window`` steps before.
+
+    With ``at``, the spike must be at that step; without, anywhere. Returns the ratio.
+    """
+    __tracebackhide__ = True
+    rec = as_record(run)
+    metric = _pick_metric(rec, metric)
+    if at is None:
+        step, ratio = largest_spike(rec.metrics, metric, window)
+    else:
+        step, ratio = at, spike_ratio(rec.metrics, at, metric, window)
+        if not np.any(np.asarray(rec.metrics["step"]) == at):
+            _fail(f"no spike at step {at}: the record has no step {at} "
+                  f"(it covers {int(rec.metrics['step'][0]) if len(rec.metrics['step']) else '-'}"
+                  f"–{int(rec.metrics['step'][-1]) if len(rec.metrics['step']) else '-'})", rec, None, metric)
+    if step is None or not (ratio >= min_ratio):
+        where = f"at step {at}" if at is not None else f"anywhere (largest: step {fmt(step)})"
+        _fail(f"expected a {metric} spike of ≥ {min_ratio:g}× {where}, got {fmt(ratio, '.2f')}× "
+              f"the median of the {window} steps before", rec, step, metric)
+    return ratio
+
+
+def assert_no_spike(run: Any, detector: Any = "ratio", metric: str = "grad_norm_pre", **params: Any) -> None:
+    """Assert that ``detector`` (a name from :mod:`pytest_spikecheck.detectors` or an
+    instance; ``params`` configure it) flags no step of ``metric``."""
+    __tracebackhide__ = True
+    rec = as_record(run)
+    metric = _pick_metric(rec, metric)
+    det = get_detector(detector, **params)
+    hits = det.detect(*rec.series(metric))
+    if hits:
+        first = hits[0]
+        more = f" (and {len(hits) - 1} more: steps {', '.join(str(h.step) for h in hits[1:6])}{'…' if len(hits) > 6 else ''})" if len(hits) > 1 else ""
+        _fail(f"{det.describe()} flagged a {metric} spike at step {first.step}: {fmt(first.value, '.4g')} vs baseline "
+              f"{fmt(first.baseline, '.4g')} (score {fmt(first.score, '.2f')}{det.unit}){more}", rec, first.step, metric)
+
+
+def assert_clip_contains(run: Any, max_norm: float, rtol: float = 1e-5) -> None:
+    """Assert the post-clip gradient norm never exceeds ``max_norm * (1 + rtol)`` (and is finite)."""
+    __tracebackhide__ = True
+    rec = as_record(run)
+    metric = _pick_metric(rec, "grad_norm_post")
+    steps = np.asarray(rec.metrics["step"])
+    post = np.asarray(rec.metrics[metric], dtype=float)
+    limit = max_norm * (1 + rtol)
+    bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post)) if not np.isnan(post).all() else np.array([], int)
+    nans = np.flatnonzero(np.isnan(post))
+    if nans.size and "grad_norm_pre" in rec.metrics:
+        # NaN post-clip where the pre-clip norm was finite means the clip itself broke something.
+        pre = np.asarray(rec.metrics["grad_norm_pre"], dtype=float)
+        bad = np.union1d(bad, nans[np.isfinite(pre[nans])]).astype(int)
+    if bad.size:
+        i = int(bad[0])
+        worst = int(bad[np.nanargmax(np.where(np.isfinite(post[bad]), post[bad], np.inf))])
+        _fail(f"the clip did not contain the gradient: post-clip norm {fmt(float(post[i]), '.4g')} > max_norm "
+              f"{max_norm:g} at step {int(steps[i])} ({bad.size} step{'s' if bad.size > 1 else ''} over; worst "
+              f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])})", rec, int(steps[worst]), metric)
+
+
+def assert_recovers(run: Any, within: int = 50, factor: float = RECOVERY_FACTOR, reference: Any = None,
+                    at: int | None = None, metric: str = "eval_loss") -> int:
+    """Assert ``metric`` is back within ``factor`` x its pre-event mean within ``within`` steps
+    of the event (``at``, else the declared burst, else the largest spike) and stays there.
+
+    With ``reference`` (another run or record), "back" means within ``factor`` x the
+    reference's value at the same steps. Returns the recovery time in steps.
+    """
+    __tracebackhide__ = True
+    rec = as_record(run)
+    if metric not in rec.metrics or not np.isfinite(np.asarray(rec.metrics[metric], dtype=float)).any():
+        metric = "loss"
+    spike_metric = _pick_metric(rec, "grad_norm_pre") if ("grad_norm_pre" in rec.metrics or "grad_norm" in rec.metrics) else metric
+    step = _event_step(rec, at, spike_metric)
+    if step is None:
+        _fail("no event to recover from: no declared burst and no spike in the record", rec, None, metric)
+    if reference is not None:
+        ref = as_record(reference)
+        rsteps, rvalues = column(ref.metrics, metric)
+        ssteps, svalues = column(rec.metrics, metric)
+        level = np.interp(ssteps, rsteps, rvalues)
+        after = (ssteps >= step) & (ssteps <= step + within)
+        bad = after & ~(svalues <= factor * level)
+        took = 0 if not bad.any() else None
+        if bad.any():
+            last = int(np.flatnonzero(bad)[-1])
+            took = int(ssteps[last + 1] - step) if last + 1 < ssteps.size and ssteps[last + 1] <= step + within else None
+    else:
+        took = recovery_steps(rec.metrics, step, factor=factor, name=metric, horizon=within)
+    if took is None or took > within:
+        level_text = "the reference run" if reference is not None else "its pre-event mean"
+        _fail(f"{metric} did not recover within {within} steps of step {step}: not back within {factor:g}× "
+              f"{level_text}", rec, step, metric)
+    return int(took)
+
+
+def assert_diverges(run: Any, within: int | None = None, at: int | None = None) -> int:
+    """Assert the run reaches a non-finite loss or gradient norm (within ``within`` steps of
+    the event, if given). Returns the first non-finite step."""
+    __tracebackhide__ = True
+    rec = as_record(run)
+    first = first_nonfinite(rec.metrics, [k for k in ("loss", "grad_norm_pre", "grad_norm") if k in rec.metrics], rec.missing)
+    metric = "loss" if "loss" in rec.metrics else next(iter(k for k in rec.metrics if k != "step"), "loss")
+    if first is None:
+        _fail("expected the run to diverge (a NaN or inf loss or gradient norm), but every value is finite",
+              rec, _event_step(rec, at, _pick_metric(rec, "grad_norm_pre")) if "grad_norm_pre" in rec.metrics else None, metric)
+    if within is not None:
+        step = _event_step(rec, at, _pick_metric(rec, "grad_norm_pre"))
+        if step is not None and first[0] - step > within:
+            _fail(f"the run diverged at step {first[0]}, more than {within} steps after the event at step {step}",
+                  rec, first[0], metric, diagnose_step=False)
+    return first[0]
+
+
+def assert_finite(run: Any) -> None:
+    """Assert every recorded loss and gradient norm is finite; a failure names the first bad
+    step and, for engine runs, the module where the first non-finite tensor appeared."""
+    __tracebackhide__ = True
+    rec = as_record(run)
+    names = [k for k in rec.metrics if k != "step"]
+    first = first_nonfinite(rec.metrics, names, rec.missing)
+    if first is not None:
+        step, name = first
+        where = ""
+        if rec.run is not None and rec.run.meta.get("first_nonfinite"):
+            info = rec.run.meta["first_nonfinite"]
+            where = f"; first non-finite tensor: {info.get('tensor', '?')} in {info.get('module', '?')} at step {info.get('step', step)}"
+        _fail(f"non-finite {name} at step {step} ({fmt(value_at(rec.metrics, name, step))}){where}",
+              rec, step, name, diagnose_step=False)

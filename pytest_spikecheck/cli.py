@@ -1,0 +1,172 @@
+"""The ``spikecheck`` command line: train, compare, diagnose.
+
+Errors a user can fix (a bad config key, an unknown break, a negative clip, a missing
+directory) print one line ``spikecheck: error: ...`` and exit with status 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from pytest_spikecheck import __version__
+from pytest_spikecheck.errors import ConfigError
+
+EXIT_USAGE = 2
+
+
+def _grad_clip(text: str) -> float | None:
+    if text.lower() in ("inf", "none", "null", "off"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, inf or none, was {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"max_norm must be >= 0 (or inf/none for no clipping), was {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, was {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, was {text!r}")
+    return value
+
+
+def _int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, was {text!r}") from None
+
+
+def default_run_dir(config: Path) -> Path:
+    """Where ``train`` writes when no ``--out`` is given: ``<experiment dir>/run``."""
+    return (config if config.is_dir() else config.parent) / "run"
+
+
+def resolve_run_dir(path: str | Path) -> Path:
+    """A run directory, or an experiment directory whose ``run/`` holds one."""
+    p = Path(path)
+    if (p / "metrics.jsonl").is_file():
+        return p
+    if (p / "run" / "metrics.jsonl").is_file():
+        return p / "run"
+    if not p.exists():
+        raise ConfigError(f"no such run or experiment directory: {p}")
+    raise ConfigError(f"{p} holds no run (no metrics.jsonl); train it first: spikecheck train {p}")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from pytest_spikecheck.scenario import Scenario
+
+    config = Path(args.config)
+    scenario = Scenario.from_yaml(config)
+    changes = {}
+    if args.seed is not None:
+        changes["seed"] = args.seed
+    if args.steps is not None:
+        changes["steps"] = args.steps
+    if args.grad_clip is not False:
+        changes["optimizer__grad_clip"] = args.grad_clip
+    scenario = scenario.replace(**changes) if changes else scenario
+    out = Path(args.out) if args.out else default_run_dir(config)
+
+    from pytest_spikecheck.engine import train
+
+    callbacks = []
+    bar = None
+    if not args.quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(total=scenario.steps, desc=scenario.name, unit="step", file=sys.stderr, leave=False, disable=None)
+        callbacks.append(lambda step, row: (bar.update(1), bar.set_postfix(loss=f"{row['loss']:.3f}", gnorm=f"{row['grad_norm_pre']:.2f}", refresh=False)))
+    try:
+        run = train(scenario, backend=args.backend, device=args.device, threads=args.threads, callbacks=callbacks)
+    finally:
+        if bar is not None:
+            bar.close()
+    clip = "inf" if math.isinf(run.scenario.max_norm) else f"{run.scenario.max_norm:g}"
+    run.meta["reproduce"] = f"spikecheck train {config} --seed {run.scenario.seed} --grad-clip {clip} --steps {run.scenario.steps} --out {out}"
+    run.save(out)
+    from pytest_spikecheck.analysis import EventSummary
+    from pytest_spikecheck.report import fmt
+
+    bursts = run.scenario.burst_steps
+    s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
+    status = f"stopped at step {run.meta['stopped_at']} ({run.meta['stop_reason']})" if run.stopped_early else f"{len(run)} steps"
+    print(f"{run.name}: {status} in {run.meta['seconds']:.1f}s, backend {run.meta['backend']}; "
+          f"largest event at step {fmt(s.step)}: ratio {fmt(s.ratio, '.1f')}×, post-clip norm {fmt(s.post_clip_at_step)}, "
+          f"final eval loss {fmt(s.final_eval, '.3f')} → {out}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from pytest_spikecheck.report import write_comparison
+    from pytest_spikecheck.run import Run
+
+    run_a, run_b = Run.load(resolve_run_dir(args.run_a)), Run.load(resolve_run_dir(args.run_b))
+    result, files = write_comparison(run_a, run_b, args.out, step=args.step)
+    print(result.text())
+    print("\nwrote " + ", ".join(str(f) for f in files))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spikecheck", description="Reproduce gradient spikes on tiny LMs and check the defences.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a scenario (YAML file or experiment dir) and write its run folder")
+    p.add_argument("config", metavar="CONFIG_OR_DIR", help="a config.yaml or an experiment directory holding one")
+    p.add_argument("--seed", type=_int, default=None, metavar="N", help="override the scenario's seed")
+    p.add_argument("--grad-clip", type=_grad_clip, default=False, metavar="X|inf|none",
+                   help="override optimizer.grad_clip (inf or none = no clipping)")
+    p.add_argument("--steps", type=_positive_int, default=None, metavar="N", help="override the number of steps")
+    p.add_argument("--out", default=None, metavar="DIR", help="run folder to write. Default: <experiment dir>/run")
+    p.add_argument("--backend", default="auto", choices=["auto", "torch", "cupy", "emulator"],
+                   help="clipping backend. Default: %(default)s (cupy when a CUDA device is usable)")
+    p.add_argument("--device", default="cpu", metavar="DEVICE", help="torch device to train on (cpu, cuda, auto). Default: %(default)s")
+    p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
+                   help="torch threads, pinned for bit-identical reruns. Default: %(default)s")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("compare", help="compare two runs: panels and a table of spike, jump, recovery")
+    p.add_argument("run_a", metavar="DIR_A", help="run folder (or experiment dir with run/), e.g. the control")
+    p.add_argument("run_b", metavar="DIR_B", help="run folder (or experiment dir with run/), e.g. the break")
+    p.add_argument("--out", default="spikecheck-compare", metavar="DIR", help="where to write the panels. Default: %(default)s")
+    p.add_argument("--step", type=_positive_int, default=None, metavar="N",
+                   help="the event step to measure. Default: the declared burst, else the largest spike")
+    p.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"spikecheck: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except (ValueError, NotImplementedError) as exc:
+        print(f"spikecheck: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("spikecheck: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # output piped into head/less that closed early
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Corpus, tokenizer and batch samplers."""

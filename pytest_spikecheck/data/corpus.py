@@ -1,0 +1,115 @@
+"""Deterministic corpora: Seed A's 240 training sentences, an eval set, and rare burst content.
+
+Seed A (§A13) needs a small English corpus in which the verb *write* is common but the
+form *written* is rare (5 of 240 sentences), so that byte-level BPE splits " written" into
+``Ġwri`` + ``tt`` + ``en`` and the piece ``tt`` occurs nowhere else. Other words with a
+double t (``button``, ``cotton``) are frequent enough that BPE merges them into whole-word
+tokens, which is what leaves ``tt`` alone inside *written*.
+
+Everything here is plain Python (no torch): the same ``corpus_seed`` always yields the
+same sentences, so the tokenizer trained on them can be cached by content.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from functools import lru_cache
+
+#: Rare content a burst can inject. ``written`` is Seed A's own rare family (corpus
+#: sentences held out until the burst); ``caps`` and ``greek`` are fresh sentences the
+#: model has never seen: ALL-CAPS English and English transliterated into Greek script.
+BURST_CONTENTS = ("written", "caps", "greek")
+
+_SUBJECTS = (
+    "the teacher", "my sister", "the old man", "a young girl", "the doctor", "our friend",
+    "the student", "his mother", "the farmer", "a quiet boy", "the poet", "her uncle",
+    "the children", "seven women",
+)
+_OBJECTS = (
+    "a long story", "a poem", "the report", "a new song", "the plan", "a card",
+    "a diary page", "the recipe", "the menu", "a button song", "the cotton note",
+)
+_PLACES = (
+    "at home", "in the garden", "at school", "on the train", "by the river", "in the kitchen",
+    "after dinner", "before noon", "in the morning", "at night", "on monday", "in the park",
+    "when it rains", "in the open",
+)
+_OTHER_VERBS = (
+    ("reads", "read"), ("finds", "found"), ("likes", "liked"), ("sends", "sent"),
+    ("opens", "opened"), ("keeps", "kept"), ("shows", "showed"), ("checks", "checked"),
+    ("hides", "hid"), ("sings", "sang"),
+)
+#: How many sentences of each *write* form the 240-sentence corpus holds (the rest use
+#: other verbs). ``written`` is the rare one.
+_WRITE_FORMS = {"written": 5, "writes": 30, "wrote": 30, "will write": 15, "is writing": 15}
+
+_GREEK = dict(zip("abcdefghijklmnopqrstuvwxyz", "αβψδεφγηιξκλμνοπθρστυωςχυζ"))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One training or eval sentence. ``source`` names where it came from (``prose`` for
+    Seed A's corpus, ``burst:<content>`` for injected rare content); ``rare`` marks the
+    sentences a stratified sampler must spread out."""
+
+    id: str
+    text: str
+    source: str
+    rare: bool = False
+
+
+def _sentence(rng: random.Random, form: str) -> str:
+    subject, obj, place = rng.choice(_SUBJECTS), rng.choice(_OBJECTS), rng.choice(_PLACES)
+    if form == "written":
+        text = f"{obj} was written by {subject} {place}."
+    elif form == "other":
+        present, past = rng.choice(_OTHER_VERBS)
+        text = f"{subject} {present if rng.random() < 0.5 else past} {obj} {place}."
+    else:
+        text = f"{subject} {form} {obj} {place}."
+    return text[0].upper() + text[1:]
+
+
+@lru_cache(maxsize=8)
+def phase19_corpus(n_sentences: int = 240, corpus_seed: int = 0) -> tuple[Sample, ...]:
+    """Seed A's training corpus: ``n_sentences`` templated sentences, 5 of them with *written*."""
+    rng = random.Random(f"phase19-train-{corpus_seed}")
+    forms = [form for form, count in _WRITE_FORMS.items() for _ in range(count)]
+    if len(forms) > n_sentences:
+        raise ValueError(f"n_sentences must be >= {len(forms)} (the write forms alone), was {n_sentences}")
+    forms += ["other"] * (n_sentences - len(forms))
+    rng.shuffle(forms)
+    return tuple(
+        Sample(id=f"train-{i:03d}", text=_sentence(rng, form), source="prose", rare=form == "written")
+        for i, form in enumerate(forms)
+    )
+
+
+@lru_cache(maxsize=8)
+def phase19_eval_set(n_sentences: int = 96, corpus_seed: int = 0) -> tuple[Sample, ...]:
+    """Fixed in-distribution eval sentences (no *written*: the eval measures general harm)."""
+    rng = random.Random(f"phase19-eval-{corpus_seed}")
+    forms = [form for form in _WRITE_FORMS if form != "written"] + ["other"] * 4
+    return tuple(
+        Sample(id=f"eval-{i:03d}", text=_sentence(rng, rng.choice(forms)), source="prose")
+        for i in range(n_sentences)
+    )
+
+
+def _to_greek(text: str) -> str:
+    return "".join(_GREEK.get(ch, ch) for ch in text.lower())
+
+
+@lru_cache(maxsize=32)
+def burst_pool(content: str, count: int, corpus_seed: int = 0) -> tuple[Sample, ...]:
+    """Fresh rare sentences for a burst of ``content`` (``caps`` or ``greek``)."""
+    if content not in ("caps", "greek"):
+        raise ValueError(f"burst content must be 'caps' or 'greek' for fresh sentences, was {content!r}")
+    rng = random.Random(f"burst-{content}-{corpus_seed}")
+    texts = [_sentence(rng, rng.choice(list(_WRITE_FORMS)[1:] + ["other"])) for _ in range(count)]
+    transform = str.upper if content == "caps" else _to_greek
+    return tuple(
+        Sample(id=f"burst-{content}-{i:03d}", text=transform(t), source=f"burst:{content}", rare=True)
+        for i, t in enumerate(texts)
+    )

@@ -1,0 +1,99 @@
+"""Turn a scenario's data spec into token arrays: training pool, eval set, rarity.
+
+The *pool* is every sample the sampler may serve: the corpus plus the fresh sentences of
+each burst. Row ``i`` of ``inputs``/``targets`` is sample ``i`` as ``EOS text EOS``,
+truncated to ``block_size + 1`` tokens and padded; targets of padding are IGNORE_INDEX.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from pytest_spikecheck.data.corpus import Sample, burst_pool, phase19_corpus, phase19_eval_set
+from pytest_spikecheck.data.tokenizer import BPETokenizer, train_bpe
+from pytest_spikecheck.scenario import Scenario
+
+IGNORE_INDEX = -100  # same value as pytest_spikecheck.models.gpt.IGNORE_INDEX (torch's default)
+
+
+@dataclass(frozen=True)
+class TokenArrays:
+    inputs: np.ndarray  # (N, block_size) int64
+    targets: np.ndarray  # (N, block_size) int64, IGNORE_INDEX on padding
+
+
+@dataclass(frozen=True)
+class Dataset:
+    tokenizer: BPETokenizer
+    pool: tuple[Sample, ...]  # corpus first, then burst samples
+    train: TokenArrays  # one row per pool sample
+    eval: TokenArrays
+    eval_samples: tuple[Sample, ...]
+    n_corpus: int  # pool[:n_corpus] is the corpus
+    rare_tokens: frozenset[int]  # token ids contained in <= rare_doc_freq pool samples
+    rare_token_counts: tuple[int, ...]  # per pool sample: how many rare-token occurrences
+    burst_members: dict[int, tuple[int, ...]]  # burst index -> pool indices it injects
+
+    def is_rare(self, index: int) -> bool:
+        return self.rare_token_counts[index] > 0
+
+    def sample_tokens(self, index: int) -> list[int]:
+        row = self.train.targets[index]
+        return [int(t) for t in row if t != IGNORE_INDEX]
+
+
+def _encode(tok: BPETokenizer, samples: tuple[Sample, ...], block_size: int) -> TokenArrays:
+    inputs = np.full((len(samples), block_size), tok.pad_id, dtype=np.int64)
+    targets = np.full((len(samples), block_size), IGNORE_INDEX, dtype=np.int64)
+    for i, s in enumerate(samples):
+        ids = tok.encode(s.text)[: block_size + 1]
+        inputs[i, : len(ids) - 1] = ids[:-1]
+        targets[i, : len(ids) - 1] = ids[1:]
+    return TokenArrays(inputs, targets)
+
+
+def build_dataset(scenario: Scenario) -> Dataset:
+    """The dataset of a *resolved* scenario (cached: many scenarios share one corpus)."""
+    d, s = scenario.data, scenario.sampler
+    return _build(d.corpus, d.n_sentences, d.eval_sentences, d.vocab_size, d.corpus_seed,
+                  scenario.model.block_size, s.rare_doc_freq, s.bursts)
+
+
+@lru_cache(maxsize=16)
+def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, corpus_seed: int,
+           block_size: int, rare_doc_freq: int, bursts: tuple) -> Dataset:
+    corpus_samples = phase19_corpus(n_sentences, corpus_seed)
+    tok = train_bpe(tuple(s.text for s in corpus_samples), vocab_size)
+    pool = list(corpus_samples)
+    members: dict[int, tuple[int, ...]] = {}
+    for k, burst in enumerate(bursts):
+        if burst.content == "written":
+            rare = tuple(i for i, smp in enumerate(corpus_samples) if smp.rare)
+            members[k] = rare
+        else:
+            fresh = burst_pool(burst.content, burst.count, corpus_seed)
+            known = {smp.id: i for i, smp in enumerate(pool)}
+            ids = []
+            for smp in fresh:  # two bursts of the same content share sentences
+                if smp.id not in known:
+                    known[smp.id] = len(pool)
+                    pool.append(smp)
+                ids.append(known[smp.id])
+            members[k] = tuple(ids)
+    pool_t = tuple(pool)
+    train = _encode(tok, pool_t, block_size)
+    doc_freq: Counter[int] = Counter()
+    for row in train.targets:
+        doc_freq.update({int(t) for t in row if t != IGNORE_INDEX and t != tok.eos_id})
+    rare = frozenset(t for t, n in doc_freq.items() if n <= rare_doc_freq)
+    counts = tuple(int(sum(1 for t in row if int(t) in rare)) for row in train.targets)
+    eval_samples = phase19_eval_set(eval_sentences, corpus_seed)
+    return Dataset(
+        tokenizer=tok, pool=pool_t, train=train, eval=_encode(tok, eval_samples, block_size),
+        eval_samples=eval_samples, n_corpus=len(corpus_samples), rare_tokens=rare,
+        rare_token_counts=counts, burst_members=members,
+    )

@@ -1,0 +1,99 @@
+"""Batch plans: which pool samples form the batch of each step, decided before training.
+
+Planning every batch up front makes "same seed, same batches" between a control and a
+break trivially true and lets the run record each batch's composition. Three behaviours
+compose:
+
+* **shuffle**: the rotation (corpus samples not held out) is served in epochs, each a
+  fresh permutation from the seed.
+* **bursts**: a burst's samples are held out of the rotation until its step, then fill
+  ``count`` slots of that batch; held-out corpus samples (*written*) rejoin the rotation
+  at the next epoch, fresh burst sentences never recur.
+* **stratified**: at most ``rare_cap`` rare samples per batch; extra rare samples (from the
+  rotation or a burst) wait for the next batches. Seed A's deeper fix.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from typing import Callable, Sequence
+
+from pytest_spikecheck.scenario import SamplerSpec
+
+
+def plan_batches(
+    spec: SamplerSpec,
+    *,
+    steps: int,
+    seed: int,
+    n_corpus: int,
+    burst_members: dict[int, tuple[int, ...]],
+    is_rare: Callable[[int], bool],
+) -> list[list[int]]:
+    """Return ``steps`` batches (lists of pool indices); batch ``k`` is used at step ``k + 1``."""
+    rng = random.Random(f"batches-{seed}")
+    held_out = {i for members in burst_members.values() for i in members if i < n_corpus}
+    rotation = [i for i in range(n_corpus) if i not in held_out]
+    if len(rotation) < spec.batch_size:
+        raise ValueError(f"only {len(rotation)} samples in rotation for a batch of {spec.batch_size}")
+    stream: deque[int] = deque()
+    waiting: deque[int] = deque()  # samples due but deferred (stratified cap), served first
+    due: dict[int, list[int]] = {}
+    for k, burst in enumerate(spec.bursts):
+        chosen = list(burst_members[k])
+        if burst.content == "written":
+            chosen = random.Random(f"burst-{seed}-{k}").sample(chosen, min(burst.count, len(chosen)))
+        due.setdefault(burst.at_step, []).extend(chosen[: burst.count])
+    rejoin = sorted(held_out)
+    cap = spec.rare_cap if spec.kind == "stratified" else spec.batch_size
+
+    def refill() -> None:
+        epoch = list(rotation)
+        rng.shuffle(epoch)
+        stream.extend(epoch)
+
+    batches: list[list[int]] = []
+    for step in range(1, steps + 1):
+        if step in due:
+            waiting.extendleft(reversed(due.pop(step)))
+        batch: list[int] = []
+        rare_in_batch = 0
+        deferred: list[int] = []
+        for source in (waiting, stream):
+            while len(batch) < spec.batch_size:
+                if not source:
+                    if source is waiting:
+                        break
+                    refill()
+                item = source.popleft()
+                if is_rare(item) and rare_in_batch >= cap:
+                    deferred.append(item)
+                    if source is stream and len(deferred) > 4 * spec.batch_size:
+                        raise ValueError("stratified sampler cannot fill a batch: too many rare samples for rare_cap")
+                    continue
+                rare_in_batch += is_rare(item)
+                batch.append(item)
+        waiting.extendleft(reversed(deferred))
+        batches.append(batch)
+        if rejoin and any(b.at_step == step for b in spec.bursts):
+            # Held-out corpus samples join the rotation once their burst has passed.
+            first_burst = min(b.at_step for b in spec.bursts)
+            if step == first_burst:
+                rotation.extend(rejoin)
+                rejoin = []
+    return batches
+
+
+def batch_composition(batch: Sequence[int], *, pool, rare_token_counts, burst_ids: set[int]) -> dict:
+    """What the run records per batch: sample ids, sources, rare counts."""
+    sources: dict[str, int] = {}
+    for i in batch:
+        sources[pool[i].source] = sources.get(pool[i].source, 0) + 1
+    return {
+        "samples": [pool[i].id for i in batch],
+        "sources": sources,
+        "rare_samples": sum(1 for i in batch if rare_token_counts[i] > 0),
+        "rare_tokens": sum(rare_token_counts[i] for i in batch),
+        "burst_samples": sum(1 for i in batch if i in burst_ids),
+    }

@@ -1,0 +1,274 @@
+"""The training engine: builds data, sampler, model and optimizer from a scenario, trains,
+and records every step into a :class:`~pytest_spikecheck.run.Run`.
+
+The loop is straight-line (nanoGPT style) and never forks on breaks: a break has already
+changed the scenario (a config switch, a sampler change) before the engine sees it. The
+clipping backend is a name passed to :func:`pytest_spikecheck.clipping.clip_grads_`; the
+engine does not know which one runs. Order matters (Seed B): clipping happens after
+backward and strictly before AdamW touches ``m``, ``v`` or any parameter.
+
+Determinism: the same scenario, seed, thread count and backend give bit-identical metrics
+on CPU. torch's intra-op thread count changes reduction order, so it is pinned (default 1)
+for the run and restored afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+import time
+from collections import deque
+from typing import Any, Callable, Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pytest_spikecheck import __version__
+from pytest_spikecheck.clipping import clip_grads_, resolve_backend
+from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset, build_dataset
+from pytest_spikecheck.data.samplers import batch_composition, plan_batches
+from pytest_spikecheck.models.config import GPTConfig
+from pytest_spikecheck.run import METRIC_KEYS, Run
+from pytest_spikecheck.scenario import Scenario
+from pytest_spikecheck.schedule import lr_at
+
+#: Called after every step with the step number and that step's metric row.
+StepCallback = Callable[[int, dict[str, float]], None]
+
+#: |g| / sqrt(v̂) above this means Adam takes a near-maximal step on that weight.
+ADAM_SURPRISE_THRESHOLD = 10.0
+
+
+def build_model(scenario: Scenario, vocab_size: int) -> torch.nn.Module:
+    if scenario.model_factory is not None:
+        return scenario.model_factory(vocab_size)
+    from pytest_spikecheck.models.gpt import GPT
+
+    config = scenario.model
+    if config.vocab_size not in (0, vocab_size):
+        raise ValueError(f"model.vocab_size is {config.vocab_size} but the tokenizer has {vocab_size} tokens")
+    return GPT(GPTConfig(**{**config.__dict__, "vocab_size": vocab_size}))
+
+
+def build_optimizer(model: torch.nn.Module, scenario: Scenario) -> torch.optim.AdamW:
+    o = scenario.optimizer
+    # nanoGPT's rule: decay every matrix (embeddings included), never biases or norm gains.
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True)
+
+
+class _EvalSchedule:
+    """Sparse evaluation, dense around declared bursts and after detected spikes."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        r = scenario.record
+        self.every, self.before, self.after = r.eval_every, r.dense_before, r.dense_after
+        self.last_step = scenario.steps
+        self.dense: set[int] = set()
+        for b in scenario.sampler.bursts:
+            self.dense.update(range(b.at_step - self.before, b.at_step + self.after + 1))
+
+    def spike_at(self, step: int) -> None:
+        self.dense.update(range(step, step + self.after + 1))
+
+    def due(self, step: int) -> bool:
+        return step in self.dense or step % self.every == 0 or step == self.last_step
+
+
+def _mean_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    with torch.no_grad():
+        _, loss = model(x, y)
+    return float(loss)
+
+
+def _token_loss_table(logits: torch.Tensor, targets: torch.Tensor, dataset: Dataset, batch: list[int], top: int) -> dict[str, Any]:
+    """Per-token losses of one batch: the worst tokens with their strings and per-piece totals."""
+    losses = F.cross_entropy(logits.detach().view(-1, logits.size(-1)), targets.reshape(-1),
+                             ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
+    mask = targets != IGNORE_INDEX
+    flat = losses[mask]
+    tok = dataset.tokenizer
+    rows, cols = torch.nonzero(mask, as_tuple=True)
+    worst = torch.argsort(flat, descending=True)[:top]
+    per_piece: dict[str, list[float]] = {}
+    for r, c, v in zip(rows.tolist(), cols.tolist(), flat.tolist()):
+        per_piece.setdefault(tok.token(int(targets[r, c])), []).append(v)
+    pieces = sorted(((p, len(v), sum(v)) for p, v in per_piece.items()), key=lambda t: -t[2])[:top]
+    quantiles = torch.quantile(flat, torch.tensor([0.5, 0.9, 0.99], dtype=flat.dtype)).tolist()
+    return {
+        "mean": float(flat.mean()), "p50": quantiles[0], "p90": quantiles[1], "p99": quantiles[2],
+        "max": float(flat.max()), "n_tokens": int(flat.numel()),
+        "worst": [
+            {"sample": dataset.pool[batch[int(rows[i])]].id, "position": int(cols[i]),
+             "token": tok.token(int(targets[rows[i], cols[i]])), "loss": float(flat[i]),
+             "rare": int(targets[rows[i], cols[i]]) in dataset.rare_tokens}
+            for i in worst.tolist()
+        ],
+        "by_token": [{"token": p, "count": n, "total_loss": s, "mean_loss": s / n} for p, n, s in pieces],
+    }
+
+
+def _adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, Any]:
+    """How far this step's (clipped) gradient exceeds Adam's memory of it: the share of weights
+    with |g| / sqrt(v̂) > ADAM_SURPRISE_THRESHOLD, using v̂ from before this step."""
+    total = surprised = 0
+    per_param: dict[str, float] = {}
+    for name, p in named:
+        if p.grad is None:
+            continue
+        state = optimizer.state.get(p, {})
+        if "exp_avg_sq" not in state:
+            continue
+        beta2 = optimizer.param_groups[0]["betas"][1]
+        steps_so_far = float(state["step"])
+        v_hat = state["exp_avg_sq"] / (1 - beta2 ** steps_so_far)
+        ratio = p.grad.abs() / (v_hat.sqrt() + optimizer.param_groups[0]["eps"])
+        hit = int((ratio > ADAM_SURPRISE_THRESHOLD).sum())
+        per_param[name] = hit / p.numel()
+        surprised += hit
+        total += p.numel()
+    return {"threshold": ADAM_SURPRISE_THRESHOLD, "share": surprised / total if total else 0.0,
+            "by_param": dict(sorted(per_param.items(), key=lambda kv: -kv[1])[:8])}
+
+
+def train(
+    scenario: Scenario,
+    *,
+    backend: str = "auto",
+    device: str = "cpu",
+    threads: int = 1,
+    callbacks: Iterable[StepCallback] = (),
+) -> Run:
+    """Train ``scenario`` and return its :class:`Run`. Stops cleanly at the first non-finite
+    loss or gradient norm (the step is recorded, the optimizer is not stepped).
+
+    ``backend`` picks the clipping backend (``auto``: cupy for CUDA tensors when usable,
+    else torch); ``device`` is a torch device or ``auto`` (CUDA when available); ``threads``
+    pins torch's intra-op threads for the run (bit-identical reruns need the same count)."""
+    resolved = scenario.resolved()
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend_name = resolve_backend(backend, device)
+    callbacks = list(callbacks)
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train(resolved, scenario, backend_name, torch.device(device), threads, callbacks)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
+           callbacks: list[StepCallback]) -> Run:
+    started = time.perf_counter()
+    dataset = build_dataset(resolved)
+    plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=dataset.n_corpus,
+                        burst_members=dataset.burst_members, is_rare=dataset.is_rare)
+    burst_ids = {i for members in dataset.burst_members.values() for i in members}
+    burst_steps = {b.at_step for b in resolved.sampler.bursts}
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(resolved.seed)
+        model = build_model(resolved, dataset.tokenizer.vocab_size).to(device)
+    model.train()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    if not params:
+        raise ValueError("the model has no trainable parameters")
+    optimizer = build_optimizer(model, resolved)
+    max_norm = resolved.max_norm
+
+    inputs = torch.from_numpy(dataset.train.inputs).to(device)
+    targets = torch.from_numpy(dataset.train.targets).to(device)
+    eval_x = torch.from_numpy(dataset.eval.inputs).to(device)
+    eval_y = torch.from_numpy(dataset.eval.targets).to(device)
+
+    columns: dict[str, list[float]] = {k: [] for k in METRIC_KEYS}
+    batches: list[dict[str, Any]] = []
+    events: list[dict[str, Any]] = []
+    evals = _EvalSchedule(resolved)
+    recent_norms: deque[float] = deque(maxlen=resolved.record.spike_window)
+    stopped_at: int | None = None
+    stop_reason: str | None = None
+    train_seconds = 0.0
+
+    for step in range(1, resolved.steps + 1):
+        t0 = time.perf_counter()
+        lr = lr_at(step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = plan[step - 1]
+        index = torch.tensor(batch, device=device)
+        x, y = inputs[index], targets[index]
+        logits, loss = model(x, y)
+        loss.backward()
+        grads = [p.grad for p in params if p.grad is not None]
+        per_tensor_pre = torch.stack(torch._foreach_norm(grads)) if grads else None
+        clip = clip_grads_(params, max_norm, backend=backend, mode=resolved.optimizer.clip_mode)
+        grad_norm_post = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else clip.total_norm
+        loss_value, norm_pre = float(loss.detach()), float(clip.total_norm)
+        composition = batch_composition(batch, pool=dataset.pool, rare_token_counts=dataset.rare_token_counts,
+                                        burst_ids=burst_ids)
+        batches.append({"step": step, **composition})
+
+        nonfinite = not math.isfinite(loss_value) or bool(clip.nonfinite)
+        baseline = statistics.median(recent_norms) if len(recent_norms) >= 10 else math.nan
+        is_spike = not nonfinite and baseline > 0 and norm_pre / baseline >= resolved.record.spike_ratio
+        event = step in burst_steps or is_spike or nonfinite
+        if event:
+            kinds = [k for k, on in (("burst", step in burst_steps), ("spike", is_spike), ("nonfinite", nonfinite)) if on]
+            events.append({
+                "step": step, "kinds": kinds, "loss": loss_value, "grad_norm_pre": norm_pre,
+                "baseline_grad_norm": baseline, "clip_factor": float(clip.scale),
+                "token_losses": _token_loss_table(logits, y, dataset, batch, resolved.record.top_tokens),
+                "param_grad_norms": dict(sorted(
+                    ((n, float(v)) for (n, p), v in zip([np for np in named if np[1].grad is not None],
+                                                           per_tensor_pre.tolist())), key=lambda kv: -kv[1])),
+                "adam_surprise": _adam_surprise(optimizer, named) if not nonfinite else None,
+            })
+            if is_spike:
+                evals.spike_at(step)
+        if nonfinite:
+            stopped_at, stop_reason = step, ("non-finite loss" if not math.isfinite(loss_value) else "non-finite gradient norm")
+            row = {"step": step, "loss": loss_value, "grad_norm_pre": norm_pre, "grad_norm_post": float(grad_norm_post),
+                   "clip_factor": float(clip.scale), "lr": lr, "eval_loss": math.nan, "adam_v_norm": math.nan}
+            for k in METRIC_KEYS:
+                columns[k].append(row[k])
+            train_seconds += time.perf_counter() - t0
+            break
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        v_sum = sum(float(optimizer.state[p]["exp_avg_sq"].sum()) for p in params if p in optimizer.state)
+        train_seconds += time.perf_counter() - t0
+        recent_norms.append(norm_pre)
+
+        eval_loss = _mean_loss(model, eval_x, eval_y) if evals.due(step) else math.nan
+        row = {"step": step, "loss": loss_value, "grad_norm_pre": norm_pre, "grad_norm_post": float(grad_norm_post),
+               "clip_factor": float(clip.scale), "lr": lr, "eval_loss": eval_loss, "adam_v_norm": math.sqrt(v_sum)}
+        for k in METRIC_KEYS:
+            columns[k].append(row[k])
+        for cb in callbacks:
+            cb(step, row)
+
+    metrics = {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in columns.items()}
+    meta = {
+        "package_version": __version__,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "backend": backend,
+        "device": str(device),
+        "threads": threads,
+        "content_hash": original.content_hash(),
+        "breaks": [b.describe() for b in original.breaks],
+        "parameters": sum(p.numel() for p in params),
+        "vocab_size": dataset.tokenizer.vocab_size,
+        "seconds": time.perf_counter() - started,
+        "train_seconds": train_seconds,
+        "stopped_at": stopped_at,
+        "stop_reason": stop_reason,
+    }
+    return Run(scenario=resolved.replace(name=original.name), metrics=metrics, batches=batches, events=events, meta=meta)

@@ -1,0 +1,270 @@
+"""The pytest plugin: options, marker, hooks and the ``spikecheck`` fixture. Nothing else.
+
+Loading it imports neither torch, cupy, matplotlib nor hypothesis: a repo that installs
+pytest-spikecheck pays nothing until a test actually trains a scenario under ``--spikecheck``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pytest_spikecheck.session import Settings, SpikecheckSession
+
+BACKEND_CHOICES = ("auto", "torch", "cupy", "emulator")
+SKIP_REASON = "needs --spikecheck"
+_SESSION = pytest.StashKey[SpikecheckSession]()
+_RECORDER = pytest.StashKey["_Recorder"]()
+
+
+def parse_backend(text: str) -> str:
+    if text not in BACKEND_CHOICES:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(BACKEND_CHOICES)}, was {text!r}")
+    return text
+
+
+def parse_seed(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer seed, was {text!r}") from None
+
+
+def parse_device(text: str) -> str:
+    if text not in ("cpu", "auto") and not text.startswith("cuda"):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda[:N] or auto, was {text!r}")
+    return text
+
+
+def parse_threads(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, was {text!r}")
+    return value
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("spikecheck", "gradient-spike scenarios (pytest-spikecheck)")
+    group.addoption("--spikecheck", action="store_true", default=None,
+                    help="train the spikecheck scenarios and run their tests (otherwise they are skipped). "
+                         "Default: ini spikecheck or False")
+    group.addoption("--spikecheck-backend", metavar="NAME", type=parse_backend, default=None,
+                    help="clipping backend: auto (cupy for CUDA tensors when usable, else torch), torch, cupy, "
+                         "emulator. Default: ini spikecheck_backend or 'auto'")
+    group.addoption("--spikecheck-device", metavar="DEVICE", type=parse_device, default=None,
+                    help="torch device to train on: cpu, cuda[:N], auto. Default: ini spikecheck_device or 'cpu' "
+                         "(thresholds are calibrated on CPU)")
+    group.addoption("--spikecheck-report", metavar="DIR", default=None,
+                    help="write panels, diagnoses and an index per scenario into DIR (runs are also cached there). "
+                         "Default: ini spikecheck_report or none")
+    group.addoption("--spikecheck-seed", metavar="N", type=parse_seed, default=None,
+                    help="override every scenario's seed. Default: ini spikecheck_seed or the scenarios' own")
+    group.addoption("--spikecheck-threads", metavar="N", type=parse_threads, default=None,
+                    help="torch threads per training run (pinned for bit-identical reruns). Default: ini "
+                         "spikecheck_threads or 1")
+    parser.addini("spikecheck", type="bool", default=False, help="run spikecheck scenarios (as --spikecheck)")
+    parser.addini("spikecheck_backend", default="auto", help="clipping backend (as --spikecheck-backend)")
+    parser.addini("spikecheck_device", default="cpu", help="torch device (as --spikecheck-device)")
+    parser.addini("spikecheck_report", default="", help="report directory (as --spikecheck-report)")
+    parser.addini("spikecheck_seed", default="", help="seed override (as --spikecheck-seed)")
+    parser.addini("spikecheck_threads", default="1", help="torch threads per run (as --spikecheck-threads)")
+
+
+def _setting(config: pytest.Config, option: str, ini: str, parse: Any) -> Any:
+    value = config.getoption(option)
+    if value is not None:
+        return value
+    raw = config.getini(ini)
+    if raw in ("", None):
+        return None
+    try:
+        return parse(raw) if isinstance(raw, str) else raw
+    except argparse.ArgumentTypeError as exc:
+        raise pytest.UsageError(f"ini option {ini}: {exc}") from None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "spikecheck: trains spikecheck scenarios; skipped unless --spikecheck")
+    report = _setting(config, "spikecheck_report", "spikecheck_report", str)
+    settings = Settings(
+        enabled=bool(_setting(config, "spikecheck", "spikecheck", bool)),
+        backend=_setting(config, "spikecheck_backend", "spikecheck_backend", parse_backend) or "auto",
+        device=_setting(config, "spikecheck_device", "spikecheck_device", parse_device) or "cpu",
+        report_dir=Path(report).resolve() if report else None,
+        seed=_setting(config, "spikecheck_seed", "spikecheck_seed", parse_seed),
+        threads=_setting(config, "spikecheck_threads", "spikecheck_threads", parse_threads) or 1,
+    )
+    config.stash[_SESSION] = SpikecheckSession(settings)
+    recorder = _Recorder(config)
+    config.stash[_RECORDER] = recorder
+    config.pluginmanager.register(recorder, "spikecheck-recorder")
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    settings = config.stash[_SESSION].settings
+    if not settings.enabled:
+        return None
+    from pytest_spikecheck.clipping import resolve_backend, unavailable_reason
+
+    backend = resolve_backend(settings.backend, settings.device if settings.device != "auto" else None)
+    cupy_note = unavailable_reason("cupy")
+    seeds = f"all overridden to {settings.seed}" if settings.seed is not None else "the scenarios' own"
+    lines = [f"spikecheck: backend {backend} (asked: {settings.backend}), device {settings.device}, "
+             f"torch threads {settings.threads}, seeds {seeds}"]
+    if cupy_note:
+        lines.append(f"spikecheck: cupy backend unavailable: {cupy_note}")
+    if settings.report_dir:
+        lines.append(f"spikecheck: report and run cache in {settings.report_dir}")
+    return lines
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    from pytest_spikecheck.fixtures import SCENARIO_FIXTURES
+
+    enabled = config.stash[_SESSION].settings.enabled
+    mapping = config.stash[_RECORDER].item_scenarios
+    skip = pytest.mark.skip(reason=SKIP_REASON)
+    for item in items:
+        names = getattr(item, "fixturenames", ())
+        uses = "spikecheck" in names or item.get_closest_marker("spikecheck") is not None
+        if not uses:
+            continue
+        if item.get_closest_marker("spikecheck") is None:
+            item.add_marker(pytest.mark.spikecheck)
+        scenarios = [n for n in names if n in SCENARIO_FIXTURES]
+        if scenarios:
+            mapping[item.nodeid] = scenarios
+        if not enabled:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def spikecheck(request: pytest.FixtureRequest) -> SpikecheckSession:
+    """The session's scenario runner: ``spikecheck.run(scenario)`` trains a
+    :class:`~pytest_spikecheck.Scenario` (once per session; cached on disk under
+    ``--spikecheck-report``) and returns its :class:`~pytest_spikecheck.Run`.
+
+    Example::
+
+        def test_my_model_survives_a_burst(spikecheck):
+            run = spikecheck.run(Scenario.preset("phase-19").with_breaks(RareTokenBurst()))
+            assert_clip_contains(run, max_norm=1.0)
+
+    Tests that use it are skipped unless pytest runs with ``--spikecheck``.
+    """
+    session = request.config.stash[_SESSION]
+    if not session.settings.enabled:
+        pytest.skip(SKIP_REASON)
+    return session
+
+
+def _verdict(outcomes: list[str]) -> str:
+    if not outcomes:
+        return "not run"
+    if "failed" in outcomes:
+        return "FAIL"
+    if all(o == "skipped" for o in outcomes):
+        return "skipped"
+    return "pass"
+
+
+class _Recorder:
+    """Session-long bookkeeping, registered as a plugin object in pytest_configure so that
+    its hooks see the config: which tests used which scenario, their outcomes, the summary
+    rows (merged from xdist workers on the controller), the report index."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.item_scenarios: dict[str, list[str]] = {}
+        self.outcomes: dict[str, list[str]] = {}
+        self.worker_rows: dict[str, dict[str, Any]] = {}
+
+    @property
+    def session(self) -> SpikecheckSession:
+        return self.config.stash[_SESSION]
+
+    def rows(self) -> dict[str, dict[str, Any]]:
+        rows = {name: row.to_json() for name, row in self.session.rows.items()}
+        for name, row in self.worker_rows.items():
+            rows.setdefault(name, row)
+        return rows
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        scenarios = self.item_scenarios.get(report.nodeid)
+        if not scenarios:
+            return
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            outcome = "failed" if report.failed else ("skipped" if report.skipped else "passed")
+            for name in scenarios:
+                self.outcomes.setdefault(name, []).append(outcome)
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        """xdist controller: gather the summary rows each worker trained."""
+        payload = getattr(node, "workeroutput", {}).get("spikecheck_rows")
+        if payload:
+            for name, row in json.loads(payload).items():
+                self.worker_rows.setdefault(name, row)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if _is_worker(self.config):
+            self.config.workeroutput["spikecheck_rows"] = json.dumps(
+                {name: row.to_json() for name, row in self.session.rows.items()})
+            return
+        settings = self.session.settings
+        rows = self.rows()
+        if settings.enabled and settings.report_dir is not None and rows:
+            _write_index(settings.report_dir, rows, self.outcomes)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if _is_worker(self.config) or not self.session.settings.enabled:
+            return
+        rows = self.rows()
+        if not rows:
+            return
+        from pytest_spikecheck.report import fmt, table
+
+        tr = terminalreporter
+        tr.section("spikecheck")
+        n = len(rows)
+        from_cache = sum(1 for r in rows.values() if r["cached"])
+        verdicts = [_verdict(self.outcomes.get(name, [])) for name in rows]
+        tr.write_line(f"{n} scenario{'s' if n != 1 else ''} checked ({n - from_cache} trained, {from_cache} from the disk cache).")
+        failed = verdicts.count("FAIL")
+        tr.write_line(f"{verdicts.count('pass')} held, {failed} failed{' (see the failures above)' if failed else ''}.")
+        body = [[name, str(r["steps"]) + (f" (stopped: {r['stopped']})" if r.get("stopped") else ""), fmt(r["spike_step"]),
+                 f"{fmt(r['spike_ratio'], '.1f')}×", r["containment"], r["recovery"], _verdict(self.outcomes.get(name, []))]
+                for name, r in sorted(rows.items())]
+        tr.write_line(table(["scenario", "steps", "spike step", "spike ratio", "clip containment", "recovery", "verdict"], body))
+        if self.session.settings.report_dir:
+            tr.write_line(f"report: {self.session.settings.report_dir / 'index.md'}")
+
+
+def _write_index(report_dir: Path, rows: dict[str, dict[str, Any]], outcomes: dict[str, list[str]]) -> None:
+    from pytest_spikecheck.report import fmt
+
+    lines = ["# spikecheck report", "",
+             "| scenario | steps | spike step | spike ratio | clip containment | recovery | verdict |",
+             "|---|---|---|---|---|---|---|"]
+    for name in sorted(rows):
+        r = rows[name]
+        lines.append(f"| [{name}]({name}/diagnosis.md) | {r['steps']} | {fmt(r['spike_step'])} | "
+                     f"{fmt(r['spike_ratio'], '.1f')}× | {r['containment']} | {r['recovery']} | "
+                     f"{_verdict(outcomes.get(name, []))} |")
+    lines.append("")
+    for name in sorted(rows):
+        lines += [f"## {name}", "", f"![loss]({name}/loss.png)", "", f"![grad norm]({name}/grad_norm.png)", "",
+                  f"[diagnosis]({name}/diagnosis.md) · [metrics]({name}/run/metrics.jsonl) · [summary]({name}/summary.json)", ""]
+    report_dir.mkdir(parents=True, exist_ok=True)
+    (report_dir / "index.md").write_text("\n".join(lines))

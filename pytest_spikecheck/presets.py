@@ -1,0 +1,38 @@
+"""Named scenarios. One source of truth for Seed A's Phase-19 set-up (the experiments'
+YAML files start from ``preset: phase-19`` and add only their breaks)."""
+
+from __future__ import annotations
+
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.models.config import model_preset
+from pytest_spikecheck.scenario import DataSpec, OptimizerSpec, SamplerSpec, ScheduleSpec, Scenario
+
+#: The step at which Seed A's break spikes; the Phase-19 bursts are placed there.
+PHASE19_BURST_STEP = 312
+
+
+def _phase19() -> Scenario:
+    return Scenario(
+        name="phase-19",
+        model=model_preset("micro"),
+        data=DataSpec(corpus="phase19", n_sentences=240, eval_sentences=96, vocab_size=384),
+        sampler=SamplerSpec(kind="shuffle", batch_size=8),
+        optimizer=OptimizerSpec(name="adamw", lr=1e-2, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.1, grad_clip=1.0),
+        schedule=ScheduleSpec(name="cosine", warmup_steps=20, min_lr_ratio=0.1),
+        steps=500,
+        seed=42,
+    )
+
+
+_PRESETS = {"phase-19": _phase19}
+
+
+def scenario_preset_names() -> list[str]:
+    return sorted(_PRESETS)
+
+
+def scenario_preset(name: str) -> Scenario:
+    try:
+        return _PRESETS[name]()
+    except KeyError:
+        raise ConfigError(f"unknown scenario preset {name!r}; choose one of {', '.join(scenario_preset_names())}") from None

@@ -1,0 +1,169 @@
+"""Panels and tables: the loss and grad-norm panels of Seed A's diagnostic ladder, and the
+control-vs-break comparison table. matplotlib is imported only when a panel is drawn."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from pytest_spikecheck.analysis import EventSummary, column, final_value
+from pytest_spikecheck.run import Run
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float], width: int = 60, log: bool = True) -> str:
+    """A one-line picture of a series (max per bucket; non-finite values drawn as '!')."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return ""
+    buckets = np.array_split(v, min(width, v.size))
+    out = []
+    finite_all = v[np.isfinite(v)]
+    if finite_all.size == 0:
+        return "!" * len(buckets)
+    tr = (lambda x: np.log10(np.maximum(x, 1e-12))) if log and finite_all.min() > 0 else (lambda x: x)
+    lo, hi = tr(finite_all.min()), tr(finite_all.max())
+    for b in buckets:
+        if not np.isfinite(b).all():
+            out.append("!")
+            continue
+        level = 0 if hi == lo else int((tr(b.max()) - lo) / (hi - lo) * (len(_SPARK) - 1))
+        out.append(_SPARK[max(0, min(level, len(_SPARK) - 1))])
+    return "".join(out)
+
+
+def fmt(value: float | int | None, spec: str = ".3g") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and math.isnan(value):
+        return "—"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
+    """A plain-text (or markdown) table with aligned columns."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    if markdown:
+        lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+                 "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    else:
+        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
+                 "  ".join("-" * w for w in widths)]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)
+
+
+def _matplotlib():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a window
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), title: str = "Loss") -> Path:
+    """Training loss (thin) and eval loss (dots/line) of each run; declared steps marked."""
+    plt = _matplotlib()
+    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=110)
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    for run, color in zip(runs, colors):
+        s, v = column(run.metrics, "loss")
+        ax.plot(s, v, color=color, alpha=0.35, lw=0.8, label=f"{run.name} train loss")
+        if "eval_loss" in run.metrics:
+            es, ev = column(run.metrics, "eval_loss")
+            ax.plot(es, ev, color=color, lw=1.6, marker=".", ms=3, label=f"{run.name} eval loss")
+    for step in mark_steps:
+        ax.axvline(step, color="k", ls=":", lw=1)
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats)")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_grad_norm(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), max_norm: float | None = None,
+                   title: str = "Gradient norm, pre- and post-clip") -> Path:
+    plt = _matplotlib()
+    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=110)
+    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    for run, color in zip(runs, colors):
+        s, pre = column(run.metrics, "grad_norm_pre")
+        ax.plot(s, pre, color=color, lw=1.0, label=f"{run.name} pre-clip")
+        if "grad_norm_post" in run.metrics:
+            s2, post = column(run.metrics, "grad_norm_post")
+            ax.plot(s2, post, color=color, lw=1.0, ls="--", alpha=0.8, label=f"{run.name} post-clip")
+    if max_norm is not None and math.isfinite(max_norm):
+        ax.axhline(max_norm, color="gray", lw=0.8, ls="-.", label=f"max_norm {max_norm:g}")
+    for step in mark_steps:
+        ax.axvline(step, color="k", ls=":", lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("global L2 norm")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper right")
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+@dataclass(frozen=True)
+class Comparison:
+    names: tuple[str, str]
+    step: int | None
+    summaries: tuple[EventSummary, EventSummary]
+    final_gap: float  # final eval loss of B minus A
+
+    def rows(self) -> list[list[str]]:
+        out = []
+        for name, s in zip(self.names, self.summaries):
+            out.append([name, fmt(s.step), f"{fmt(s.ratio, '.1f')}×", fmt(s.post_clip_at_step, '.3g'),
+                        fmt(s.loss_jump, '+.3f'), fmt(s.recovery) + (" steps" if s.recovery is not None else " (not back)"),
+                        fmt(s.final_eval, '.3f')])
+        return out
+
+    HEADERS = ("run", "spike step", "ratio", "post-clip norm", "loss jump", "recovery", "final eval loss")
+
+    def text(self, markdown: bool = False) -> str:
+        body = table(self.HEADERS, self.rows(), markdown=markdown)
+        return f"{body}\n\nfinal gap ({self.names[1]} − {self.names[0]}): {fmt(self.final_gap, '+.3f')} nats"
+
+
+def compare(run_a: Run, run_b: Run, step: int | None = None) -> Comparison:
+    """Measure both runs at the same event step: the declared burst, else B's largest spike."""
+    if step is None:
+        bursts = sorted(set(run_a.scenario.burst_steps) | set(run_b.scenario.burst_steps))
+        step = bursts[0] if bursts else EventSummary.measure(run_b.metrics, None).step
+    a, b = EventSummary.measure(run_a.metrics, step), EventSummary.measure(run_b.metrics, step)
+    gap = final_value(run_b.metrics) - final_value(run_a.metrics) if "eval_loss" in run_a.metrics else math.nan
+    return Comparison((run_a.name, run_b.name), step, (a, b), gap)
+
+
+def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None = None) -> tuple[Comparison, list[Path]]:
+    """Write loss.png, grad_norm.png and comparison.md into ``out``; return what was measured."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = compare(run_a, run_b, step)
+    marks = [result.step] if result.step is not None else []
+    clips = [r.scenario.max_norm for r in (run_a, run_b) if math.isfinite(r.scenario.max_norm)]
+    files = [
+        plot_loss([run_a, run_b], out / "loss.png", marks, title=f"Loss: {run_a.name} vs {run_b.name}"),
+        plot_grad_norm([run_a, run_b], out / "grad_norm.png", marks, max_norm=min(clips) if clips else None),
+    ]
+    md = out / "comparison.md"
+    md.write_text(f"# {run_a.name} vs {run_b.name}\n\n{result.text(markdown=True)}\n\n"
+                  f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n")
+    files.append(md)
+    return result, files

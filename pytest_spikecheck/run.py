@@ -1,0 +1,153 @@
+"""A training run's record: per-step metrics, batch compositions, event details, metadata.
+
+Everything an analysis or an assertion needs, and nothing that needs torch. A run saves to
+a folder that other tools can read::
+
+    config.yaml      the resolved scenario (breaks folded in; their names are in run.json)
+    metrics.jsonl    one JSON object per step: step, loss, grad_norm_pre, grad_norm_post,
+                     clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm
+    batches.jsonl    one JSON object per step: the batch's samples, sources, rare counts
+    events.json      detail at burst steps and detected spikes: per-token losses with token
+                     strings, per-tensor grad norms, Adam update statistics
+    run.json         package/torch versions, backend, device, threads, wall time, where the
+                     run stopped and why
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.scenario import Scenario
+
+#: The per-step metric columns, in file order. ``eval_loss`` is NaN where not evaluated.
+METRIC_KEYS = ("step", "loss", "grad_norm_pre", "grad_norm_post", "clip_factor", "lr", "eval_loss", "adam_v_norm")
+
+
+@dataclass
+class Run:
+    scenario: Scenario  # resolved
+    metrics: dict[str, np.ndarray]
+    batches: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    # -- convenience ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.scenario.name
+
+    @property
+    def steps(self) -> np.ndarray:
+        return self.metrics["step"]
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        return self.metrics[key]
+
+    def __len__(self) -> int:
+        return len(self.metrics["step"])
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.meta.get("stopped_at") is not None
+
+    def event_at(self, step: int) -> dict[str, Any] | None:
+        return next((e for e in self.events if e["step"] == step), None)
+
+    def batch_at(self, step: int) -> dict[str, Any] | None:
+        return next((b for b in self.batches if b["step"] == step), None)
+
+    def reproduce_command(self) -> str:
+        return self.meta.get("reproduce", f"spikecheck train <config> --seed {self.scenario.seed}")
+
+    # -- files ------------------------------------------------------------------------------
+    def save(self, directory: str | Path) -> Path:
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "config.yaml").write_text(self.scenario.to_yaml())
+        with open(out / "metrics.jsonl", "w") as f:
+            for row in self.rows():
+                f.write(json.dumps(row) + "\n")
+        with open(out / "batches.jsonl", "w") as f:
+            for b in self.batches:
+                f.write(json.dumps(b) + "\n")
+        (out / "events.json").write_text(json.dumps(self.events, indent=1))
+        (out / "run.json").write_text(json.dumps(self.meta, indent=2, default=str))
+        return out
+
+    def rows(self) -> list[dict[str, Any]]:
+        cols = [k for k in METRIC_KEYS if k in self.metrics]
+        rows = []
+        for i in range(len(self)):
+            row: dict[str, Any] = {}
+            for k in cols:
+                v = self.metrics[k][i]
+                if k == "step":
+                    row[k] = int(v)
+                elif k == "eval_loss" and math.isnan(v):
+                    row[k] = None  # not evaluated at this step (NaN is kept for a real NaN loss)
+                else:
+                    row[k] = float(v)
+            rows.append(row)
+        return rows
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "Run":
+        src = Path(directory)
+        if not (src / "metrics.jsonl").is_file():
+            raise ConfigError(f"not a run directory (no metrics.jsonl): {src}")
+        scenario = Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() else Scenario()
+        metrics = read_metrics_jsonl(src / "metrics.jsonl")
+        metrics.pop("__missing__")
+        batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
+        events = json.loads((src / "events.json").read_text()) if (src / "events.json").is_file() else []
+        meta = json.loads((src / "run.json").read_text()) if (src / "run.json").is_file() else {}
+        return cls(scenario=scenario, metrics=metrics, batches=batches, events=events, meta=meta)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
+    return out
+
+
+def read_metrics_jsonl(path: str | Path) -> dict[str, Any]:
+    """Read a metrics.jsonl (ours or any one-object-per-step log) into float64 columns.
+
+    Missing values and ``null`` become NaN and are marked in the ``"__missing__"`` entry (a
+    dict of boolean masks); ``NaN``/``Infinity`` stay real non-finite values. A missing
+    ``step`` column is 1, 2, 3, ...
+    """
+    rows = _read_jsonl(Path(path))
+    keys: list[str] = []
+    for row in rows:
+        keys.extend(k for k in row if k not in keys)
+    cols: dict[str, Any] = {}
+    missing: dict[str, np.ndarray] = {}
+    for k in keys:
+        values, absent = [], []
+        for row in rows:
+            v = row.get(k)
+            gone = v is None or isinstance(v, (str, list, dict, bool))
+            absent.append(gone)
+            values.append(float("nan") if gone else float(v))
+        cols[k] = np.asarray(values, dtype=np.float64)
+        if any(absent):
+            missing[k] = np.asarray(absent)
+    if "step" not in cols:
+        cols["step"] = np.arange(1, len(rows) + 1, dtype=np.float64)
+    cols["step"] = cols["step"].astype(np.int64)
+    cols["__missing__"] = missing
+    return cols

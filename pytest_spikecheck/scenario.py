@@ -1,0 +1,369 @@
+"""Scenarios: everything that decides a training run, as frozen, hashable data.
+
+A :class:`Scenario` names a model shape, the data, the batch sampler, the optimizer and
+clip, the LR schedule, what to record, the number of steps, the seed, and its *breaks*.
+Breaks (see :mod:`pytest_spikecheck.breaks`) are data too: each one is folded into the
+scenario as a config switch or a sampler change by :meth:`Scenario.resolved`, so the
+training loop never forks. Two scenarios that resolve to the same config train the same
+run, whatever their names, and share a :meth:`content_hash`.
+
+No torch here: scenarios can be built, compared, hashed and written to YAML for free.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.models.config import GPTConfig, model_preset
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class BurstSpec:
+    """Put ``count`` samples of rare ``content`` into the batch of step ``at_step``.
+
+    ``content="written"`` holds Seed A's *written* sentences out of the rotation until the
+    burst (first seen there) and lets them rejoin afterwards; ``caps``/``greek`` inject
+    fresh sentences that appear at the burst only (a contaminated batch).
+    """
+
+    at_step: int
+    count: int = 3
+    content: str = "greek"
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    corpus: str = "phase19"  # the generator in pytest_spikecheck.data.corpus
+    n_sentences: int = 240  # Seed A: 240 training sentences
+    eval_sentences: int = 96  # fixed in-distribution eval set
+    vocab_size: int = 384  # byte-level BPE; 312-448 split " written" into Ġwri + tt + en
+    corpus_seed: int = 0  # the corpus is fixed; the training seed changes init and batch order
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    kind: str = "shuffle"  # shuffle (epochs in random order) | stratified (caps rare samples per batch)
+    batch_size: int = 8
+    rare_cap: int = 1  # stratified: at most this many rare samples per batch
+    rare_doc_freq: int = 5  # a token is rare if at most this many training samples contain it
+    bursts: tuple[BurstSpec, ...] = ()
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 1e-2
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # applied to matrices (embeddings included), not to biases and norms
+    grad_clip: float | None = 1.0  # global-L2 max_norm; None (YAML null) or inf = no clipping
+    clip_mode: str = "global"  # global | per_tensor
+
+    def __post_init__(self) -> None:
+        # One spelling of "no clipping" so equal runs hash equal: inf becomes None.
+        if self.grad_clip is not None and math.isinf(self.grad_clip) and self.grad_clip > 0:
+            object.__setattr__(self, "grad_clip", None)
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    name: str = "cosine"  # cosine | constant
+    warmup_steps: int = 20  # linear warmup from lr/warmup_steps to lr
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    eval_every: int = 20  # evaluate the fixed eval set every N steps ...
+    dense_before: int = 10  # ... and at every step from burst-10 ...
+    dense_after: int = 50  # ... to burst+50 (and for 50 steps after any detected spike)
+    spike_ratio: float = 5.0  # online detector: pre-clip norm / median of the last 50 steps
+    spike_window: int = 50
+    top_tokens: int = 20  # per-token losses kept at event steps
+
+
+_SECTIONS: dict[str, type] = {
+    "model": GPTConfig,
+    "data": DataSpec,
+    "sampler": SamplerSpec,
+    "optimizer": OptimizerSpec,
+    "schedule": ScheduleSpec,
+    "record": RecordSpec,
+}
+
+_SCALARS = ("name", "steps", "seed")
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A declared training run. Build one with :meth:`preset`, :meth:`from_yaml` or the constructor."""
+
+    name: str = "scenario"
+    model: GPTConfig = field(default_factory=lambda: model_preset("micro"))
+    data: DataSpec = DataSpec()
+    sampler: SamplerSpec = SamplerSpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    schedule: ScheduleSpec = ScheduleSpec()
+    record: RecordSpec = RecordSpec()
+    steps: int = 500
+    seed: int = 42
+    breaks: tuple[Any, ...] = ()  # Break instances, applied by resolved()
+    # Bring your own model: a picklable, importable callable (vocab_size) -> nn.Module whose
+    # forward(idx, targets) returns (logits, loss). None = the built-in GPT from ``model``.
+    model_factory: Callable[[int], Any] | None = None
+
+    def __post_init__(self) -> None:
+        _check(isinstance(self.steps, int) and self.steps >= 1, f"steps must be a positive integer, was {self.steps!r}")
+        _check(isinstance(self.seed, int), f"seed must be an integer, was {self.seed!r}")
+        s, o, sch = self.sampler, self.optimizer, self.schedule
+        _check(s.kind in ("shuffle", "stratified"), f"sampler.kind must be shuffle or stratified, was {s.kind!r}")
+        _check(s.batch_size >= 1, f"sampler.batch_size must be >= 1, was {s.batch_size}")
+        _check(s.rare_cap >= 0, f"sampler.rare_cap must be >= 0, was {s.rare_cap}")
+        for b in s.bursts:
+            _check(b.count >= 1, f"burst count must be >= 1, was {b.count}")
+            _check(b.count <= s.batch_size, f"burst count {b.count} exceeds the batch size {s.batch_size}")
+            _check(1 <= b.at_step, f"burst at_step must be >= 1, was {b.at_step}")
+        _check(o.name == "adamw", f"optimizer.name must be adamw (the only optimizer so far), was {o.name!r}")
+        _check(o.lr > 0, f"optimizer.lr must be > 0, was {o.lr}")
+        _check(all(0 <= b < 1 for b in o.betas) and len(o.betas) == 2, f"optimizer.betas must be two numbers in [0, 1), was {o.betas!r}")
+        _check(o.eps >= 0, f"optimizer.eps must be >= 0, was {o.eps}")
+        _check(o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, was {o.weight_decay}")
+        if o.grad_clip is not None:
+            _check(not math.isnan(o.grad_clip) and o.grad_clip >= 0,
+                   f"optimizer.grad_clip must be >= 0, inf or null (no clipping), was {o.grad_clip!r}")
+        _check(o.clip_mode in ("global", "per_tensor"), f"optimizer.clip_mode must be global or per_tensor, was {o.clip_mode!r}")
+        _check(sch.name in ("cosine", "constant"), f"schedule.name must be cosine or constant, was {sch.name!r}")
+        _check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
+        _check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
+        _check(self.data.corpus == "phase19", f"data.corpus must be phase19 (the only corpus so far), was {self.data.corpus!r}")
+
+    # -- construction -------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str) -> "Scenario":
+        """A named starting point. ``phase-19``: Seed A's model, data, AdamW and clip 1.0,
+        plain shuffled batching, no breaks (add them with :meth:`with_breaks`)."""
+        from pytest_spikecheck.presets import scenario_preset
+
+        return scenario_preset(name)
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> "Scenario":
+        """Build from the YAML shape (see ``experiments/*/config.yaml``); unknown keys raise."""
+        from pytest_spikecheck.breaks import break_from_config
+
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{where}: expected a mapping at the top level, was {type(raw).__name__}")
+        raw = dict(raw)
+        base = cls.preset(raw.pop("preset")) if "preset" in raw else cls()
+        known = set(_SECTIONS) | set(_SCALARS) | {"breaks"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(known | {'preset'}))}")
+        changes: dict[str, Any] = {k: raw[k] for k in _SCALARS if k in raw}
+        for section, spec_type in _SECTIONS.items():
+            if section in raw:
+                changes[section] = _section_from_dict(section, spec_type, getattr(base, section), raw[section], where)
+        try:
+            scenario = replace(base, **changes)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        breaks = raw.get("breaks") or []
+        if not isinstance(breaks, list):
+            raise ConfigError(f"{where}: breaks must be a list, was {type(breaks).__name__}")
+        return scenario.with_breaks(*(break_from_config(b, where=where) for b in breaks))
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "Scenario":
+        """Load a scenario from a YAML file, or from an experiment directory holding ``config.yaml``."""
+        import yaml
+
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.yaml"
+        if not path.is_file():
+            raise ConfigError(f"no such config file or experiment directory: {path}")
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        scenario = cls.from_dict(raw or {}, where=str(path))
+        if "name" not in (raw or {}):
+            scenario = replace(scenario, name=path.parent.name if path.name == "config.yaml" else path.stem)
+        return scenario
+
+    # -- derivation -----------------------------------------------------------------------
+    def with_breaks(self, *breaks: Any) -> "Scenario":
+        """A copy with ``breaks`` appended (they apply in order when the scenario is resolved)."""
+        from pytest_spikecheck.breaks import Break
+
+        for b in breaks:
+            if not isinstance(b, Break):
+                raise ConfigError(f"with_breaks expects Break instances (NoClip(), RareTokenBurst(...)), was {b!r}")
+        return replace(self, breaks=self.breaks + tuple(breaks))
+
+    def replace(self, **changes: Any) -> "Scenario":
+        """``dataclasses.replace`` that also reaches into sections: ``replace(optimizer__lr=3e-3)``."""
+        top: dict[str, Any] = {}
+        nested: dict[str, dict[str, Any]] = {}
+        for key, value in changes.items():
+            if "__" in key:
+                section, attr = key.split("__", 1)
+                nested.setdefault(section, {})[attr] = value
+            else:
+                top[key] = value
+        for section, attrs in nested.items():
+            if section not in _SECTIONS:
+                raise ConfigError(f"unknown section {section!r}; expected one of {', '.join(_SECTIONS)}")
+            top[section] = replace(top.get(section, getattr(self, section)), **attrs)
+        return replace(self, **top)
+
+    def resolved(self) -> "Scenario":
+        """This scenario with every break folded in (``breaks`` then empty): what the engine trains."""
+        scenario = replace(self, breaks=())
+        for b in self.breaks:
+            scenario = b.apply(scenario)
+        return scenario
+
+    @property
+    def max_norm(self) -> float:
+        clip = self.optimizer.grad_clip
+        return math.inf if clip is None else float(clip)
+
+    @property
+    def burst_steps(self) -> tuple[int, ...]:
+        return tuple(sorted({b.at_step for b in self.resolved().sampler.bursts}))
+
+    # -- serialisation ----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The YAML shape of this scenario (breaks listed by name, not folded in)."""
+        from pytest_spikecheck.breaks import break_to_config
+
+        out: dict[str, Any] = {"name": self.name, "seed": self.seed, "steps": self.steps}
+        for section in _SECTIONS:
+            out[section] = _plain(dataclasses.asdict(getattr(self, section)))
+        if self.breaks:
+            out["breaks"] = [break_to_config(b) for b in self.breaks]
+        if self.model_factory is not None:
+            out["model_factory"] = _qualname(self.model_factory)
+        return out
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        data = self.to_dict()
+        data.pop("model_factory", None)  # code, not config: recorded in run.json instead
+        return yaml.safe_dump(data, sort_keys=False)
+
+    def content_hash(self) -> str:
+        """Hash of what decides the run (resolved config, seed, steps; not the name)."""
+        data = self.resolved().to_dict()
+        data.pop("name")
+        blob = json.dumps(data, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        r = self.resolved()
+        clip = "no clip" if r.max_norm == math.inf else f"clip {r.max_norm:g} ({r.optimizer.clip_mode})"
+        bursts = ", ".join(f"{b.count}×{b.content}@{b.at_step}" for b in r.sampler.bursts) or "no bursts"
+        return f"{self.name}: {r.steps} steps, seed {r.seed}, {clip}, {r.sampler.kind} batches, {bursts}"
+
+
+def _qualname(obj: Any) -> str:
+    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+
+
+def _plain(value: Any) -> Any:
+    """Tuples to lists and inf to the string 'inf' so YAML/JSON round-trip cleanly."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> Any:
+    """Convert a YAML value to the type of the field's current value, with a clear error."""
+    label = f"{where}: {section}.{name}"
+    if name == "grad_clip":
+        if value is None or (isinstance(value, str) and value.lower() in ("inf", "none", "null")):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{label} must be a number, inf or null, was {value!r}")
+        return float(value)
+    if name == "bursts":
+        if not isinstance(value, list):
+            raise ConfigError(f"{label} must be a list of bursts, was {value!r}")
+        return tuple(_section_from_dict(f"{section}.bursts", BurstSpec, None, b, where) for b in value)
+    if isinstance(current, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{label} must be true or false, was {value!r}")
+        return value
+    if isinstance(current, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{label} must be an integer, was {value!r}")
+        return value
+    if isinstance(current, float):
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads 1e-2 as a string; accept it
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{label} must be a number, was {value!r}")
+        return float(value)
+    if isinstance(current, tuple):
+        if not isinstance(value, (list, tuple)) or len(value) != len(current):
+            raise ConfigError(f"{label} must be a list of {len(current)} numbers, was {value!r}")
+        return tuple(_coerce(section, name, c, v, where) for c, v in zip(current, value))
+    if isinstance(current, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{label} must be a string, was {value!r}")
+        return value
+    return value
+
+
+def _section_from_dict(section: str, spec_type: type, base: Any, raw: Any, where: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: {section} must be a mapping, was {raw!r}")
+    raw = dict(raw)
+    if spec_type is GPTConfig and "preset" in raw:
+        base = model_preset(str(raw.pop("preset")))
+    names = [f.name for f in fields(spec_type)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {section}.{unknown[0]}; expected one of {', '.join(names)}")
+    if base is None:  # a fresh item (a burst): required fields must be present
+        required = [f.name for f in fields(spec_type)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [n for n in required if n not in raw]
+        if missing:
+            raise ConfigError(f"{where}: {section} needs {missing[0]}")
+        defaults = {f.name: f.default for f in fields(spec_type) if f.default is not dataclasses.MISSING}
+        values = {n: _coerce(section, n, defaults.get(n, 0), v, where) for n, v in raw.items()}
+        try:
+            return spec_type(**values)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {section}: {exc}") from None
+    values = {n: _coerce(section, n, getattr(base, n), v, where) for n, v in raw.items()}
+    try:
+        return replace(base, **values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None

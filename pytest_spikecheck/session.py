@@ -1,0 +1,168 @@
+"""The per-session scenario runner behind the ``spikecheck`` fixture.
+
+It trains each distinct scenario once per session (keyed by the scenario's content hash,
+the clipping backend, device, thread count and package version), optionally caches runs on
+disk under the report directory, writes each scenario's report folder, and keeps the rows
+of the terminal summary. The engine (and torch) are imported on the first ``run()``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pytest_spikecheck import __version__
+
+
+@dataclass(frozen=True)
+class Settings:
+    enabled: bool = False
+    backend: str = "auto"
+    device: str = "cpu"
+    report_dir: Path | None = None
+    seed: int | None = None
+    threads: int = 1
+
+
+@dataclass
+class ScenarioRow:
+    """One line of the terminal summary (JSON-able so xdist workers can send it)."""
+
+    scenario: str
+    steps: int
+    spike_step: int | None
+    spike_ratio: float
+    containment: str
+    recovery: str
+    cached: bool
+    stopped: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def summarise(run: Any, cached: bool) -> ScenarioRow:
+    from pytest_spikecheck.analysis import EventSummary
+    from pytest_spikecheck.report import fmt
+
+    bursts = run.scenario.burst_steps
+    s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
+    max_norm = run.scenario.max_norm
+    if math.isinf(max_norm):
+        containment = "no clip"
+    else:
+        import numpy as np
+
+        post = np.asarray(run.metrics["grad_norm_post"], dtype=float)
+        worst = float(np.nanmax(post)) if post.size else math.nan
+        held = bool(np.all(post <= max_norm * (1 + 1e-5)))
+        containment = f"{'held' if held else 'BROKEN'} (max {fmt(worst, '.3g')} ≤ {max_norm:g})" if held else \
+            f"BROKEN (max {fmt(worst, '.3g')} > {max_norm:g})"
+    recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
+    return ScenarioRow(
+        scenario=run.name, steps=len(run), spike_step=s.step, spike_ratio=s.ratio,
+        containment=containment, recovery=recovery, cached=cached,
+        stopped=f"step {run.meta['stopped_at']}: {run.meta['stop_reason']}" if run.stopped_early else None,
+    )
+
+
+def _atomic_dir_write(target: Path, write) -> None:
+    """Write a folder next to ``target`` and move it into place (parallel workers may race)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write(tmp)
+        if target.exists():
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not target.exists():
+            raise
+
+
+@dataclass
+class SpikecheckSession:
+    settings: Settings
+    rows: dict[str, ScenarioRow] = field(default_factory=dict)
+    _runs: dict[tuple, Any] = field(default_factory=dict)
+    trained: int = 0
+
+    def _key(self, scenario: Any) -> tuple:
+        s = self.settings
+        return (scenario.content_hash(), s.backend, s.device, s.threads, __version__)
+
+    def _cache_dir(self, scenario: Any) -> Path | None:
+        if self.settings.report_dir is None:
+            return None
+        s = self.settings
+        tag = f"{scenario.content_hash()}-{s.backend}-{s.device}-t{s.threads}-v{__version__}"
+        return self.settings.report_dir / ".cache" / tag
+
+    def run(self, scenario: Any, name: str | None = None) -> Any:
+        """Train ``scenario`` (or return this session's or the disk cache's run of it)."""
+        from pytest_spikecheck.scenario import Scenario
+
+        if not isinstance(scenario, Scenario):
+            raise TypeError(f"spikecheck.run expects a Scenario, was {type(scenario).__name__}")
+        if name is not None:
+            scenario = scenario.replace(name=name)
+        if self.settings.seed is not None:
+            scenario = scenario.replace(seed=self.settings.seed)
+        key = self._key(scenario)
+        cached = key in self._runs
+        if not cached:
+            run = self._load_or_train(scenario)
+            self._runs[key] = run
+        run = self._runs[key]
+        if run.name != scenario.name:
+            run = dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
+        if scenario.name not in self.rows:
+            self.rows[scenario.name] = summarise(run, cached=run.meta.get("from_disk_cache", False))
+            self._write_report(run)
+        return run
+
+    def _load_or_train(self, scenario: Any) -> Any:
+        from pytest_spikecheck.run import Run
+
+        cache = self._cache_dir(scenario)
+        if cache is not None and (cache / "metrics.jsonl").is_file():
+            run = Run.load(cache)
+            run.meta["from_disk_cache"] = True
+            return dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
+        from pytest_spikecheck.engine import train
+
+        s = self.settings
+        run = train(scenario, backend=s.backend, device=s.device, threads=s.threads)
+        self.trained += 1
+        run.meta["reproduce"] = (f"pytest --spikecheck --spikecheck-backend {s.backend}"
+                                 + (f" --spikecheck-seed {s.seed}" if s.seed is not None else "")
+                                 + f"  # scenario {scenario.name}, content hash {run.meta['content_hash']}")
+        if cache is not None:
+            _atomic_dir_write(cache, run.save)
+        return run
+
+    def _write_report(self, run: Any) -> None:
+        if self.settings.report_dir is None:
+            return
+        from pytest_spikecheck.diagnosis import diagnose
+        from pytest_spikecheck.report import plot_grad_norm, plot_loss
+
+        def write(folder: Path) -> None:
+            marks = list(run.scenario.burst_steps)
+            plot_loss([run], folder / "loss.png", marks, title=f"{run.name}: loss")
+            max_norm = run.scenario.max_norm
+            plot_grad_norm([run], folder / "grad_norm.png", marks, None if math.isinf(max_norm) else max_norm,
+                           title=f"{run.name}: gradient norm, pre- and post-clip")
+            (folder / "diagnosis.md").write_text(f"# {run.name}\n\n{run.scenario.describe()}\n\n{diagnose(run).markdown()}")
+            (folder / "summary.json").write_text(json.dumps(self.rows[run.name].to_json(), indent=2))
+            run.save(folder / "run")
+
+        _atomic_dir_write(self.settings.report_dir / run.name, write)
