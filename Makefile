@@ -29,6 +29,7 @@ demo: $(VENV)/.setup-base
 	 $(BIN)/spikecheck train experiments/19-break-no-clip --quiet & broken=$$!; \
 	 wait $$control && wait $$broken
 	$(BIN)/spikecheck compare experiments/19-control experiments/19-break-no-clip --out out/phase-19
+	$(BIN)/spikecheck diagnose experiments/19-break-no-clip
 
 test: $(VENV)/.setup-dev
 	$(BIN)/python -m pytest --spikecheck

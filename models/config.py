@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from pytest_spikecheck.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -20,13 +22,13 @@ class GPTConfig:
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"model.{name} must be a positive integer, was {value!r}")
+                raise ConfigError(f"model.{name} must be a positive integer, was {value!r}")
         if self.n_embd % self.n_head:
-            raise ValueError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
+            raise ConfigError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
         if self.vocab_size < 0:
-            raise ValueError(f"model.vocab_size must be >= 0 (0 = from the tokenizer), was {self.vocab_size}")
+            raise ConfigError(f"model.vocab_size must be >= 0 (0 = from the tokenizer), was {self.vocab_size}")
         if self.layernorm_eps < 0:
-            raise ValueError(f"model.layernorm_eps must be >= 0, was {self.layernorm_eps}")
+            raise ConfigError(f"model.layernorm_eps must be >= 0, was {self.layernorm_eps}")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -50,4 +52,4 @@ def model_preset(name: str) -> GPTConfig:
     try:
         return PRESETS[name]
     except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}") from None
+        raise ConfigError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}") from None

@@ -119,6 +119,18 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from pytest_spikecheck.diagnosis import diagnose
+    from pytest_spikecheck.run import Run
+
+    run = Run.load(resolve_run_dir(args.run))
+    if args.step is not None and not (run.steps == args.step).any():
+        raise ConfigError(f"step {args.step} is not in the run (it covers 1–{int(run.steps[-1])})")
+    print(f"{run.name}: {run.scenario.describe()}")
+    print(diagnose(run, args.step).text())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="spikecheck", description="Reproduce gradient spikes on tiny LMs and check the defences.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -146,6 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=_positive_int, default=None, metavar="N",
                    help="the event step to measure. Default: the declared burst, else the largest spike")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("diagnose", help="walk the diagnostic ladder at a spike of a run")
+    p.add_argument("run", metavar="RUN_DIR", help="run folder (or experiment dir with run/)")
+    p.add_argument("--step", type=_positive_int, default=None, metavar="N",
+                   help="the step to diagnose. Default: the largest pre-clip grad-norm spike")
+    p.set_defaults(func=cmd_diagnose)
     return parser
 
 

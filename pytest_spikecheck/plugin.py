@@ -19,6 +19,7 @@ BACKEND_CHOICES = ("auto", "torch", "cupy", "emulator")
 SKIP_REASON = "needs --spikecheck"
 _SESSION = pytest.StashKey[SpikecheckSession]()
 _RECORDER = pytest.StashKey["_Recorder"]()
+_SCENARIOS_PROPERTY = "spikecheck_scenarios"
 
 
 def parse_backend(text: str) -> str:
@@ -115,7 +116,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     settings = config.stash[_SESSION].settings
     if not settings.enabled:
         return None
-    from pytest_spikecheck.clipping import resolve_backend, unavailable_reason
+    from pytest_spikecheck.clipping._registry import resolve_backend, unavailable_reason
 
     backend = resolve_backend(settings.backend, settings.device if settings.device != "auto" else None)
     cupy_note = unavailable_reason("cupy")
@@ -133,7 +134,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     from pytest_spikecheck.fixtures import SCENARIO_FIXTURES
 
     enabled = config.stash[_SESSION].settings.enabled
-    mapping = config.stash[_RECORDER].item_scenarios
     skip = pytest.mark.skip(reason=SKIP_REASON)
     for item in items:
         names = getattr(item, "fixturenames", ())
@@ -144,7 +144,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.spikecheck)
         scenarios = [n for n in names if n in SCENARIO_FIXTURES]
         if scenarios:
-            mapping[item.nodeid] = scenarios
+            # Travels with the test's reports (also from xdist workers to the controller,
+            # where collection does not run) and shows in junitxml as a property.
+            item.user_properties.append((_SCENARIOS_PROPERTY, ",".join(scenarios)))
         if not enabled:
             item.add_marker(skip)
 
@@ -186,7 +188,6 @@ class _Recorder:
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
-        self.item_scenarios: dict[str, list[str]] = {}
         self.outcomes: dict[str, list[str]] = {}
         self.worker_rows: dict[str, dict[str, Any]] = {}
 
@@ -201,12 +202,12 @@ class _Recorder:
         return rows
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        scenarios = self.item_scenarios.get(report.nodeid)
+        scenarios = dict(report.user_properties).get(_SCENARIOS_PROPERTY)
         if not scenarios:
             return
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             outcome = "failed" if report.failed else ("skipped" if report.skipped else "passed")
-            for name in scenarios:
+            for name in scenarios.split(","):
                 self.outcomes.setdefault(name, []).append(outcome)
 
     @pytest.hookimpl(optionalhook=True)

@@ -56,7 +56,7 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool 
         lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
                  "  ".join("-" * w for w in widths)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def _matplotlib():

@@ -92,19 +92,28 @@ def _atomic_dir_write(target: Path, write) -> None:
 class SpikecheckSession:
     settings: Settings
     rows: dict[str, ScenarioRow] = field(default_factory=dict)
-    _runs: dict[tuple, Any] = field(default_factory=dict)
+    _runs: dict[str, Any] = field(default_factory=dict)
     trained: int = 0
+    _backend: str | None = None
 
-    def _key(self, scenario: Any) -> tuple:
+    @property
+    def backend(self) -> str:
+        """The concrete clipping backend (``auto`` resolved on first use: it may import cupy)."""
+        if self._backend is None:
+            from pytest_spikecheck.clipping import resolve_backend
+
+            device = self.settings.device
+            self._backend = resolve_backend(self.settings.backend, None if device == "auto" else device)
+        return self._backend
+
+    def _tag(self, scenario: Any) -> str:
         s = self.settings
-        return (scenario.content_hash(), s.backend, s.device, s.threads, __version__)
+        return f"{scenario.content_hash()}-{self.backend}-{s.device}-t{s.threads}-v{__version__}"
 
     def _cache_dir(self, scenario: Any) -> Path | None:
         if self.settings.report_dir is None:
             return None
-        s = self.settings
-        tag = f"{scenario.content_hash()}-{s.backend}-{s.device}-t{s.threads}-v{__version__}"
-        return self.settings.report_dir / ".cache" / tag
+        return self.settings.report_dir / ".cache" / self._tag(scenario)
 
     def run(self, scenario: Any, name: str | None = None) -> Any:
         """Train ``scenario`` (or return this session's or the disk cache's run of it)."""
@@ -116,7 +125,7 @@ class SpikecheckSession:
             scenario = scenario.replace(name=name)
         if self.settings.seed is not None:
             scenario = scenario.replace(seed=self.settings.seed)
-        key = self._key(scenario)
+        key = self._tag(scenario)
         cached = key in self._runs
         if not cached:
             run = self._load_or_train(scenario)
@@ -140,9 +149,9 @@ class SpikecheckSession:
         from pytest_spikecheck.engine import train
 
         s = self.settings
-        run = train(scenario, backend=s.backend, device=s.device, threads=s.threads)
+        run = train(scenario, backend=self.backend, device=s.device, threads=s.threads)
         self.trained += 1
-        run.meta["reproduce"] = (f"pytest --spikecheck --spikecheck-backend {s.backend}"
+        run.meta["reproduce"] = (f"pytest --spikecheck --spikecheck-backend {self.backend}"
                                  + (f" --spikecheck-seed {s.seed}" if s.seed is not None else "")
                                  + f"  # scenario {scenario.name}, content hash {run.meta['content_hash']}")
         if cache is not None:

@@ -30,6 +30,7 @@ from pytest_spikecheck.clipping._registry import (
     available_backends,
     get_backend,
     resolve_backend,
+    unavailable_reason,
 )
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -45,6 +46,7 @@ __all__ = [
     "clip_grads_",
     "get_backend",
     "resolve_backend",
+    "unavailable_reason",
     "validate_max_norm",
 ]
 

@@ -1,0 +1,122 @@
+"""Measure Seed A's claims on our Phase-19 set-up over many seeds; write docs/fidelity data.
+
+    python scripts/fidelity.py --seeds 0-9 --jobs 2 --out docs/fidelity_phase19.json
+
+Each configuration trains as a control (clip 1.0), a break (no clip) and, for the
+calibrated burst, the clip-0.5 lesson, on the same batches (same seed). Every run is a
+1-thread process, so results are bit-identical to `spikecheck train` with the same seed.
+The JSON holds one record per run; `--table` prints the markdown used in docs/fidelity.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+BURST = 312
+CONFIGS = {
+    # name: (burst content, count, breaks beyond the burst)
+    "greek-3": ("greek", 3),
+    "greek-8": ("greek", 8),
+    "caps-3": ("caps", 3),
+    "written-3": ("written", 3),
+}
+CLIPS = {"clip-1.0": 1.0, "no-clip": None, "clip-0.5": 0.5}
+
+
+def measure(job: tuple[str, str, int]) -> dict:
+    config, clip_name, seed = job
+    from pytest_spikecheck import RareTokenBurst, Scenario, train
+    from pytest_spikecheck.analysis import baseline, loss_jump, recovery_steps, spike_ratio, value_at, final_value
+
+    content, count = CONFIGS[config]
+    scenario = (Scenario.preset("phase-19").replace(seed=seed, optimizer__grad_clip=CLIPS[clip_name])
+                .with_breaks(RareTokenBurst(count=count, at_step=BURST, content=content)))
+    run = train(scenario, backend="torch", threads=1)
+    m = run.metrics
+    clip_factor = np.asarray(m["clip_factor"])
+    return {
+        "config": config, "clip": clip_name, "seed": seed,
+        "ratio": spike_ratio(m, BURST),
+        "grad_norm_pre": value_at(m, "grad_norm_pre", BURST),
+        "grad_norm_post": value_at(m, "grad_norm_post", BURST),
+        "grad_norm_baseline": baseline(m, "grad_norm_pre", BURST),
+        "train_loss_before": baseline(m, "loss", BURST),
+        "train_loss_at": value_at(m, "loss", BURST),
+        "eval_jump": loss_jump(m, BURST),
+        "recovery": recovery_steps(m, BURST),
+        "final_eval": final_value(m),
+        "nonfinite": run.stopped_early,
+        "share_steps_clipped": float(np.mean(clip_factor < 1.0)),
+        "median_clip_factor_after_warmup": float(np.median(clip_factor[100:])),
+        "adam_surprise": (run.event_at(BURST) or {}).get("adam_surprise", {}).get("share"),
+        "train_seconds": run.meta["train_seconds"],
+        "seconds": run.meta["seconds"],
+    }
+
+
+def _seeds(text: str) -> list[int]:
+    if "-" in text:
+        lo, hi = text.split("-")
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def summarise(records: list[dict]) -> str:
+    def stat(values, spec=".1f"):
+        v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
+        if not v:
+            return "—"
+        return f"{format(statistics.median(v), spec)} [{format(min(v), spec)}–{format(max(v), spec)}]"
+
+    lines = ["| burst at 312 | clip | ratio | pre-clip norm | post-clip norm | train loss before → at | eval jump | recovery (steps) | final eval | NaN runs |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for config in CONFIGS:
+        for clip in CLIPS:
+            rs = [r for r in records if r["config"] == config and r["clip"] == clip]
+            if not rs:
+                continue
+            nan = sum(r["nonfinite"] for r in rs)
+            lines.append(
+                f"| {config} | {clip} | {stat([r['ratio'] for r in rs])}× | {stat([r['grad_norm_pre'] for r in rs], '.2f')} | "
+                f"{stat([r['grad_norm_post'] for r in rs], '.2f')} | {stat([r['train_loss_before'] for r in rs], '.2f')} → "
+                f"{stat([r['train_loss_at'] for r in rs], '.2f')} | {stat([r['eval_jump'] for r in rs], '.3f')} | "
+                f"{stat([r['recovery'] for r in rs], '.0f')} | {stat([r['final_eval'] for r in rs], '.3f')} | {nan}/{len(rs)} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0-9")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--out", default="docs/fidelity_phase19.json")
+    parser.add_argument("--table", action="store_true", help="print the markdown table of an existing --out file")
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.table:
+        print(summarise(json.loads(out.read_text())))
+        return 0
+    jobs = [(c, clip, s) for c in args.configs.split(",") for clip in CLIPS for s in _seeds(args.seeds)
+            if clip != "clip-0.5" or c == "greek-3"]
+    records = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for i, rec in enumerate(pool.map(measure, jobs), 1):
+            records.append(rec)
+            print(f"[{i}/{len(jobs)}] {rec['config']} {rec['clip']} seed {rec['seed']}: ratio {rec['ratio']:.1f}x "
+                  f"jump {rec['eval_jump']:.3f} recovery {rec['recovery']}", file=sys.stderr, flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(records, indent=1))
+    print(summarise(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+def test_report_files_appear_only_with_the_option(tiny):
+    report = tiny.path / "report"
+    tiny.runpytest("--spikecheck").assert_outcomes(passed=3)
+    assert not report.exists()
+    result = tiny.runpytest("--spikecheck", f"--spikecheck-report={report}")
+    result.assert_outcomes(passed=3)
+    for scenario in ("tiny_break", "tiny_control"):
+        for f in ("loss.png", "grad_norm.png", "diagnosis.md", "summary.json", "run/metrics.jsonl"):
+            assert (report / scenario / f).is_file(), (scenario, f)
+    index = (report / "index.md").read_text()
+    assert "[tiny_break](tiny_break/diagnosis.md)" in index and "| pass |" in index
+    result.stdout.fnmatch_lines([f"report: {report / 'index.md'}"])
+
+
+def test_runs_are_cached_on_disk_by_content_hash(tiny):
+    report = tiny.path / "report"
+    tiny.runpytest("--spikecheck", f"--spikecheck-report={report}").assert_outcomes(passed=3)
+    result = tiny.runpytest("--spikecheck", f"--spikecheck-report={report}")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["2 scenarios checked (0 trained, 2 from the disk cache)."])
+    cached = list((report / ".cache").iterdir())
+    assert len(cached) == 2 and all("-torch-cpu-t1-v" in p.name for p in cached)

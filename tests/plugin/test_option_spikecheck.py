@@ -1,0 +1,62 @@
+NO_HEAVY_IMPORTS = '''
+import sys
+
+def test_plugin_loaded_nothing_heavy():
+    heavy = [m for m in ("torch", "cupy", "matplotlib", "hypothesis") if m in sys.modules]
+    assert heavy == []
+'''
+
+
+def test_without_the_flag_scenario_tests_skip_and_nothing_heavy_loads(tiny):
+    tiny.makepyfile(test_imports=NO_HEAVY_IMPORTS)
+    result = tiny.runpytest_subprocess("-rs", "-p", "no:randomly")
+    result.assert_outcomes(passed=1, skipped=3)
+    result.stdout.fnmatch_lines(["*needs --spikecheck*"])
+    assert "== spikecheck ==" not in result.stdout.str()
+
+
+def test_with_the_flag_scenarios_train_and_the_summary_counts_them(tiny):
+    result = tiny.runpytest("--spikecheck")
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines([
+        "spikecheck: backend torch*device cpu, torch threads 1*",
+        "*== spikecheck ==*",
+        "2 scenarios checked (2 trained, 0 from the disk cache).",
+        "2 held, 0 failed.",
+        "scenario*steps*spike step*spike ratio*clip containment*recovery*verdict",
+        "tiny_break*40*30*no clip*pass",
+        "tiny_control*40*30*held*pass",
+    ])
+
+
+def test_ini_turns_it_on(tiny):
+    tiny.makeini("[pytest]\nspikecheck = true\n")
+    tiny.runpytest().assert_outcomes(passed=3)
+
+
+def test_marker_alone_skips_and_selects(pytester):
+    pytester.makepyfile(test_marked='''
+import pytest
+
+@pytest.mark.spikecheck
+def test_marked():
+    pass
+
+def test_plain():
+    pass
+''')
+    pytester.runpytest("--strict-markers").assert_outcomes(passed=1, skipped=1)
+    pytester.runpytest("--strict-markers", "--spikecheck", "-m", "spikecheck").assert_outcomes(passed=1, deselected=1)
+
+
+def test_each_scenario_trains_once_per_session(tiny):
+    tiny.makepyfile(test_more='''
+from pytest_spikecheck import NoClip, RareTokenBurst, Scenario
+
+def test_same_scenario_again(spikecheck):
+    scenario = Scenario.preset("phase-19").replace(steps=40).with_breaks(NoClip(), RareTokenBurst(count=3, at_step=30))
+    first = spikecheck.run(scenario)
+    assert spikecheck.run(scenario) is first or spikecheck.run(scenario).metrics is first.metrics
+    assert spikecheck.trained <= 2
+''')
+    tiny.runpytest("--spikecheck", "-p", "no:randomly").assert_outcomes(passed=4)

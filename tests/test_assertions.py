@@ -1,0 +1,112 @@
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pytest_spikecheck import (
+    SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_spike, assert_recovers,
+    assert_spike,
+)
+
+from conftest import SHORT_BURST
+
+
+def _flat(n=200, level=1.0):
+    return list(level + 0.01 * np.sin(np.arange(n)))
+
+
+def test_spike_on_plain_arrays_without_torch():
+    code = ("import sys\nfrom pytest_spikecheck import assert_spike\n"
+            "assert_spike({'grad_norm_pre': [1.0] * 60 + [30.0]}, min_ratio=10)\n"
+            "print(sorted(m for m in ('torch', 'cupy', 'matplotlib', 'hypothesis') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_assert_spike_messages_carry_step_ratio_and_evidence():
+    g = _flat()
+    g[150] = 3.0
+    with pytest.raises(SpikeCheckError) as info:
+        assert_spike({"grad_norm_pre": g, "loss": _flat(level=2.0)}, at=151, min_ratio=10)
+    text = str(info.value)
+    assert "≥ 10× at step 151" in text and "3.0" in text  # requested ratio, step, measured ratio
+    assert "→ 151" in text and "grad_norm_pre:" in text  # table row marker and sparkline
+    assert "diagnosis at step 151" in text
+
+
+def test_assert_spike_anywhere_and_missing_step():
+    g = _flat()
+    g[120] = 25.0
+    assert assert_spike({"grad_norm_pre": g}) == pytest.approx(25.0, rel=0.02)
+    with pytest.raises(SpikeCheckError, match="no step 999"):
+        assert_spike({"grad_norm_pre": g}, at=999)
+    with pytest.raises(SpikeCheckError, match="has no 'grad_norm_pre' series"):
+        assert_spike({"loss": g})
+
+
+def test_logs_that_call_it_grad_norm_work():
+    g = _flat()
+    g[100] = 50.0
+    assert assert_spike({"grad_norm": g}, at=101) > 10
+
+
+def test_assert_no_spike_with_named_detectors():
+    assert_no_spike({"grad_norm_pre": _flat()})
+    g = _flat()
+    g[100] = 9.0
+    with pytest.raises(SpikeCheckError, match=r"zclip\(.*\) flagged a grad_norm_pre spike at step 101"):
+        assert_no_spike({"grad_norm_pre": g}, detector="zclip")
+    assert_no_spike({"grad_norm_pre": g}, detector="ratio", threshold=20)
+
+
+def test_clip_containment_on_runs(short_runs):
+    control, broken = short_runs
+    assert_clip_contains(control, 1.0)
+    with pytest.raises(SpikeCheckError) as info:
+        assert_clip_contains(broken, 1.0)
+    assert f"at step {SHORT_BURST}" in str(info.value) or "worst" in str(info.value)
+
+
+def test_clip_containment_catches_nan_post_clip():
+    with pytest.raises(SpikeCheckError, match="did not contain"):
+        assert_clip_contains({"grad_norm_pre": [2.0, 2.0], "grad_norm_post": [1.0, math.nan]}, 1.0)
+
+
+def test_recovery_from_a_run_and_against_a_reference(short_runs):
+    control, broken = short_runs
+    took = assert_recovers(broken, within=30)
+    assert took > 0
+    assert assert_recovers(control, within=30) == 0
+    with pytest.raises(SpikeCheckError, match="did not recover within 1 steps"):
+        assert_recovers(broken, within=1)
+    assert assert_recovers(broken, within=30, reference=control, factor=1.2) <= 30
+
+
+def test_divergence_and_finiteness():
+    loss = [2.0] * 50 + [math.nan]
+    assert assert_diverges({"loss": loss}) == 51
+    with pytest.raises(SpikeCheckError, match="non-finite loss at step 51"):
+        assert_finite({"loss": loss})
+    with pytest.raises(SpikeCheckError, match="expected the run to diverge"):
+        assert_diverges({"loss": [2.0] * 10})
+    assert_finite({"loss": [2.0] * 10})
+
+
+def test_metrics_jsonl_with_missing_and_non_finite_values(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "loss": 2.0, "eval_loss": (1.5 if s % 10 == 0 else None)} for s in range(1, 40)]
+    rows.append({"step": 40, "loss": float("nan")})
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    with pytest.raises(SpikeCheckError, match="non-finite loss at step 40"):
+        assert_finite(path)  # the missing eval rows are not counted as NaN
+    rows[-1]["loss"] = 2.0
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    assert_finite(path)
+
+
+def test_run_folders_are_accepted(short_runs, tmp_path):
+    short_runs[1].save(tmp_path / "broken")
+    assert assert_spike(tmp_path / "broken", at=SHORT_BURST, min_ratio=5) > 5

@@ -1,0 +1,107 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_spikecheck import Scenario, train
+from pytest_spikecheck.run import METRIC_KEYS, Run
+
+from conftest import SHORT_BURST, short_scenario
+
+
+def test_records_every_step_and_the_burst_event(short_runs):
+    control, broken = short_runs
+    for run in short_runs:
+        assert list(run["step"]) == list(range(1, 91))
+        assert set(METRIC_KEYS) <= set(run.metrics)
+        assert np.isfinite(run["eval_loss"][SHORT_BURST - 10:SHORT_BURST + 20]).all()  # dense around the burst
+        event = run.event_at(SHORT_BURST)
+        assert "burst" in event["kinds"]
+        assert event["token_losses"]["worst"] and event["param_grad_norms"]
+        assert run.batch_at(SHORT_BURST)["burst_samples"] == 3
+    assert np.all(control["grad_norm_post"] <= 1.0 + 1e-5)
+    assert broken["grad_norm_post"][SHORT_BURST - 1] == broken["grad_norm_pre"][SHORT_BURST - 1]
+
+
+def test_control_and_break_share_batches(short_runs):
+    control, broken = short_runs
+    assert [b["samples"] for b in control.batches] == [b["samples"] for b in broken.batches]
+
+
+def test_bit_identical_reruns_and_threads_restored(short_runs):
+    before = torch.get_num_threads()
+    again = train(short_scenario().replace(name="short-control"))
+    assert torch.get_num_threads() == before
+    for key in METRIC_KEYS:
+        np.testing.assert_array_equal(again[key], short_runs[0][key])
+
+
+def test_clip_factor_matches_torch_semantics(short_runs):
+    control = short_runs[0]
+    pre, factor = control["grad_norm_pre"], control["clip_factor"]
+    expected = np.minimum(1.0, 1.0 / (pre + 1e-6))
+    np.testing.assert_allclose(factor, expected, rtol=1e-6)
+
+
+def test_run_save_load_round_trip(short_runs, tmp_path):
+    run = short_runs[1]
+    run.save(tmp_path / "r")
+    loaded = Run.load(tmp_path / "r")
+    for key in METRIC_KEYS:
+        np.testing.assert_array_equal(loaded[key], run[key])
+    assert loaded.batches == run.batches and loaded.events == run.events
+    assert loaded.scenario.content_hash() == run.scenario.content_hash()
+
+
+class _NaNAfter(torch.nn.Module):
+    """A model whose weights hold a NaN from the start: the loss is NaN at step 1."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(vocab_size, 8)
+        self.head = torch.nn.Linear(8, vocab_size)
+        with torch.no_grad():
+            self.head.bias[0] = float("nan")
+
+    def forward(self, idx, targets=None):
+        logits = self.head(self.emb(idx))
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+        return logits, loss
+
+
+def test_stops_cleanly_at_the_first_non_finite_loss():
+    run = train(Scenario.preset("phase-19").replace(steps=20, model_factory=_NaNAfter))
+    assert run.stopped_early and run.meta["stopped_at"] == 1
+    assert run.meta["stop_reason"] == "non-finite loss"
+    assert len(run) == 1 and math.isnan(run["loss"][0])
+    assert "nonfinite" in run.events[0]["kinds"]
+
+
+def test_user_model_factory_trains():
+    def factory(vocab):
+        return _Bigram(vocab)
+
+    run = train(Scenario.preset("phase-19").replace(steps=30, model_factory=factory))
+    assert len(run) == 30 and run["loss"][-1] < run["loss"][0]
+
+
+class _Bigram(torch.nn.Module):
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab_size, vocab_size)
+
+    def forward(self, idx, targets=None):
+        logits = self.table(idx)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+        return logits, loss
+
+
+def test_no_trainable_parameters_is_a_clear_error():
+    def frozen(vocab):
+        m = _Bigram(vocab)
+        m.requires_grad_(False)
+        return m
+
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        train(Scenario.preset("phase-19").replace(steps=2, model_factory=frozen))
