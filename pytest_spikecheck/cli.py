@@ -126,7 +126,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     run = Run.load(resolve_run_dir(args.run))
     if args.step is not None and not (run.steps == args.step).any():
         raise ConfigError(f"step {args.step} is not in the run (it covers 1–{int(run.steps[-1])})")
-    print(f"{run.name}: {run.scenario.describe()}")
+    print(run.scenario.describe())
     print(diagnose(run, args.step).text())
     return 0
 

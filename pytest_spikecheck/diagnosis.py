@@ -111,18 +111,17 @@ def diagnose(record: Any, step: int | None = None) -> Diagnosis:
         d.lines.append(("3 batch", f"{len(batch['samples'])} samples ({sources}); {batch['rare_samples']} with rare tokens "
                                    f"({batch['rare_tokens']} rare-token occurrences); {batch['burst_samples']} injected by a burst"))
         d.facts.update(rare_samples=batch["rare_samples"], burst_samples=batch["burst_samples"])
-    rare_share = math.nan
     if event is not None:
         # 4. per-token losses
         tl = event["token_losses"]
         worst = tl["worst"][:5]
-        total = tl["mean"] * tl["n_tokens"]
-        rare_loss = sum(w["loss"] for w in tl["worst"] if w["rare"])
-        rare_share = rare_loss / total if total > 0 else math.nan
-        tokens = ", ".join(f"{w['token']!r} {w['loss']:.1f}" + ("*" if w["rare"] else "") for w in worst)
+        rare_share, novel_share = tl["rare_loss_share"], tl["novel_loss_share"]
+        tokens = ", ".join(f"{w['token']!r} {w['loss']:.1f}" + ("†" if w["novel"] else "*" if w["rare"] else "")
+                           for w in worst)
         d.lines.append(("4 token losses", f"mean {tl['mean']:.2f}, p90 {tl['p90']:.2f}, max {tl['max']:.2f} nats; "
-                                          f"worst: {tokens} (* rare); rare tokens carry ≥{rare_share:.0%} of the batch loss"))
-        d.facts.update(rare_loss_share=rare_share, worst_tokens=[w["token"] for w in worst])
+                                          f"worst: {tokens} (* rare, † never trained on before); rare tokens carry "
+                                          f"{rare_share:.0%} of the batch loss, {tl['novel_tokens']} never-seen tokens {novel_share:.0%}"))
+        d.facts.update(rare_loss_share=rare_share, novel_loss_share=novel_share, worst_tokens=[w["token"] for w in worst])
         # 5. which tensors
         norms = event["param_grad_norms"]
         total_sq = sum(v * v for v in norms.values()) or math.nan

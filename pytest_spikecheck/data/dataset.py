@@ -34,7 +34,7 @@ class Dataset:
     eval: TokenArrays
     eval_samples: tuple[Sample, ...]
     n_corpus: int  # pool[:n_corpus] is the corpus
-    rare_tokens: frozenset[int]  # token ids contained in <= rare_doc_freq pool samples
+    rare_tokens: frozenset[int]  # token ids in at most rare_doc_freq corpus samples (0: only in bursts)
     rare_token_counts: tuple[int, ...]  # per pool sample: how many rare-token occurrences
     burst_members: dict[int, tuple[int, ...]]  # burst index -> pool indices it injects
 
@@ -86,10 +86,14 @@ def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, 
             members[k] = tuple(ids)
     pool_t = tuple(pool)
     train = _encode(tok, pool_t, block_size)
+    # Rarity is measured against the corpus (what the model trains on in rotation): a token
+    # of injected burst content that never occurs in the corpus has frequency 0 and is rare,
+    # however many burst sentences share it.
     doc_freq: Counter[int] = Counter()
-    for row in train.targets:
+    for row in train.targets[: len(corpus_samples)]:
         doc_freq.update({int(t) for t in row if t != IGNORE_INDEX and t != tok.eos_id})
-    rare = frozenset(t for t, n in doc_freq.items() if n <= rare_doc_freq)
+    in_pool = {int(t) for row in train.targets for t in row if t != IGNORE_INDEX and t != tok.eos_id}
+    rare = frozenset(t for t in in_pool if doc_freq[t] <= rare_doc_freq)
     counts = tuple(int(sum(1 for t in row if int(t) in rare)) for row in train.targets)
     eval_samples = phase19_eval_set(eval_sentences, corpus_seed)
     return Dataset(
