@@ -87,7 +87,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         from tqdm import tqdm
 
         bar = tqdm(total=scenario.steps, desc=scenario.name, unit="step", file=sys.stderr, leave=False, disable=None)
-        callbacks.append(lambda step, row: (bar.update(1), bar.set_postfix(loss=f"{row['loss']:.3f}", gnorm=f"{row['grad_norm_pre']:.2f}", refresh=False)))
+        def progress(ctx) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{ctx.row['loss']:.3f}", gnorm=f"{ctx.row['grad_norm_pre']:.2f}", refresh=False)
+
+        callbacks.append(progress)
     try:
         run = train(scenario, backend=args.backend, device=args.device, threads=args.threads, callbacks=callbacks)
     finally:

@@ -19,6 +19,7 @@ import platform
 import statistics
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -34,8 +35,27 @@ from pytest_spikecheck.run import METRIC_KEYS, Run
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.schedule import lr_at
 
-#: Called after every step with the step number and that step's metric row.
-StepCallback = Callable[[int, dict[str, float]], None]
+@dataclass
+class StepContext:
+    """What a callback sees after each optimizer step (minGPT's ``on_batch_end`` idea: the
+    loop is extended by callbacks, never forked). Call :meth:`stop` to end training after
+    this step (the run is then recorded up to here, ``meta["stopped_by"] = "callback"``)."""
+
+    step: int
+    row: dict[str, float]
+    batch: list[int]
+    scenario: Scenario  # resolved
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    dataset: Dataset
+    stop_requested: bool = False
+
+    def stop(self) -> None:
+        self.stop_requested = True
+
+
+#: Called after every step with a StepContext.
+StepCallback = Callable[[StepContext], None]
 
 #: |g| / sqrt(v̂) above this means Adam takes a near-maximal step on that weight.
 ADAM_SURPRISE_THRESHOLD = 10.0
@@ -210,6 +230,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
     targets_np = dataset.train.targets
     stopped_at: int | None = None
     stop_reason: str | None = None
+    stopped_by_callback = False
     train_seconds = 0.0
 
     for step in range(1, resolved.steps + 1):
@@ -274,8 +295,13 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
                "clip_factor": float(clip.scale), "lr": lr, "eval_loss": eval_loss, "adam_v_norm": math.sqrt(v_sum)}
         for k in METRIC_KEYS:
             columns[k].append(row[k])
-        for cb in callbacks:
-            cb(step, row)
+        if callbacks:
+            ctx = StepContext(step, row, batch, resolved, model, optimizer, dataset)
+            for cb in callbacks:
+                cb(ctx)
+            if ctx.stop_requested:
+                stopped_by_callback = True
+                break
 
     metrics = {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in columns.items()}
     meta = {
@@ -293,5 +319,6 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         "train_seconds": train_seconds,
         "stopped_at": stopped_at,
         "stop_reason": stop_reason,
+        "stopped_by": "callback" if stopped_by_callback else None,
     }
     return Run(scenario=resolved.replace(name=original.name), metrics=metrics, batches=batches, events=events, meta=meta)

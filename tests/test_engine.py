@@ -105,3 +105,16 @@ def test_no_trainable_parameters_is_a_clear_error():
 
     with pytest.raises(ValueError, match="no trainable parameters"):
         train(Scenario.preset("phase-19").replace(steps=2, model_factory=frozen))
+
+
+def test_callbacks_see_the_training_state_and_can_stop_it():
+    seen = []
+
+    def watch(ctx):
+        seen.append((ctx.step, len(ctx.batch), ctx.optimizer.param_groups[0]["lr"] == ctx.row["lr"]))
+        if ctx.step == 7:
+            ctx.stop()
+
+    run = train(Scenario.preset("phase-19").replace(steps=50), callbacks=[watch])
+    assert len(run) == 7 and run.meta["stopped_by"] == "callback" and not run.stopped_early
+    assert seen == [(s, 8, True) for s in range(1, 8)]
