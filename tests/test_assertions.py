@@ -11,7 +11,7 @@ from pytest_spikecheck import (
     assert_spike,
 )
 
-from conftest import SHORT_BURST
+from short_runs import SHORT_BURST
 
 
 def _flat(n=200, level=1.0):

@@ -1,6 +1,6 @@
 from pytest_spikecheck import diagnose
 
-from conftest import SHORT_BURST
+from short_runs import SHORT_BURST
 
 
 def test_ladder_on_an_unclipped_burst(short_runs):

@@ -7,7 +7,7 @@ import torch
 from pytest_spikecheck import Scenario, train
 from pytest_spikecheck.run import METRIC_KEYS, Run
 
-from conftest import SHORT_BURST, short_scenario
+from short_runs import SHORT_BURST, short_scenario
 
 
 def test_records_every_step_and_the_burst_event(short_runs):

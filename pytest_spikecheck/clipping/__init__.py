@@ -50,6 +50,8 @@ __all__ = [
     "validate_max_norm",
 ]
 
+_CONCRETE = frozenset(BACKEND_NAMES)
+
 #: Added to the norm before dividing, as torch does, so a zero norm never divides by 0.
 CLIP_EPS = 1e-6
 
@@ -98,6 +100,34 @@ def _collect_grads(parameters: Any) -> list["torch.Tensor"]:
     return [p.grad for p in params if p.grad is not None]
 
 
+def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """Validate, clip in place, return (pre-clip total norm, scale): the work both entry points share."""
+    import torch
+
+    limit = validate_max_norm(max_norm)
+    if mode not in CLIP_MODES:
+        raise ValueError(f"clip mode must be one of {', '.join(CLIP_MODES)}, was {mode!r}")
+    grads = _collect_grads(parameters)
+    if not grads:
+        return torch.zeros((), dtype=torch.float32), torch.ones((), dtype=torch.float32)
+    impl = get_backend(backend if backend in _CONCRETE else resolve_backend(backend, grads[0].device))
+    if mode == "global":
+        return impl.clip_(grads, limit)
+    norms_and_scales = [impl.clip_([g], limit) for g in grads]
+    device = grads[0].device
+    total_norm = torch.linalg.vector_norm(torch.stack([n.to(device) for n, _ in norms_and_scales]))
+    after = torch.linalg.vector_norm(torch.stack([(n * s).to(device) for n, s in norms_and_scales]))
+    finite = torch.isfinite(total_norm) & (total_norm > 0)
+    return total_norm, torch.where(finite, after / torch.where(finite, total_norm, 1.0), 1.0)
+
+
+def _raise_if_nonfinite(total_norm: "torch.Tensor") -> None:
+    if not bool(total_norm.isfinite()):  # the one host sync, only when asked for
+        raise NonFiniteGradientError(
+            f"the total gradient norm is non-finite ({float(total_norm)}), so it cannot be clipped"
+        )
+
+
 def clip_grads_(
     parameters: Iterable["torch.Tensor"] | "torch.Tensor",
     max_norm: float | None,
@@ -111,37 +141,13 @@ def clip_grads_(
     ``mode="per_tensor"`` clips each gradient tensor to ``max_norm`` on its own (the
     variant Seed B warns against: it distorts the relative scale of the tensors); the
     returned ``total_norm`` is still the global pre-clip norm and ``scale`` is the
-    global norm after clipping divided by the one before.
+    global norm after clipping divided by the one before. An empty gradient list (all
+    parameters frozen) measures 0 and clips nothing.
     """
-    import torch
-
-    limit = validate_max_norm(max_norm)
-    if mode not in CLIP_MODES:
-        raise ValueError(f"clip mode must be one of {', '.join(CLIP_MODES)}, was {mode!r}")
-    grads = _collect_grads(parameters)
-    impl = get_backend(resolve_backend(backend, grads[0].device if grads else None))
-    if not grads:
-        zero = torch.zeros((), dtype=torch.float32)
-        return ClipResult(zero, torch.ones((), dtype=torch.float32), torch.zeros((), dtype=torch.bool))
-
-    if mode == "global":
-        total_norm, scale = impl.clip_(grads, limit)
-    else:
-        norms_and_scales = [impl.clip_([g], limit) for g in grads]
-        norms = torch.stack([n.to(grads[0].device) for n, _ in norms_and_scales])
-        total_norm = torch.linalg.vector_norm(norms)
-        after = torch.linalg.vector_norm(
-            torch.stack([(n * s).to(grads[0].device) for n, s in norms_and_scales])
-        )
-        finite = torch.isfinite(total_norm) & (total_norm > 0)
-        scale = torch.where(finite, after / torch.where(finite, total_norm, 1.0), 1.0)
-
-    nonfinite = ~torch.isfinite(total_norm)
-    if error_if_nonfinite and bool(nonfinite):
-        raise NonFiniteGradientError(
-            f"the total gradient norm is non-finite ({float(total_norm)}), so it cannot be clipped"
-        )
-    return ClipResult(total_norm, scale, nonfinite)
+    total_norm, scale = _clip(parameters, max_norm, backend, mode)
+    if error_if_nonfinite:
+        _raise_if_nonfinite(total_norm)
+    return ClipResult(total_norm, scale, ~total_norm.isfinite())
 
 
 def clip_grad_norm_(
@@ -160,6 +166,7 @@ def clip_grad_norm_(
 
     >>> norm = clip_grad_norm_(model.parameters(), 1.0)  # doctest: +SKIP
     """
-    return clip_grads_(
-        parameters, max_norm, backend=backend, mode=mode, error_if_nonfinite=error_if_nonfinite
-    ).total_norm
+    total_norm, _ = _clip(parameters, max_norm, backend, mode)
+    if error_if_nonfinite:
+        _raise_if_nonfinite(total_norm)
+    return total_norm

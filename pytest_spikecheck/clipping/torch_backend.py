@@ -8,8 +8,19 @@ import torch
 from pytest_spikecheck.clipping import CLIP_EPS
 
 
-def _foreach_ok(grads: list[torch.Tensor]) -> bool:
-    return all(g.device.type in ("cpu", "cuda") and g.layout == torch.strided for g in grads)
+def _groups(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """Gradients grouped by (device, dtype), as foreach kernels need; one group in the common case."""
+    first = grads[0]
+    if all(g.device == first.device and g.dtype == first.dtype for g in grads):
+        return [grads]
+    groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for g in grads:
+        groups.setdefault((g.device, g.dtype), []).append(g)
+    return list(groups.values())
+
+
+def _foreach_ok(group: list[torch.Tensor]) -> bool:
+    return group[0].device.type in ("cpu", "cuda") and all(g.layout == torch.strided for g in group)
 
 
 class TorchClipBackend:
@@ -20,14 +31,10 @@ class TorchClipBackend:
         return None
 
     @staticmethod
-    def total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    def total_norm(grads: list[torch.Tensor], groups: list[list[torch.Tensor]] | None = None) -> torch.Tensor:
         device = grads[0].device
         norms: list[torch.Tensor] = []
-        # torch groups by (device, dtype) because foreach kernels need one of each per call.
-        groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-        for g in grads:
-            groups.setdefault((g.device, g.dtype), []).append(g)
-        for group in groups.values():
+        for group in groups or _groups(grads):
             if _foreach_ok(group):
                 norms.extend(torch._foreach_norm(group, 2.0))
             else:
@@ -35,20 +42,19 @@ class TorchClipBackend:
         return torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2.0)
 
     def clip_(self, grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
-        total = self.total_norm(grads)
+        groups = _groups(grads)
+        total = self.total_norm(grads, groups)
         coef = torch.clamp(max_norm / (total + CLIP_EPS), max=1.0)
-        # A NaN/inf norm would turn every gradient into NaN (torch's behaviour); keep them.
-        scale = torch.where(torch.isfinite(total), coef, torch.ones_like(coef))
+        # A NaN/inf norm would turn every gradient into NaN (torch's behaviour); keep them (scale 1).
+        scale = torch.where(total.isfinite(), coef, 1.0)
         if max_norm != float("inf"):
-            groups: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
-            for g in grads:
-                groups.setdefault((g.device, g.dtype), []).append(g)
-            for (device, _), group in groups.items():
+            for group in groups:
+                factor = scale if group[0].device == scale.device else scale.to(group[0].device)
                 if _foreach_ok(group):
-                    torch._foreach_mul_(group, scale.to(device))
+                    torch._foreach_mul_(group, factor)
                 else:
                     for g in group:
-                        g.mul_(scale.to(device))
+                        g.mul_(factor)
         return total, scale
 
 

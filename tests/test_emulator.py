@@ -1,0 +1,300 @@
+"""The emulator backend: the unmodified kernels/clip.cu running on the CPU through cuda_emulator.h.
+
+These tests run the host code the GPU runs too (_kernel_runner.py): the tensor table and its
+cache, the argument lists (checked against the kernels' signatures) and the launch sequence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pytest_spikecheck.clipping import clip_grads_
+from pytest_spikecheck.clipping import emulator_backend
+from pytest_spikecheck.clipping._kernel_runner import (
+    CHUNK_ELEMENTS,
+    KERNEL_NAMES,
+    KernelCompileError,
+    SMALL_LAUNCH,
+    LaunchConfig,
+)
+from pytest_spikecheck.clipping.emulator_backend import (
+    EMULATOR_SOURCES,
+    EmulatorClipBackend,
+    EmulatorLauncher,
+    EmulatorLaunchError,
+    build_emulator,
+    load_emulator,
+)
+
+REASON = emulator_backend.BACKEND.unavailable_reason()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"needs the emulator: {REASON}")
+
+
+
+def random_grads(shapes, dtype=torch.float32, seed=0, scale=1.0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape, generator=generator) * scale).to(dtype) for shape in shapes]
+
+
+def float64_norm(grads) -> float:
+    return math.sqrt(sum(float(torch.sum(g.double() ** 2)) for g in grads))
+
+
+def assert_scaled_exactly(clipped, original, scale) -> None:
+    """Each element is g * scale in float32, rounded to the gradient's dtype (torch's arithmetic)."""
+    for after, before in zip(clipped, original, strict=True):
+        expected = (before.float() * scale).to(before.dtype)
+        assert torch.equal(after, expected)
+
+
+@pytest.fixture(scope="module")
+def emulator():
+    return EmulatorClipBackend()
+
+
+# ---------------------------------------------------------------------------------------------
+# Building
+
+
+def test_library_launches_every_kernel_of_clip_cu():
+    assert EmulatorLauncher(load_emulator()).kernel_names() == list(KERNEL_NAMES)
+
+
+def test_build_is_cached_by_source_hash(tmp_path, monkeypatch):
+    first = build_emulator(cache_dir=tmp_path)
+    assert first.parent == tmp_path and first.exists()
+
+    def no_compiler(*args, **kwargs):
+        raise AssertionError("the cached library should have been reused")
+
+    monkeypatch.setattr(emulator_backend.subprocess, "run", no_compiler)
+    assert build_emulator(cache_dir=tmp_path) == first
+
+
+def test_edited_source_gets_its_own_library(tmp_path):
+    sources = {name: emulator_backend.kernel_source(name) for name in EMULATOR_SOURCES}
+    original = build_emulator(sources, cache_dir=tmp_path)
+    sources["clip.cu"] += "\n// an edit\n"
+    edited = build_emulator(sources, cache_dir=tmp_path)
+    assert edited != original and edited.exists() and original.exists()
+
+
+def test_compile_error_names_the_first_error_line(tmp_path):
+    sources = {name: emulator_backend.kernel_source(name) for name in EMULATOR_SOURCES}
+    lines = sources["clip.cu"].splitlines()
+    broken_line = next(i for i, line in enumerate(lines) if "k_grad_scale(" in line) + 1
+    lines.insert(broken_line - 1, "this is not C++;")
+    sources["clip.cu"] = "\n".join(lines)
+
+    with pytest.raises(KernelCompileError, match=rf"clip.cu failed to compile with g\+\+: clip.cu:{broken_line}:\d+: error:") as info:
+        build_emulator(sources, cache_dir=tmp_path)
+    assert "this is not C++" in info.value.log
+    assert not list(tmp_path.glob("*.so"))
+
+
+def test_missing_compiler_is_reported(monkeypatch, tmp_path):
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    assert EmulatorClipBackend().unavailable_reason() == (
+        "emulator backend needs a C++20 compiler: '/nonexistent/g++' not found on PATH (set CXX)"
+    )
+    with pytest.raises(KernelCompileError, match="compiler '/nonexistent/g\\+\\+' not found on PATH"):
+        build_emulator(cache_dir=tmp_path)
+
+
+def test_cache_dir_follows_xdg_cache_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert emulator_backend.default_cache_dir() == tmp_path / "pytest-spikecheck" / "emulator"
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch checks: the emulator holds every argument list to the kernel's real signature
+
+
+def final_kernel_args(num_chunks=np.int64(1)):
+    partial = np.zeros(1, np.float32)
+    outputs = np.zeros(2, np.float32)
+    flag = np.zeros(1, np.int32)
+    pointers = (partial.ctypes.data, outputs.ctypes.data, outputs[1:].ctypes.data, flag.ctypes.data)
+    args = (np.uint64(pointers[0]), num_chunks, np.float32(1.0), np.float32(1e-6),
+            np.uint64(pointers[1]), np.uint64(pointers[2]), np.uint64(pointers[3]))
+    return args, (partial, outputs, flag)
+
+
+@pytest.mark.parametrize(
+    "kernel, block, args_change, message",
+    [
+        ("k_grad_norm_final", 48, None, "expected a block of 32..1024 threads in whole warps, was 48 threads"),
+        ("k_grad_norm_final", 32, "int32", "k_grad_norm_final: argument 1: expected 8 bytes, was 4"),
+        ("k_grad_norm_final", 32, "drop", "k_grad_norm_final: expected 7 arguments, was 6"),
+        ("k_no_such_kernel", 32, None, "unknown kernel k_no_such_kernel"),
+    ],
+)
+def test_launch_errors_are_clear(kernel, block, args_change, message):
+    args, _buffers = final_kernel_args(np.int32(1) if args_change == "int32" else np.int64(1))
+    if args_change == "drop":
+        args = args[:-1]
+    with pytest.raises(EmulatorLaunchError, match=rf"^{kernel}<<<1, {block}>>>: {message}$"):
+        EmulatorLauncher(load_emulator()).launch(kernel, 1, block, args)
+
+
+def test_launch_config_is_validated():
+    with pytest.raises(ValueError, match="chunk_elements must be a positive multiple of 8 below 2\\*\\*31, was 12"):
+        LaunchConfig(chunk_elements=12)
+    with pytest.raises(ValueError, match=r"threads_per_block must be a multiple of 32 in \[32, 1024\], was 48"):
+        LaunchConfig(threads_per_block=48)
+    with pytest.raises(ValueError, match="max_blocks must be >= 1 or None, was 0"):
+        LaunchConfig(max_blocks=0)
+
+
+@pytest.mark.parametrize(
+    "grads, message",
+    [
+        ([torch.zeros(3, dtype=torch.float64)], "expected float32, float16, bfloat16 gradients, was gradient 0 of dtype torch.float64"),
+        ([torch.zeros(4), torch.zeros(4, 4).t()], r"expected contiguous gradients, was gradient 1 with shape \(4, 4\) and strides \(1, 4\)"),
+        ([torch.zeros(3, device="meta")], "expected gradients on a cpu device, was gradient 0 on meta"),
+    ],
+    ids=["float64", "transposed", "meta"],
+)
+def test_unsupported_gradients_are_rejected(emulator, grads, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        emulator.clip_(grads, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+
+@pytest.mark.parametrize("config", [LaunchConfig(), SMALL_LAUNCH], ids=["gpu-launch", "small-launch"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_clip_matches_float64_and_torch_arithmetic(config, dtype):
+    shapes = [(97, 48), (48,), (1,), (130,), (0,), (3, 3, 3), (CHUNK_ELEMENTS + 9,)]
+    grads = random_grads(shapes, dtype, seed=1, scale=0.05)
+    original = [g.clone() for g in grads]
+    outputs = EmulatorClipBackend(config).run(grads, 1.0)
+
+    expected_norm = float64_norm(original)
+    assert float(outputs.total_norm) == pytest.approx(expected_norm, rel=2e-6)
+    assert float(outputs.scale) == pytest.approx(1.0 / (expected_norm + 1e-6), rel=4e-6)
+    assert int(outputs.nonfinite_flag) == 0
+    assert_scaled_exactly(grads, original, outputs.scale)
+
+
+def test_scale_is_torchs_formula_applied_to_the_kernels_norm(emulator):
+    """Same norm in, same scale out: the kernel computes max_norm / (norm + eps) as torch does."""
+    for seed, max_norm in enumerate([0.1, 0.7, 3.0, 1e-3]):
+        grads = random_grads([(500,), (37,)], seed=seed)
+        outputs = emulator.run(grads, max_norm)
+        torch_scale = torch.clamp(max_norm / (outputs.total_norm + 1e-6), max=1.0)
+        assert torch.equal(outputs.scale, torch_scale)
+
+
+def test_norm_is_bitwise_identical_whatever_the_grid():
+    grads = random_grads([(20_000,), (7777,), (640,), (65,)], seed=2)  # 59 chunks of 512
+    norms = set()
+    for max_blocks in (None, 1, 3, 7, 1000):
+        config = dataclasses.replace(SMALL_LAUNCH, max_blocks=max_blocks)
+        for _ in range(2):
+            norms.add(EmulatorClipBackend(config).run(grads, math.inf).total_norm.view(torch.int32).item())
+    assert len(norms) == 1
+
+
+def test_scale_one_leaves_gradients_untouched(emulator):
+    grads = random_grads([(300,), (20, 3)], seed=3)
+    original = [g.clone() for g in grads]
+    outputs = emulator.run(grads, 1e6)
+    assert float(outputs.scale) == 1.0
+    assert all(torch.equal(a, b) for a, b in zip(grads, original))
+
+
+def test_max_norm_beyond_float32_range_never_clips(emulator):
+    grads = random_grads([(10,)], seed=4, scale=1e3)
+    original = grads[0].clone()
+    outputs = emulator.run(grads, 1e39)
+    assert float(outputs.scale) == 1.0 and torch.equal(grads[0], original)
+
+
+@pytest.mark.parametrize("bad_value, norm_is", [(math.nan, math.isnan), (math.inf, lambda n: n == math.inf)])
+def test_nonfinite_flag_and_gradients_untouched(emulator, bad_value, norm_is):
+    grads = random_grads([(100,), (CHUNK_ELEMENTS + 3,)], seed=5, scale=10.0)
+    grads[1][CHUNK_ELEMENTS + 1] = bad_value
+    original = [g.clone() for g in grads]
+    outputs = emulator.run(grads, 1.0)
+    assert norm_is(float(outputs.total_norm))
+    assert int(outputs.nonfinite_flag) == 1
+    assert float(outputs.scale) == 1.0
+    for after, before in zip(grads, original):
+        assert torch.equal(after.view(torch.int32), before.view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype, offset", [(torch.float32, 1), (torch.float16, 3), (torch.bfloat16, 1)], ids=str)
+def test_misaligned_tensors_take_the_scalar_path(dtype, offset):
+    """Views that start off a 16-byte boundary cannot use 128-bit loads; results must not change."""
+    storage = random_grads([(5000,)], dtype, seed=6, scale=0.1)[0]
+    grads = [storage[offset:offset + 4000], storage[4500:4500 + 130]]  # 9 chunks of 512
+    assert grads[0].data_ptr() % 16 != 0
+    untouched = storage.clone()
+    original = [g.clone() for g in grads]
+    outputs = EmulatorClipBackend(SMALL_LAUNCH).run(grads, 0.5)
+    assert float(outputs.total_norm) == pytest.approx(float64_norm(original), rel=2e-6)
+    assert_scaled_exactly(grads, original, outputs.scale)
+    # Nothing outside the views was written.
+    assert torch.equal(storage[:offset], untouched[:offset])
+    assert torch.equal(storage[offset + 4000:4500], untouched[offset + 4000:4500])
+
+
+def test_pointer_table_is_rebuilt_only_when_an_address_changes():
+    backend = EmulatorClipBackend()
+    grads = random_grads([(100,), (50,)], seed=7)
+    backend.run(grads, math.inf)
+    backend.run(grads, math.inf)
+    grads[0].mul_(2.0)  # same storage: the table still holds
+    assert backend.runner.table_builds == 1
+
+    grads[1] = grads[1].clone() * 3.0  # new storage
+    outputs = backend.run(grads, math.inf)
+    assert backend.runner.table_builds == 2
+    assert float(outputs.total_norm) == pytest.approx(float64_norm(grads), rel=2e-6)
+
+
+@pytest.mark.parametrize("max_norm, expected", [
+    (1.0, ["k_grad_norm_partial", "k_grad_norm_final", "k_grad_scale"]),
+    (math.inf, ["k_grad_norm_partial", "k_grad_norm_final"]),  # measure only: no scale pass
+])
+def test_at_most_three_launches_whatever_the_number_of_tensors(monkeypatch, max_norm, expected):
+    backend = EmulatorClipBackend()
+    launcher = backend.runner.launcher
+    launched = []
+    real_launch = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda kernel, *args: (launched.append(kernel), real_launch(kernel, *args)))
+    backend.run(random_grads([(3,)] * 40 + [(CHUNK_ELEMENTS * 2 + 1,)], seed=9), max_norm)
+    assert launched == expected
+
+
+def test_only_empty_tensors_give_zero_norm(emulator):
+    outputs = emulator.run([torch.zeros(0), torch.zeros(0, 5)], 1.0)
+    assert float(outputs.total_norm) == 0.0 and float(outputs.scale) == 1.0 and int(outputs.nonfinite_flag) == 0
+
+
+def test_numpy_arrays_are_clipped_in_place(emulator):
+    arrays = [np.full(10, 3.0, np.float32), np.full(6, 4.0, np.float16)]
+    norm, scale = emulator.clip_arrays_(arrays, 1.0)
+    expected = math.sqrt(10 * 9 + 6 * 16)
+    assert norm == pytest.approx(expected, rel=1e-6)
+    assert arrays[0][0] == np.float32(np.float32(3.0) * np.float32(scale))
+    assert arrays[1][0] == np.float16(np.float32(4.0) * np.float32(scale))
+
+
+def test_public_api_runs_the_emulator():
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in [(40, 8), (8,)]]
+    for p, g in zip(params, random_grads([(40, 8), (8,)], seed=8)):
+        p.grad = g
+    original = [p.grad.clone() for p in params]
+    result = clip_grads_(params, 0.5, backend="emulator")
+    assert float(result.total_norm) == pytest.approx(float64_norm(original), rel=2e-6)
+    assert not bool(result.nonfinite)
+    assert_scaled_exactly([p.grad for p in params], original, result.scale)
