@@ -7,6 +7,11 @@ from dataclasses import dataclass, fields
 from pytest_spikecheck.errors import ConfigError
 
 
+POS_EMBEDDINGS = ("learned", "none")
+PAD_EMBEDDINGS = ("learned", "zero")
+DTYPES = ("float32", "float16", "bfloat16")
+
+
 @dataclass(frozen=True)
 class GPTConfig:
     n_layer: int = 2  # transformer blocks
@@ -17,6 +22,11 @@ class GPTConfig:
     bias: bool = True  # biases in Linear and LayerNorm, as GPT-2
     layernorm_eps: float = 1e-5  # 0 is a numeric break: a constant input then gives 0/0 = NaN
     init_std: float = 0.02  # GPT-2 init; residual projections get init_std / sqrt(2 * n_layer)
+    pos_embedding: str = "learned"  # learned | none (position only through causal attention, as NoPE models)
+    pad_embedding: str = "learned"  # learned | zero (padding_idx: a zero row that never trains)
+    mask_padding: bool = False  # attention ignores padding keys (a row with no key left is all -inf)
+    dtype: str = "float32"  # float32 | float16 | bfloat16: parameters, activations and AdamW state
+    pad_token_id: int = -1  # set by the engine from the tokenizer (-1 = no padding token)
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -29,6 +39,9 @@ class GPTConfig:
             raise ConfigError(f"model.vocab_size must be >= 0 (0 = from the tokenizer), was {self.vocab_size}")
         if self.layernorm_eps < 0:
             raise ConfigError(f"model.layernorm_eps must be >= 0, was {self.layernorm_eps}")
+        for name, allowed in (("pos_embedding", POS_EMBEDDINGS), ("pad_embedding", PAD_EMBEDDINGS), ("dtype", DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, was {getattr(self, name)!r}")
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:

@@ -72,8 +72,9 @@ class GPT(nn.Module):
         if config.vocab_size < 1:
             raise ValueError("GPTConfig.vocab_size must be set (the engine takes it from the tokenizer)")
         self.config = config
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        padding_idx = config.pad_token_id if config.pad_embedding == "zero" and config.pad_token_id >= 0 else None
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd, padding_idx=padding_idx)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd) if config.pos_embedding == "learned" else None
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd, eps=config.layernorm_eps, bias=config.bias)
         # Untied head (Seed A's model): the rare token's embedding row and its output row
@@ -87,6 +88,9 @@ class GPT(nn.Module):
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=self.config.init_std)
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None:
+            with torch.no_grad():
+                module.weight[module.padding_idx].zero_()
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
 
@@ -99,8 +103,11 @@ class GPT(nn.Module):
         B, T = idx.shape
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.wte(idx) + self.wpe(pos)  # (B, T, C)
+        x = self.wte(idx)  # (B, T, C)
+        if self.wpe is not None:
+            x = x + self.wpe(torch.arange(T, device=idx.device))
+        if key_mask is None and self.config.mask_padding and self.config.pad_token_id >= 0:
+            key_mask = idx != self.config.pad_token_id  # (B, T): which keys attention may use
         for block in self.blocks:
             x = block(x, key_mask)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)

@@ -23,6 +23,11 @@ RECOVERY_HORIZON = 50
 #: The baseline of a spike ratio: the median over this many steps before the spike.
 BASELINE_WINDOW = 50
 
+#: Means, medians, differences and ratios of values near float64's limit overflow; inf is then
+#: the honest result (a ratio too large to represent is still a spike), so numpy need not warn
+#: (a warning is an error in suites run with ``filterwarnings = error``).
+_overflow_is_inf = np.errstate(over="ignore")
+
 
 def column(metrics: Metrics, name: str) -> tuple[np.ndarray, np.ndarray]:
     """(steps, values) of one metric, dropping steps where it was not recorded (NaN kept
@@ -42,6 +47,7 @@ def value_at(metrics: Metrics, name: str, step: int) -> float:
     return float(np.asarray(metrics[name], dtype=np.float64)[idx[-1]]) if idx.size else math.nan
 
 
+@_overflow_is_inf
 def baseline(metrics: Metrics, name: str, step: int, window: int = BASELINE_WINDOW) -> float:
     """Median of ``name`` over the ``window`` steps before ``step`` (finite values only)."""
     steps, values = column(metrics, name)
@@ -56,6 +62,7 @@ def spike_ratio(metrics: Metrics, step: int, name: str = "grad_norm_pre", window
     return value / base if base and base > 0 and not math.isnan(base) else math.nan
 
 
+@_overflow_is_inf
 def ratio_series(metrics: Metrics, name: str = "grad_norm_pre", window: int = BASELINE_WINDOW,
                  min_history: int = 10) -> tuple[np.ndarray, np.ndarray]:
     """(steps, value / median of the previous ``window`` steps) for every recorded step."""
@@ -82,6 +89,7 @@ def largest_spike(metrics: Metrics, name: str = "grad_norm_pre", window: int = B
     return int(steps[i]), float(ratios[i])
 
 
+@_overflow_is_inf
 def loss_jump(metrics: Metrics, step: int, after: int = 10, name: str = "eval_loss") -> float:
     """Worst ``name`` in the ``after`` steps from ``step`` minus the last value before ``step``."""
     steps, values = column(metrics, name)
@@ -92,6 +100,7 @@ def loss_jump(metrics: Metrics, step: int, after: int = 10, name: str = "eval_lo
     return float(np.max(window) - before[-1])
 
 
+@_overflow_is_inf
 def pre_event_mean(metrics: Metrics, step: int, before: int = 10, name: str = "eval_loss") -> float:
     steps, values = column(metrics, name)
     sel = (steps >= step - before) & (steps < step)
@@ -119,6 +128,7 @@ def recovery_steps(metrics: Metrics, step: int, factor: float = RECOVERY_FACTOR,
     return int(s_after[last_bad + 1] - step)
 
 
+@_overflow_is_inf
 def final_value(metrics: Metrics, name: str = "eval_loss", last: int = 3) -> float:
     """Mean of the last ``last`` recorded values of ``name``."""
     _, values = column(metrics, name)

@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Mapping
 
 from pytest_spikecheck.data.corpus import BURST_CONTENTS
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.scenario import BurstSpec, Scenario
+from pytest_spikecheck.scenario import BurstSpec, MixtureSpec, Scenario
 
 _REGISTRY: dict[str, type["Break"]] = {}
 
@@ -98,17 +98,139 @@ class StratifiedBatches(Break):
 
 @dataclass(frozen=True)
 class MixtureShift(Break):
-    """Re-weight data sources at phase boundaries (Seed B's bandit).
-
-    Not implemented yet: it needs the multi-source corpus of the Seed B issue, and raises
-    NotImplementedError when applied until then.
-    """
+    """Seed B's bandit: the mixture of data sources (docs, prose, Q&A) is re-weighted at phase
+    boundaries, each phase lasting a length drawn from ``phase_lengths``, the weights drawn
+    from Dirichlet(``concentration``). With ``new_source`` (e.g. ``"foreign"``: prose in a
+    script the model never saw) that source is held out until the first boundary at or after
+    ``new_source_at`` and then tried alone for one phase. Switches the scenario to the
+    three-source ``mixture`` corpus."""
 
     config_name: ClassVar[str] = "mixture_shift"
     phase_lengths: tuple[int, ...] = (7, 14, 21, 28, 42)
+    concentration: float = 0.3
+    new_source: str | None = None
+    new_source_at: int = 312
+
+    def __post_init__(self) -> None:
+        from pytest_spikecheck.data.sources import BASE_SOURCES, NEW_SOURCES
+
+        if self.new_source is not None and self.new_source not in BASE_SOURCES + NEW_SOURCES:
+            raise ConfigError(f"MixtureShift new_source must be one of {', '.join(BASE_SOURCES + NEW_SOURCES)}, "
+                              f"was {self.new_source!r}")
+        if not self.phase_lengths or any(n < 1 for n in self.phase_lengths):
+            raise ConfigError(f"MixtureShift phase_lengths must be positive integers, was {self.phase_lengths!r}")
 
     def apply(self, scenario: Scenario) -> Scenario:
-        raise NotImplementedError("MixtureShift needs the multi-source corpus (Seed B), which has not landed yet")
+        mixture = MixtureSpec(phase_lengths=tuple(self.phase_lengths), concentration=self.concentration,
+                              new_source=self.new_source, new_source_at=self.new_source_at)
+        return scenario.replace(data__corpus="mixture", sampler__kind="mixture", sampler__mixture=mixture)
+
+
+@dataclass(frozen=True)
+class BlankDocument(Break):
+    """A data glitch: ``count`` empty documents (a blank line in a shard) in the batch of
+    ``at_step``. Each encodes to a row of padding only: harmless, unless the model masks
+    padding keys (``MaskPaddingKeys``), where such a row has no key left to attend to."""
+
+    config_name: ClassVar[str] = "blank_document"
+    at_step: int = 312
+    count: int = 1
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        burst = BurstSpec(at_step=self.at_step, count=self.count, content="blank")
+        return scenario.replace(sampler__bursts=scenario.sampler.bursts + (burst,))
+
+
+@dataclass(frozen=True)
+class MaskPaddingKeys(Break):
+    """Attention ignores padding keys (as with an attention mask built from the padding). A
+    query whose every allowed key is padding gets a softmax over all -inf: NaN."""
+
+    config_name: ClassVar[str] = "mask_padding_keys"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(model__mask_padding=True)
+
+
+@dataclass(frozen=True)
+class LeftPadding(Break):
+    """Pad sequences on the left (padding first). With ``MaskPaddingKeys`` every padded row
+    starts with queries that have no key: NaN at the first step."""
+
+    config_name: ClassVar[str] = "left_padding"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(data__padding_side="left")
+
+
+@dataclass(frozen=True)
+class LayerNormEps0(Break):
+    """LayerNorm with eps = 0 meeting a constant input. The padding token's embedding is a
+    zero row (``padding_idx``) and the model has no learned positions, so every padding
+    position feeds the first LayerNorm an exactly constant vector: variance 0, 0/0 = NaN."""
+
+    config_name: ClassVar[str] = "layernorm_eps0"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(model__layernorm_eps=0.0, model__pad_embedding="zero", model__pos_embedding="none")
+
+
+@dataclass(frozen=True)
+class HalfPrecision(Break):
+    """Pure fp16 training: parameters, activations and AdamW's moments in float16, with no
+    fp32 master weights and no loss scaling (the naive way)."""
+
+    config_name: ClassVar[str] = "half_precision"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(model__dtype="float16")
+
+
+@dataclass(frozen=True)
+class NoWarmup(Break):
+    """Start at the full learning rate (Seed B: warmup is one of v2's two guards)."""
+
+    config_name: ClassVar[str] = "no_warmup"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(schedule__warmup_steps=0)
+
+
+@dataclass(frozen=True)
+class NoWeightDecay(Break):
+    """AdamW without weight decay (ANDREA v1's recipe)."""
+
+    config_name: ClassVar[str] = "no_weight_decay"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__weight_decay=0.0)
+
+
+@dataclass(frozen=True)
+class SkipSpikes(Break):
+    """A defence: skip the optimizer step when the pre-clip norm is >= ``ratio`` x the median
+    of the previous 50 steps (nothing reaches the weights or Adam's moments)."""
+
+    config_name: ClassVar[str] = "skip_spikes"
+    ratio: float = 5.0
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__skip_spike_ratio=float(self.ratio))
+
+
+@dataclass(frozen=True)
+class AdaptiveClip(Break):
+    """A defence in the style of ZClip: clip at EMA mean + ``z`` x EMA std of the pre-clip
+    norm (decay ``alpha``); the scenario's fixed ``grad_clip`` (inf if none) applies until the
+    EMA has 25 steps."""
+
+    config_name: ClassVar[str] = "adaptive_clip"
+    z: float = 2.5
+    alpha: float = 0.97
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__clip_mode="adaptive", optimizer__adaptive_z=float(self.z),
+                                optimizer__adaptive_alpha=float(self.alpha))
 
 
 def break_names() -> list[str]:

@@ -44,7 +44,10 @@ class Detector:
         v = np.asarray(values, dtype=np.float64).reshape(-1)
         if s.shape != v.shape:
             raise ValueError(f"steps and values must have the same length, were {s.size} and {v.size}")
-        return self._detect(s, v) if v.size else []
+        # Means, variances and ratios of values near float64's limit overflow to inf; the rules
+        # then compare against inf, which is the honest answer, so numpy need not warn about it.
+        with np.errstate(over="ignore"):
+            return self._detect(s, v) if v.size else []
 
     def _detect(self, steps: np.ndarray, values: np.ndarray) -> list[Detection]:  # pragma: no cover
         raise NotImplementedError
@@ -172,10 +175,42 @@ class OLMoCore(Detector):
             if hist.size < self.min_history:
                 continue
             mean, std = float(np.mean(hist)), float(np.std(hist))
+            if not (math.isfinite(mean) and math.isfinite(std)):
+                continue  # the window's moments overflow float64: no baseline to judge against
             z = (values[i] - mean) / std if std > 0 else (math.inf if values[i] > mean else 0.0)
             if z > self.sigmas:
                 out.append(Detection(int(steps[i]), float(values[i]), mean, float(z)))
         return out
+
+
+class EmaMoments:
+    """Exponential moving mean and variance, ZClip's way: ``x`` updates the mean with weight
+    ``1 - alpha`` and the variance with the squared deviation from the old mean. Started from
+    the plain mean/variance of the first ``warmup`` values. Shared by the zclip detector and
+    the adaptive clip policy so both follow one definition."""
+
+    def __init__(self, alpha: float, warmup: int) -> None:
+        self.alpha, self.warmup = alpha, warmup
+        self.mean = self.var = 0.0
+        self._first: list[float] = []
+
+    @property
+    def ready(self) -> bool:
+        return len(self._first) >= self.warmup
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.var) if self.var > 0 else 0.0
+
+    def update(self, x: float) -> None:
+        if not self.ready:
+            self._first.append(x)
+            if self.ready:
+                self.mean, self.var = float(np.mean(self._first)), float(np.var(self._first))
+            return
+        delta = x - self.mean
+        self.mean = self.alpha * self.mean + (1 - self.alpha) * x
+        self.var = self.alpha * self.var + (1 - self.alpha) * delta * delta
 
 
 @dataclass(frozen=True)
@@ -191,28 +226,18 @@ class ZClip(Detector):
 
     def _detect(self, steps, values):
         out = []
-        mean = var = None
-        seen = 0
-        warm: list[float] = []
+        ema = EmaMoments(self.alpha, self.warmup)
         for i in range(values.size):
             x = float(values[i])
             if not math.isfinite(x):
-                out.append(Detection(int(steps[i]), x, math.nan if mean is None else mean, math.inf))
+                out.append(Detection(int(steps[i]), x, ema.mean if ema.ready else math.nan, math.inf))
                 continue
-            if seen < self.warmup:
-                warm.append(x)
-                seen += 1
-                if seen == self.warmup:
-                    mean, var = float(np.mean(warm)), float(np.var(warm))
-                continue
-            std = math.sqrt(var) if var and var > 0 else 0.0
-            z = (x - mean) / std if std > 0 else 0.0
-            if z > self.threshold:
-                out.append(Detection(int(steps[i]), x, mean, z))
-                x = mean + self.threshold * std
-            delta = x - mean
-            mean = self.alpha * mean + (1 - self.alpha) * x
-            var = self.alpha * var + (1 - self.alpha) * delta * delta
+            if ema.ready and ema.std > 0:
+                z = (x - ema.mean) / ema.std
+                if z > self.threshold:
+                    out.append(Detection(int(steps[i]), x, ema.mean, z))
+                    x = ema.mean + self.threshold * ema.std
+            ema.update(x)
         return out
 
 

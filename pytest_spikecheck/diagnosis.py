@@ -146,6 +146,9 @@ def diagnose(record: Any, step: int | None = None) -> Diagnosis:
     elif clipped:
         cause = "rare tokens concentrated in one batch" if rare_batch else "an outlier batch"
         d.verdict = f"{cause}; the clip contained it (post-clip {fmt(post, '.3g')}, ×{fmt(factor, '.3g')})"
+    elif not math.isfinite(post):
+        d.verdict = (f"a {fmt(ratio, '.0f')}× gradient spike; the record has no post-clip norm, so whether a "
+                     f"clip contained it cannot be told")
     elif rare_batch:
         d.verdict = "rare tokens + concentrated batch + no clip = one-step destabilisation"
     else:

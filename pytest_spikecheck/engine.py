@@ -14,6 +14,7 @@ for the run and restored afterwards.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 import statistics
@@ -29,8 +30,8 @@ import torch.nn.functional as F
 from pytest_spikecheck import __version__
 from pytest_spikecheck.clipping import clip_grads_, resolve_backend
 from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset, build_dataset
-from pytest_spikecheck.data.samplers import batch_composition, plan_batches
-from pytest_spikecheck.models.config import GPTConfig
+from pytest_spikecheck.clip_policy import clip_policy
+from pytest_spikecheck.data.samplers import batch_composition, mixture_weights, plan_batches
 from pytest_spikecheck.run import METRIC_KEYS, Run
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.schedule import lr_at
@@ -61,7 +62,7 @@ StepCallback = Callable[[StepContext], None]
 ADAM_SURPRISE_THRESHOLD = 10.0
 
 
-def build_model(scenario: Scenario, vocab_size: int) -> torch.nn.Module:
+def build_model(scenario: Scenario, vocab_size: int, pad_token_id: int = -1) -> torch.nn.Module:
     if scenario.model_factory is not None:
         return scenario.model_factory(vocab_size)
     from pytest_spikecheck.models.gpt import GPT
@@ -69,7 +70,7 @@ def build_model(scenario: Scenario, vocab_size: int) -> torch.nn.Module:
     config = scenario.model
     if config.vocab_size not in (0, vocab_size):
         raise ValueError(f"model.vocab_size is {config.vocab_size} but the tokenizer has {vocab_size} tokens")
-    return GPT(GPTConfig(**{**config.__dict__, "vocab_size": vocab_size}))
+    return GPT(dataclasses.replace(config, vocab_size=vocab_size, pad_token_id=pad_token_id))
 
 
 def build_optimizer(model: torch.nn.Module, scenario: Scenario) -> torch.optim.AdamW:
@@ -194,25 +195,115 @@ def train(
         torch.set_num_threads(previous_threads)
 
 
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _locate_nonfinite(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, str]:
+    """Where the first non-finite value of a step came from, found after the fact (no cost on
+    healthy steps): parameters already non-finite, else the first module whose forward output
+    is non-finite (replayed with forward hooks on the same batch), else the backward pass."""
+    bad_params = [n for n, p in named if not torch.isfinite(p).all()]
+    if bad_params:
+        return {"tensor": "weight", "module": bad_params[0],
+                "detail": f"{len(bad_params)} parameter tensor(s) were already non-finite before this step's forward "
+                          f"pass (the previous optimizer update wrote them): {', '.join(bad_params[:4])}"}
+    found: dict[str, str] = {}
+
+    def nonfinite(values: Any) -> bool:
+        items = values if isinstance(values, tuple) else (values,)
+        return any(torch.is_tensor(t) and t.is_floating_point() and not torch.isfinite(t).all() for t in items)
+
+    def hook(name: str):
+        def check(module: torch.nn.Module, inputs: tuple, output: Any) -> None:
+            if found or not nonfinite(output):
+                return
+            if nonfinite(inputs):  # the value came in broken: it arose in the parent's own code
+                parent = name.rsplit(".", 1)[0] if "." in name else "(model)"
+                found.update(tensor="output", module=parent,
+                             detail=f"non-finite already in the input of {name}: it arose in {parent}'s own "
+                                    f"computation (e.g. an attention softmax), not in a submodule")
+            else:
+                found.update(tensor="output", module=name,
+                             detail=f"{type(module).__name__} {name} turned finite inputs into a non-finite output")
+        return check
+
+    handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
+    try:
+        with torch.no_grad():
+            model(x, y)
+    finally:
+        for h in handles:
+            h.remove()
+    if found:
+        return found
+    bad_grads = [n for n, p in named if p.grad is not None and not torch.isfinite(p.grad).all()]
+    if bad_grads:
+        return {"tensor": "grad", "module": bad_grads[0],
+                "detail": f"the forward pass is finite; the backward pass made {len(bad_grads)} gradient(s) "
+                          f"non-finite: {', '.join(bad_grads[:4])}"}
+    return {"tensor": "loss", "module": "(loss)", "detail": "every module output is finite; the loss itself is not"}
+
+
+def _update_stats(before: list[torch.Tensor], named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, Any]:
+    """Largest per-weight change of one optimizer step, overall and per tensor."""
+    per = {n: float((p.detach() - b).abs().max()) for (n, p), b in zip(named, before)}
+    top = dict(sorted(per.items(), key=lambda kv: -kv[1])[:5])
+    return {"max_abs": max(per.values()) if per else 0.0, "by_param": top}
+
+
+def _lockin_stats(model: torch.nn.Module, dataset: Dataset, device: torch.device, prompts: int = 16,
+                  new_tokens: int = 24) -> dict[str, Any]:
+    """Greedy samples from eval prompts (EOS + first token), and how repetitive they are:
+    the share of the most frequent generated token and distinct-1 / distinct-2. A model in
+    repetition lock-in emits one token (share near 1, distinct-n near 0)."""
+    tok = dataset.tokenizer
+    block = model.config.block_size if hasattr(model, "config") else 32
+    starts = [tok.encode(s.text)[:2] for s in dataset.eval_samples[:prompts] if s.text]
+    idx = torch.tensor(starts, device=device)
+    model.eval()
+    with torch.no_grad():
+        for _ in range(new_tokens):
+            logits, _ = model(idx[:, -block:])
+            idx = torch.cat([idx, logits[:, -1, :].float().argmax(-1, keepdim=True)], dim=1)
+    model.train()
+    generated = idx[:, 2:].tolist()
+    flat = [t for row in generated for t in row]
+    counts = np.bincount(flat, minlength=tok.vocab_size)
+    bigrams = [(a, b) for row in generated for a, b in zip(row, row[1:])]
+    top = int(counts.argmax())
+    return {
+        "top_token": tok.token(top), "top_token_share": float(counts[top] / len(flat)),
+        "distinct_1": len(set(flat)) / len(flat), "distinct_2": len(set(bigrams)) / max(1, len(bigrams)),
+        "samples": [tok.decode(row) for row in idx[:4].tolist()],
+    }
+
+
 def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
            callbacks: list[StepCallback]) -> Run:
     started = time.perf_counter()
     dataset = build_dataset(resolved)
+    sources = [s.source for s in dataset.pool]
     plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=dataset.n_corpus,
-                        burst_members=dataset.burst_members, is_rare=dataset.is_rare)
+                        burst_members=dataset.burst_members, is_rare=dataset.is_rare, sources=sources)
+    mixture = (mixture_weights(resolved.sampler.mixture, sources[: dataset.n_corpus], steps=resolved.steps,
+                               seed=resolved.seed) if resolved.sampler.kind == "mixture" else None)
     burst_ids = {i for members in dataset.burst_members.values() for i in members}
     burst_steps = {b.at_step for b in resolved.sampler.bursts}
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(resolved.seed)
-        model = build_model(resolved, dataset.tokenizer.vocab_size).to(device)
+        model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
+        model = model.to(device=device, dtype=_DTYPES[resolved.model.dtype])
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     if not params:
         raise ValueError("the model has no trainable parameters")
     optimizer = build_optimizer(model, resolved)
-    max_norm = resolved.max_norm
+    policy = clip_policy(resolved.optimizer, resolved.max_norm)
+    skip_ratio = resolved.optimizer.skip_spike_ratio
+    clip_mode = "global" if resolved.optimizer.clip_mode == "adaptive" else resolved.optimizer.clip_mode
 
     inputs = torch.from_numpy(dataset.train.inputs).to(device)
     targets = torch.from_numpy(dataset.train.targets).to(device)
@@ -230,6 +321,9 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
     targets_np = dataset.train.targets
     stopped_at: int | None = None
     stop_reason: str | None = None
+    first_nonfinite: dict[str, Any] | None = None
+    first_step_update: dict[str, Any] | None = None
+    skipped_steps: list[int] = []
     stopped_by_callback = False
     train_seconds = 0.0
 
@@ -243,36 +337,44 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         x, y = inputs[index], targets[index]
         logits, loss = model(x, y)
         loss.backward()
-        per_tensor_mode = resolved.optimizer.clip_mode == "per_tensor"
+        per_tensor_mode = clip_mode == "per_tensor"
         # Per-tensor norms cost a pass over the gradients; global clipping scales every tensor
         # alike, so they are recovered after the clip (÷ scale) on the few steps that need them.
         per_tensor_pre = torch.stack(torch._foreach_norm([p.grad for p in params])) if per_tensor_mode else None
-        clip = clip_grads_(params, max_norm, backend=backend, mode=resolved.optimizer.clip_mode)
+        limit = policy.limit()
+        clip = clip_grads_(params, limit, backend=backend, mode=clip_mode)
         grad_norm_post = clip.total_norm * clip.scale  # exact definition; no second pass
         loss_value, norm_pre = float(loss.detach()), float(clip.total_norm)
+        policy.observe(norm_pre)
         composition = batch_composition(batch, pool=dataset.pool, rare_token_counts=dataset.rare_token_counts,
-                                        burst_ids=burst_ids)
+                                        burst_ids=burst_ids, weights=mixture[step - 1] if mixture else None)
         batches.append({"step": step, **composition})
 
         nonfinite = not math.isfinite(loss_value) or bool(clip.nonfinite)
         baseline = statistics.median(recent_norms) if len(recent_norms) >= 10 else math.nan
-        is_spike = not nonfinite and baseline > 0 and norm_pre / baseline >= resolved.record.spike_ratio
+        ratio = norm_pre / baseline if baseline > 0 else math.nan
+        is_spike = not nonfinite and ratio >= resolved.record.spike_ratio
+        skip = not nonfinite and skip_ratio is not None and ratio >= skip_ratio
         event = step in burst_steps or is_spike or nonfinite
+        record: dict[str, Any] | None = None
         if event:
             if per_tensor_pre is None:
                 per_tensor_pre = torch.stack(torch._foreach_norm([p.grad for p in params])) / clip.scale
             kinds = [k for k, on in (("burst", step in burst_steps), ("spike", is_spike), ("nonfinite", nonfinite)) if on]
-            events.append({
+            record = {
                 "step": step, "kinds": kinds, "loss": loss_value, "grad_norm_pre": norm_pre,
-                "baseline_grad_norm": baseline, "clip_factor": float(clip.scale),
-                "token_losses": _token_loss_table(logits, y, dataset, batch, resolved.record.top_tokens, seen_before),
+                "baseline_grad_norm": baseline, "clip_factor": float(clip.scale), "max_norm": limit,
+                "skipped": skip,
+                "token_losses": _token_loss_table(logits.float(), y, dataset, batch, resolved.record.top_tokens, seen_before),
                 "param_grad_norms": dict(sorted(
                     ((n, float(v)) for (n, _), v in zip(named, per_tensor_pre.tolist())), key=lambda kv: -kv[1])),
                 "adam_surprise": _adam_surprise(optimizer, named) if not nonfinite else None,
-            })
+            }
+            events.append(record)
             if is_spike:
                 evals.spike_at(step)
         if nonfinite:
+            first_nonfinite = {"step": step, **_locate_nonfinite(model, x, y, named)}
             stopped_at, stop_reason = step, ("non-finite loss" if not math.isfinite(loss_value) else "non-finite gradient norm")
             row = {"step": step, "loss": loss_value, "grad_norm_pre": norm_pre, "grad_norm_post": float(grad_norm_post),
                    "clip_factor": float(clip.scale), "lr": lr, "eval_loss": math.nan, "adam_v_norm": math.nan}
@@ -280,19 +382,33 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
                 columns[k].append(row[k])
             train_seconds += time.perf_counter() - t0
             break
-        optimizer.step()
+        track_update = step == 1 or record is not None
+        before = [p.detach().clone() for p in params] if track_update and not skip else None
+        if skip:  # the guard drops the step: nothing reaches the weights or Adam's moments
+            skipped_steps.append(step)
+            grad_norm_post = clip.total_norm * 0
+            clip_factor = 0.0
+        else:
+            optimizer.step()
+            clip_factor = float(clip.scale)
         optimizer.zero_grad(set_to_none=True)
+        if before is not None:
+            stats = _update_stats(before, named)
+            if step == 1:
+                first_step_update = {"lr": lr, **stats}
+            if record is not None:
+                record["update"] = stats
         batch_targets = targets_np[batch]
         seen_before += np.bincount(batch_targets[batch_targets != IGNORE_INDEX], minlength=seen_before.size)
         second_moments = [optimizer.state[p]["exp_avg_sq"] for p in params if p in optimizer.state]
         # One concatenated sum is ~2.5x cheaper than foreach L1 norms on a tiny model.
-        v_sum = float(torch.cat([v.view(-1) for v in second_moments]).sum()) if second_moments else 0.0
+        v_sum = float(torch.cat([v.view(-1) for v in second_moments]).float().sum()) if second_moments else 0.0
         train_seconds += time.perf_counter() - t0
         recent_norms.append(norm_pre)
 
         eval_loss = _mean_loss(model, eval_x, eval_y) if evals.due(step) else math.nan
         row = {"step": step, "loss": loss_value, "grad_norm_pre": norm_pre, "grad_norm_post": float(grad_norm_post),
-               "clip_factor": float(clip.scale), "lr": lr, "eval_loss": eval_loss, "adam_v_norm": math.sqrt(v_sum)}
+               "clip_factor": clip_factor, "lr": lr, "eval_loss": eval_loss, "adam_v_norm": math.sqrt(v_sum)}
         for k in METRIC_KEYS:
             columns[k].append(row[k])
         if callbacks:
@@ -303,6 +419,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
                 stopped_by_callback = True
                 break
 
+    lockin = _lockin_stats(model, dataset, device) if stopped_at is None and hasattr(model, "config") else None
     metrics = {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in columns.items()}
     meta = {
         "package_version": __version__,
@@ -320,5 +437,9 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         "stopped_at": stopped_at,
         "stop_reason": stop_reason,
         "stopped_by": "callback" if stopped_by_callback else None,
+        "first_nonfinite": first_nonfinite,
+        "first_step_update": first_step_update,
+        "skipped_steps": skipped_steps,
+        "lockin": lockin,
     }
     return Run(scenario=resolved.replace(name=original.name), metrics=metrics, batches=batches, events=events, meta=meta)

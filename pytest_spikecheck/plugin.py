@@ -171,6 +171,13 @@ def spikecheck(request: pytest.FixtureRequest) -> SpikecheckSession:
     return session
 
 
+def _ratio(value: float | None) -> str:
+    from pytest_spikecheck.report import fmt
+
+    text = fmt(value, ".1f")
+    return text if text == "—" else f"{text}×"
+
+
 def _verdict(outcomes: list[str]) -> str:
     if not outcomes:
         return "not run"
@@ -245,7 +252,7 @@ class _Recorder:
         failed = verdicts.count("FAIL")
         tr.write_line(f"{verdicts.count('pass')} held, {failed} failed{' (see the failures above)' if failed else ''}.")
         body = [[name, str(r["steps"]) + (f" (stopped: {r['stopped']})" if r.get("stopped") else ""), fmt(r["spike_step"]),
-                 f"{fmt(r['spike_ratio'], '.1f')}×", r["containment"], r["recovery"], _verdict(self.outcomes.get(name, []))]
+                 _ratio(r["spike_ratio"]), r["containment"], r["recovery"], _verdict(self.outcomes.get(name, []))]
                 for name, r in sorted(rows.items())]
         tr.write_line(table(["scenario", "steps", "spike step", "spike ratio", "clip containment", "recovery", "verdict"], body))
         if self.session.settings.report_dir:
@@ -261,7 +268,7 @@ def _write_index(report_dir: Path, rows: dict[str, dict[str, Any]], outcomes: di
     for name in sorted(rows):
         r = rows[name]
         lines.append(f"| [{name}]({name}/diagnosis.md) | {r['steps']} | {fmt(r['spike_step'])} | "
-                     f"{fmt(r['spike_ratio'], '.1f')}× | {r['containment']} | {r['recovery']} | "
+                     f"{_ratio(r['spike_ratio'])} | {r['containment']} | {r['recovery']} | "
                      f"{_verdict(outcomes.get(name, []))} |")
     lines.append("")
     for name in sorted(rows):

@@ -24,7 +24,14 @@ def _phase19() -> Scenario:
     )
 
 
-_PRESETS = {"phase-19": _phase19}
+def _seed_b() -> Scenario:
+    """Seed B's set-up at our scale: the three-source mixture (docs, prose, Q&A; 80 samples
+    each) with fixed uniform weights, Seed A's model and optimizer. Add ``MixtureShift`` for
+    the bandit."""
+    return _phase19().replace(name="seed-b", data__corpus="mixture", sampler__kind="mixture")
+
+
+_PRESETS = {"phase-19": _phase19, "seed-b": _seed_b}
 
 
 def scenario_preset_names() -> list[str]:

@@ -2,7 +2,9 @@
 
 Accepted: a :class:`~pytest_spikecheck.run.Run`; a mapping of arrays
 (``{"loss": [...], "grad_norm_pre": [...]}``, with an optional ``"step"`` column); a path
-to a run folder or to a ``metrics.jsonl``. numpy only.
+to a run folder, or to any training log :mod:`pytest_spikecheck.logs` reads (a
+``trainer_state.json``, a Lightning ``metrics.csv``, TensorBoard event files or their
+folder, a CSV or JSONL log). numpy only.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ class Record:
     # Per metric, True where nothing was logged at that step (stored as NaN in ``metrics``).
     # A NaN that is *not* missing is a real non-finite value and counts as one.
     missing: dict[str, np.ndarray] = field(default_factory=dict)
+    log_format: str | None = None  # for a log file: its format (a name in logs.FORMATS)
+    notes: tuple[str, ...] = ()  # how the log was read where it was not plain (a restart, a truncated file)
 
     def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) of ``name`` where it was logged; real NaN/inf values are kept."""
@@ -69,7 +73,7 @@ def _from_run(run: Any, source: str) -> Record:
 
 def as_record(obj: Any) -> Record:
     """Normalise a Run, a mapping of arrays, or a path into a :class:`Record`."""
-    from pytest_spikecheck.run import Run, read_metrics_jsonl
+    from pytest_spikecheck.run import Run
 
     if isinstance(obj, Record):
         return obj
@@ -80,17 +84,15 @@ def as_record(obj: Any) -> Record:
         if path.is_dir():
             from pytest_spikecheck.cli import resolve_run_dir
 
-            return _from_run(Run.load(resolve_run_dir(path)), str(path))
-        if not path.is_file():
-            raise ConfigError(f"no such metrics file or run folder: {path}")
-        if path.suffix == ".jsonl":
-            metrics = read_metrics_jsonl(path)
-            return Record(metrics, None, str(path), missing=metrics.pop("__missing__"))
-        try:
-            from pytest_spikecheck import logs
-        except ImportError:
-            raise ConfigError(f"{path}: only metrics.jsonl logs can be read so far") from None
-        return Record(logs.read_log(path), None, str(path))
+            try:
+                run_dir = resolve_run_dir(path)
+            except ConfigError:
+                pass  # not one of our run folders: a folder holding another tool's log
+            else:
+                return _from_run(Run.load(run_dir), str(path))
+        from pytest_spikecheck.logs import read_log
+
+        return read_log(path)
     if isinstance(obj, Mapping):
         return Record(_from_mapping(obj), None, "arrays")
     raise TypeError(f"expected a Run, a mapping of arrays or a path to a metrics log, was {type(obj).__name__}")

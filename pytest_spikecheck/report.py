@@ -32,7 +32,8 @@ def sparkline(values: Sequence[float], width: int = 60, log: bool = True) -> str
         if not np.isfinite(b).all():
             out.append("!")
             continue
-        level = 0 if hi == lo else int((tr(b.max()) - lo) / (hi - lo) * (len(_SPARK) - 1))
+        # Halved before subtracting: hi - lo of values near float64's limit would overflow.
+        level = 0 if hi == lo else int((tr(b.max()) / 2 - lo / 2) / (hi / 2 - lo / 2) * (len(_SPARK) - 1))
         out.append(_SPARK[max(0, min(level, len(_SPARK) - 1))])
     return "".join(out)
 

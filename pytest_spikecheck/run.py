@@ -124,30 +124,13 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, Any]:
-    """Read a metrics.jsonl (ours or any one-object-per-step log) into float64 columns.
+    """Read a metrics.jsonl into columns, through :func:`pytest_spikecheck.logs.read_log` (the
+    one reader of JSONL logs): an int ``step`` column and float64 metrics.
 
     Missing values and ``null`` become NaN and are marked in the ``"__missing__"`` entry (a
-    dict of boolean masks); ``NaN``/``Infinity`` stay real non-finite values. A missing
-    ``step`` column is 1, 2, 3, ...
+    dict of boolean masks); ``NaN``/``Infinity`` stay real non-finite values.
     """
-    rows = _read_jsonl(Path(path))
-    keys: list[str] = []
-    for row in rows:
-        keys.extend(k for k in row if k not in keys)
-    cols: dict[str, Any] = {}
-    missing: dict[str, np.ndarray] = {}
-    for k in keys:
-        values, absent = [], []
-        for row in rows:
-            v = row.get(k)
-            gone = v is None or isinstance(v, (str, list, dict, bool))
-            absent.append(gone)
-            values.append(float("nan") if gone else float(v))
-        cols[k] = np.asarray(values, dtype=np.float64)
-        if any(absent):
-            missing[k] = np.asarray(absent)
-    if "step" not in cols:
-        cols["step"] = np.arange(1, len(rows) + 1, dtype=np.float64)
-    cols["step"] = cols["step"].astype(np.int64)
-    cols["__missing__"] = missing
-    return cols
+    from pytest_spikecheck.logs import read_log
+
+    record = read_log(path, format="jsonl")
+    return {**record.metrics, "__missing__": record.missing}

@@ -43,22 +43,41 @@ class BurstSpec:
     content: str = "greek"
 
 
+#: Corpora the engine can build: Seed A's sentences, or Seed B's three-source mixture.
+CORPORA = ("phase19", "mixture")
+
+
 @dataclass(frozen=True)
 class DataSpec:
-    corpus: str = "phase19"  # the generator in pytest_spikecheck.data.corpus
-    n_sentences: int = 240  # Seed A: 240 training sentences
+    corpus: str = "phase19"  # phase19 (pytest_spikecheck.data.corpus) | mixture (data.sources)
+    n_sentences: int = 240  # Seed A: 240 training sentences (mixture: split evenly over its sources)
     eval_sentences: int = 96  # fixed in-distribution eval set
     vocab_size: int = 384  # byte-level BPE; 312-448 split " written" into Ġwri + tt + en
     corpus_seed: int = 0  # the corpus is fixed; the training seed changes init and batch order
+    padding_side: str = "right"  # right | left (left puts padding first: meets mask_padding as all-masked rows)
+
+
+@dataclass(frozen=True)
+class MixtureSpec:
+    """Seed B's bandit: source weights redrawn from Dirichlet(``concentration``) at phase
+    boundaries whose lengths are drawn from ``phase_lengths`` (empty: fixed uniform weights).
+    ``new_source`` is held out until the first boundary at or after ``new_source_at``, where
+    the bandit tries it alone for one phase; it then joins the draws."""
+
+    phase_lengths: tuple[int, ...] = ()
+    concentration: float = 0.3
+    new_source: str | None = None
+    new_source_at: int = 0
 
 
 @dataclass(frozen=True)
 class SamplerSpec:
-    kind: str = "shuffle"  # shuffle (epochs in random order) | stratified (caps rare samples per batch)
+    kind: str = "shuffle"  # shuffle (epochs in random order) | stratified (caps rare samples per batch) | mixture
     batch_size: int = 8
     rare_cap: int = 1  # stratified: at most this many rare samples per batch
     rare_doc_freq: int = 5  # a token is rare if at most this many training samples contain it
     bursts: tuple[BurstSpec, ...] = ()
+    mixture: MixtureSpec = MixtureSpec()
 
 
 @dataclass(frozen=True)
@@ -69,7 +88,10 @@ class OptimizerSpec:
     eps: float = 1e-8
     weight_decay: float = 0.1  # applied to matrices (embeddings included), not to biases and norms
     grad_clip: float | None = 1.0  # global-L2 max_norm; None (YAML null) or inf = no clipping
-    clip_mode: str = "global"  # global | per_tensor
+    clip_mode: str = "global"  # global | per_tensor | adaptive (ZClip-style: max_norm from an EMA z-score)
+    adaptive_z: float = 2.5  # adaptive: clip at EMA mean + z * EMA std of the pre-clip norm ...
+    adaptive_alpha: float = 0.97  # ... with this EMA decay (ZClip's defaults); grad_clip until warm
+    skip_spike_ratio: float | None = None  # skip the optimizer step when pre-clip norm / median >= this
 
     def __post_init__(self) -> None:
         # One spelling of "no clipping" so equal runs hash equal: inf becomes None.
@@ -128,7 +150,15 @@ class Scenario:
         _check(isinstance(self.steps, int) and self.steps >= 1, f"steps must be a positive integer, was {self.steps!r}")
         _check(isinstance(self.seed, int), f"seed must be an integer, was {self.seed!r}")
         s, o, sch = self.sampler, self.optimizer, self.schedule
-        _check(s.kind in ("shuffle", "stratified"), f"sampler.kind must be shuffle or stratified, was {s.kind!r}")
+        _check(s.kind in ("shuffle", "stratified", "mixture"),
+               f"sampler.kind must be shuffle, stratified or mixture, was {s.kind!r}")
+        _check((s.kind == "mixture") == (self.data.corpus == "mixture"),
+               f"sampler.kind mixture goes with data.corpus mixture (was {s.kind!r} with {self.data.corpus!r})")
+        m = s.mixture
+        _check(all(isinstance(n, int) and n >= 1 for n in m.phase_lengths),
+               f"sampler.mixture.phase_lengths must be positive integers, was {m.phase_lengths!r}")
+        _check(m.concentration > 0, f"sampler.mixture.concentration must be > 0, was {m.concentration}")
+        _check(self.data.padding_side in ("right", "left"), f"data.padding_side must be right or left, was {self.data.padding_side!r}")
         _check(s.batch_size >= 1, f"sampler.batch_size must be >= 1, was {s.batch_size}")
         _check(s.rare_cap >= 0, f"sampler.rare_cap must be >= 0, was {s.rare_cap}")
         for b in s.bursts:
@@ -143,11 +173,16 @@ class Scenario:
         if o.grad_clip is not None:
             _check(not math.isnan(o.grad_clip) and o.grad_clip >= 0,
                    f"optimizer.grad_clip must be >= 0, inf or null (no clipping), was {o.grad_clip!r}")
-        _check(o.clip_mode in ("global", "per_tensor"), f"optimizer.clip_mode must be global or per_tensor, was {o.clip_mode!r}")
+        _check(o.clip_mode in ("global", "per_tensor", "adaptive"),
+               f"optimizer.clip_mode must be global, per_tensor or adaptive, was {o.clip_mode!r}")
+        _check(o.adaptive_z > 0 and 0 < o.adaptive_alpha < 1,
+               f"optimizer.adaptive_z must be > 0 and adaptive_alpha in (0, 1), was {o.adaptive_z}, {o.adaptive_alpha}")
+        _check(o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
+               f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}")
         _check(sch.name in ("cosine", "constant"), f"schedule.name must be cosine or constant, was {sch.name!r}")
         _check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
         _check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
-        _check(self.data.corpus == "phase19", f"data.corpus must be phase19 (the only corpus so far), was {self.data.corpus!r}")
+        _check(self.data.corpus in CORPORA, f"data.corpus must be one of {', '.join(CORPORA)}, was {self.data.corpus!r}")
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -308,6 +343,18 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{label} must be a number, inf or null, was {value!r}")
         return float(value)
+    if name in ("skip_spike_ratio", "new_source"):
+        if value is None:
+            return None
+        if name == "new_source":
+            if not isinstance(value, str):
+                raise ConfigError(f"{label} must be a source name or null, was {value!r}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{label} must be a number or null, was {value!r}")
+        return float(value)
+    if dataclasses.is_dataclass(current):
+        return _section_from_dict(f"{section}.{name}", type(current), current, value, where)
     if name == "bursts":
         if not isinstance(value, list):
             raise ConfigError(f"{label} must be a list of bursts, was {value!r}")
@@ -329,6 +376,10 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{label} must be a number, was {value!r}")
         return float(value)
+    if name == "phase_lengths":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{label} must be a list of integers, was {value!r}")
+        return tuple(_coerce(section, name, 0, v, where) for v in value)
     if isinstance(current, tuple):
         if not isinstance(value, (list, tuple)) or len(value) != len(current):
             raise ConfigError(f"{label} must be a list of {len(current)} numbers, was {value!r}")

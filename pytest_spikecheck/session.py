@@ -48,28 +48,38 @@ class ScenarioRow:
         return dataclasses.asdict(self)
 
 
+def _containment(run: Any) -> str:
+    """The summary's clip-containment cell: did the post-clip norm stay under the limit?"""
+    import numpy as np
+
+    from pytest_spikecheck.report import fmt
+
+    post = np.asarray(run.metrics["grad_norm_post"], dtype=float)
+    finite = post[np.isfinite(post)]
+    worst = fmt(float(finite.max()), ".3g") if finite.size else "—"
+    if run.scenario.optimizer.clip_mode == "adaptive":
+        return f"adaptive (max {worst})"
+    max_norm = run.scenario.max_norm
+    if math.isinf(max_norm):
+        return "no clip"
+    if run.stopped_early and finite.size < post.size:
+        return f"n/a (non-finite at step {run.meta['stopped_at']})"
+    held = bool(np.all(post <= max_norm * (1 + 1e-5)))
+    return f"held (max {worst} ≤ {max_norm:g})" if held else f"BROKEN (max {worst} > {max_norm:g})"
+
+
 def summarise(run: Any, cached: bool) -> ScenarioRow:
     from pytest_spikecheck.analysis import EventSummary
     from pytest_spikecheck.report import fmt
 
     bursts = run.scenario.burst_steps
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
-    max_norm = run.scenario.max_norm
-    if math.isinf(max_norm):
-        containment = "no clip"
-    else:
-        import numpy as np
-
-        post = np.asarray(run.metrics["grad_norm_post"], dtype=float)
-        worst = float(np.nanmax(post)) if post.size else math.nan
-        held = bool(np.all(post <= max_norm * (1 + 1e-5)))
-        containment = f"{'held' if held else 'BROKEN'} (max {fmt(worst, '.3g')} ≤ {max_norm:g})" if held else \
-            f"BROKEN (max {fmt(worst, '.3g')} > {max_norm:g})"
+    containment = _containment(run)
     recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
     return ScenarioRow(
         scenario=run.name, steps=len(run), spike_step=s.step, spike_ratio=s.ratio,
         containment=containment, recovery=recovery, cached=cached,
-        stopped=f"step {run.meta['stopped_at']}: {run.meta['stop_reason']}" if run.stopped_early else None,
+        stopped=run.meta["stop_reason"] if run.stopped_early else None,
     )
 
 

@@ -76,6 +76,12 @@ def summarise(records: list[dict]) -> str:
             return "—"
         return f"{format(statistics.median(v), spec)} [{format(min(v), spec)}–{format(max(v), spec)}]"
 
+    def recovery(values):
+        back = [v for v in values if v is not None]
+        text = stat(back, ".0f") if back else "not back"
+        missing = len(values) - len(back)
+        return f"{text} ({missing}/{len(values)} not back within 50)" if missing and back else text
+
     lines = ["| burst at 312 | clip | ratio | pre-clip norm | post-clip norm | train loss before → at | eval jump | recovery (steps) | final eval | NaN runs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for config in CONFIGS:
@@ -88,7 +94,7 @@ def summarise(records: list[dict]) -> str:
                 f"| {config} | {clip} | {stat([r['ratio'] for r in rs])}× | {stat([r['grad_norm_pre'] for r in rs], '.2f')} | "
                 f"{stat([r['grad_norm_post'] for r in rs], '.2f')} | {stat([r['train_loss_before'] for r in rs], '.2f')} → "
                 f"{stat([r['train_loss_at'] for r in rs], '.2f')} | {stat([r['eval_jump'] for r in rs], '.3f')} | "
-                f"{stat([r['recovery'] for r in rs], '.0f')} | {stat([r['final_eval'] for r in rs], '.3f')} | {nan}/{len(rs)} |")
+                f"{recovery([r['recovery'] for r in rs])} | {stat([r['final_eval'] for r in rs], '.3f')} | {nan}/{len(rs)} |")
     return "\n".join(lines)
 
 

@@ -74,9 +74,16 @@ def test_bad_yaml_and_missing_paths(tmp_path):
         Scenario.from_yaml(tmp_path / "nope")
 
 
-def test_with_breaks_rejects_non_breaks_and_mixture_shift_is_declared_not_ready():
+def test_with_breaks_rejects_non_breaks():
     with pytest.raises(ConfigError, match="expects Break instances"):
         Scenario().with_breaks("no_clip")
-    with pytest.raises(NotImplementedError, match="MixtureShift"):
-        Scenario().with_breaks(MixtureShift()).resolved()
     assert isinstance(break_from_config("no_clip"), NoClip)
+
+
+def test_mixture_shift_switches_to_the_mixture_corpus_and_round_trips(tmp_path):
+    s = Scenario.preset("phase-19").with_breaks(MixtureShift(phase_lengths=(7, 14), new_source="foreign"))
+    r = s.resolved()
+    assert (r.data.corpus, r.sampler.kind, r.sampler.mixture.phase_lengths) == ("mixture", "mixture", (7, 14))
+    path = tmp_path / "c.yaml"
+    path.write_text(r.to_yaml())
+    assert Scenario.from_yaml(path).content_hash() == s.content_hash()

@@ -18,8 +18,10 @@ from functools import lru_cache
 
 #: Rare content a burst can inject. ``written`` is Seed A's own rare family (corpus
 #: sentences held out until the burst); ``caps`` and ``greek`` are fresh sentences the
-#: model has never seen: ALL-CAPS English and English transliterated into Greek script.
-BURST_CONTENTS = ("written", "caps", "greek")
+#: model has never seen: ALL-CAPS English and English transliterated into Greek script;
+#: ``blank`` is an empty document (a blank line in a data shard), which encodes to a row of
+#: padding only: harmless unless the model masks padding keys (then a numeric break).
+BURST_CONTENTS = ("written", "caps", "greek", "blank")
 
 _SUBJECTS = (
     "the teacher", "my sister", "the old man", "a young girl", "the doctor", "our friend",
@@ -97,18 +99,21 @@ def phase19_eval_set(n_sentences: int = 96, corpus_seed: int = 0) -> tuple[Sampl
     )
 
 
-def _to_greek(text: str) -> str:
+def to_greek(text: str) -> str:
+    """Transliterate English into Greek script letter by letter (a script the corpus never uses)."""
     return "".join(_GREEK.get(ch, ch) for ch in text.lower())
 
 
 @lru_cache(maxsize=32)
 def burst_pool(content: str, count: int, corpus_seed: int = 0) -> tuple[Sample, ...]:
     """Fresh rare sentences for a burst of ``content`` (``caps`` or ``greek``)."""
-    if content not in ("caps", "greek"):
-        raise ValueError(f"burst content must be 'caps' or 'greek' for fresh sentences, was {content!r}")
+    if content not in ("caps", "greek", "blank"):
+        raise ValueError(f"burst content must be 'caps', 'greek' or 'blank' for fresh samples, was {content!r}")
+    if content == "blank":
+        return tuple(Sample(id=f"burst-blank-{i:03d}", text="", source="burst:blank", rare=True) for i in range(count))
     rng = random.Random(f"burst-{content}-{corpus_seed}")
     texts = [_sentence(rng, rng.choice(list(_WRITE_FORMS)[1:] + ["other"])) for _ in range(count)]
-    transform = str.upper if content == "caps" else _to_greek
+    transform = str.upper if content == "caps" else to_greek
     return tuple(
         Sample(id=f"burst-{content}-{i:03d}", text=transform(t), source=f"burst:{content}", rare=True)
         for i, t in enumerate(texts)

@@ -14,6 +14,7 @@ from functools import lru_cache
 import numpy as np
 
 from pytest_spikecheck.data.corpus import Sample, burst_pool, phase19_corpus, phase19_eval_set
+from pytest_spikecheck.data.sources import BASE_SOURCES, mixture_corpus, mixture_eval_set, source_samples
 from pytest_spikecheck.data.tokenizer import BPETokenizer, train_bpe
 from pytest_spikecheck.scenario import Scenario
 
@@ -46,28 +47,45 @@ class Dataset:
         return [int(t) for t in row if t != IGNORE_INDEX]
 
 
-def _encode(tok: BPETokenizer, samples: tuple[Sample, ...], block_size: int) -> TokenArrays:
+def _encode(tok: BPETokenizer, samples: tuple[Sample, ...], block_size: int, padding_side: str = "right") -> TokenArrays:
     inputs = np.full((len(samples), block_size), tok.pad_id, dtype=np.int64)
     targets = np.full((len(samples), block_size), IGNORE_INDEX, dtype=np.int64)
     for i, s in enumerate(samples):
+        if not s.text:
+            continue  # an empty document has nothing to predict: its row is padding only
         ids = tok.encode(s.text)[: block_size + 1]
-        inputs[i, : len(ids) - 1] = ids[:-1]
-        targets[i, : len(ids) - 1] = ids[1:]
+        n = len(ids) - 1
+        cols = slice(0, n) if padding_side == "right" else slice(block_size - n, block_size)
+        inputs[i, cols] = ids[:-1]
+        targets[i, cols] = ids[1:]
     return TokenArrays(inputs, targets)
 
 
 def build_dataset(scenario: Scenario) -> Dataset:
     """The dataset of a *resolved* scenario (cached: many scenarios share one corpus)."""
     d, s = scenario.data, scenario.sampler
+    new_source = s.mixture.new_source if s.kind == "mixture" else None
     return _build(d.corpus, d.n_sentences, d.eval_sentences, d.vocab_size, d.corpus_seed,
-                  scenario.model.block_size, s.rare_doc_freq, s.bursts)
+                  scenario.model.block_size, s.rare_doc_freq, s.bursts, d.padding_side, new_source)
+
+
+def _corpus(corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int) -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
+    if corpus == "mixture":
+        return (mixture_corpus(n_sentences // len(BASE_SOURCES), corpus_seed),
+                mixture_eval_set(eval_sentences, corpus_seed))
+    return phase19_corpus(n_sentences, corpus_seed), phase19_eval_set(eval_sentences, corpus_seed)
 
 
 @lru_cache(maxsize=16)
 def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, corpus_seed: int,
-           block_size: int, rare_doc_freq: int, bursts: tuple) -> Dataset:
-    corpus_samples = phase19_corpus(n_sentences, corpus_seed)
+           block_size: int, rare_doc_freq: int, bursts: tuple, padding_side: str = "right",
+           new_source: str | None = None) -> Dataset:
+    corpus_samples, eval_samples = _corpus(corpus, n_sentences, eval_sentences, corpus_seed)
     tok = train_bpe(tuple(s.text for s in corpus_samples), vocab_size)
+    if new_source is not None and new_source not in BASE_SOURCES:
+        # A source that enters late joins the corpus (the sampler holds it out until then) but
+        # not the tokenizer's training text: its bytes stay unmerged, as for a real new domain.
+        corpus_samples = corpus_samples + source_samples(new_source, n_sentences // len(BASE_SOURCES), corpus_seed)
     pool = list(corpus_samples)
     members: dict[int, tuple[int, ...]] = {}
     for k, burst in enumerate(bursts):
@@ -85,19 +103,18 @@ def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, 
                 ids.append(known[smp.id])
             members[k] = tuple(ids)
     pool_t = tuple(pool)
-    train = _encode(tok, pool_t, block_size)
+    train = _encode(tok, pool_t, block_size, padding_side)
     # Rarity is measured against the corpus (what the model trains on in rotation): a token
     # of injected burst content that never occurs in the corpus has frequency 0 and is rare,
-    # however many burst sentences share it.
+    # however many burst sentences share it. A late source counts as corpus.
     doc_freq: Counter[int] = Counter()
     for row in train.targets[: len(corpus_samples)]:
         doc_freq.update({int(t) for t in row if t != IGNORE_INDEX and t != tok.eos_id})
     in_pool = {int(t) for row in train.targets for t in row if t != IGNORE_INDEX and t != tok.eos_id}
     rare = frozenset(t for t in in_pool if doc_freq[t] <= rare_doc_freq)
     counts = tuple(int(sum(1 for t in row if int(t) in rare)) for row in train.targets)
-    eval_samples = phase19_eval_set(eval_sentences, corpus_seed)
     return Dataset(
-        tokenizer=tok, pool=pool_t, train=train, eval=_encode(tok, eval_samples, block_size),
+        tokenizer=tok, pool=pool_t, train=train, eval=_encode(tok, eval_samples, block_size, padding_side),
         eval_samples=eval_samples, n_corpus=len(corpus_samples), rare_tokens=rare,
         rare_token_counts=counts, burst_members=members,
     )

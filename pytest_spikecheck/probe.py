@@ -1,0 +1,254 @@
+"""One-step probes from a cached checkpoint: what would step S do with *this* batch?
+
+Training a scenario to step S costs seconds; asking what one batch would do there costs
+milliseconds. :func:`probe_at` trains the scenario once per process to just before step S
+(an engine callback stops the loop after step S-1: the loop is extended, never forked) and
+keeps the model and AdamW state in memory. A :class:`Probe` then runs step S on any batch
+exactly as the engine would — learning rate of step S, forward, backward, clip, AdamW step
+(skipped on a non-finite norm, as the engine does) — measures it, and restores the model
+and optimizer state bit for bit. Nothing ever trains past S-1.
+
+The probe of the batch the sampler really serves at S reproduces the engine's step S to
+the last bit (same ops, same thread count; ``tests`` and ``scenarios/test_fuzz.py`` check
+it), so a probe answers "what if this batch had come at step S" about the real run.
+
+A Probe holds live torch state: it is not thread-safe, and one process probes one batch at
+a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pytest_spikecheck.analysis import BASELINE_WINDOW, baseline
+from pytest_spikecheck.clipping import clip_grads_, resolve_backend, validate_max_norm
+from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset
+from pytest_spikecheck.data.samplers import plan_batches
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.scenario import Scenario
+from pytest_spikecheck.schedule import lr_at
+
+__all__ = ["Probe", "ProbeResult", "TokenLoss", "probe_at", "measure_probe_rate"]
+
+#: How many checkpoints :func:`probe_at` keeps in memory (least recently used goes first).
+#: A Phase-19 checkpoint (model, AdamW moments, a copy of both) is ~2 MB.
+CHECKPOINT_CACHE_SIZE = 8
+
+
+@dataclass(frozen=True)
+class TokenLoss:
+    """The loss of one target token of a probed batch."""
+
+    sample: int  # pool index
+    position: int  # target position in the sample's row
+    token: str
+    loss: float
+    rare: bool
+
+
+@dataclass(frozen=True)
+class ProbeResult:
+    """What step S would do with one batch.
+
+    ``ratio`` is ``grad_norm_pre`` over the median pre-clip norm of the ``BASELINE_WINDOW``
+    steps before S in the real run (the spike ratio of :mod:`pytest_spikecheck.analysis`).
+    ``update_*`` measure ``θ_after − θ_before`` of the AdamW step (weight decay included);
+    both are 0 when the step is skipped because the gradient norm is non-finite.
+    """
+
+    indices: tuple[int, ...]
+    loss: float
+    grad_norm_pre: float
+    grad_norm_post: float
+    clip_scale: float
+    nonfinite: bool  # the gradient norm was NaN or inf, so no step was taken
+    ratio: float
+    update_max_abs: float  # the largest |Δθ| over every weight
+    update_norm: float  # ‖Δθ‖₂ over all parameters
+    params_finite: bool  # every parameter is finite after the step
+    token_losses: tuple[TokenLoss, ...] = ()  # filled with ``token_losses=True``, worst first
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    # The thread count changes reduction order; the engine pins it, so the probe does too.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+class Probe:
+    """Step S of ``scenario`` on any batch, from the state after step S-1.
+
+    Build one with :func:`probe_at` (cached per process). Call it with a batch — a sequence
+    of pool indices of :attr:`dataset` or a :class:`~pytest_spikecheck.strategies.Composition`
+    — to get a :class:`ProbeResult`. ``max_norm`` overrides the scenario's clip for that
+    probe (``None`` or ``inf``: no clip).
+    """
+
+    def __init__(self, scenario: Scenario, at_step: int, *, backend: str = "auto", device: str = "cpu",
+                 threads: int = 1) -> None:
+        from pytest_spikecheck.engine import train
+
+        resolved = scenario.resolved()
+        if not 2 <= at_step <= resolved.steps:
+            raise ConfigError(f"at_step must be between 2 and the scenario's {resolved.steps} steps, was {at_step}")
+        # Both decide step S from the run's history (an EMA, the last 50 norms) that lives
+        # inside the engine's loop; a probe that guessed it would not be step S.
+        if resolved.optimizer.clip_mode == "adaptive":
+            raise ConfigError("the probe cannot replay an adaptive clip (its limit is the run's EMA state); "
+                              "probe the scenario with a fixed grad_clip")
+        if resolved.optimizer.skip_spike_ratio is not None:
+            raise ConfigError("the probe cannot replay SkipSpikes (its verdict depends on the run's last 50 norms); "
+                              "probe the scenario without it")
+        self.scenario = resolved
+        self.at_step = at_step
+        self.threads = threads
+        self.backend = resolve_backend(backend, device)
+        self.device = torch.device(device)
+
+        captured: dict[str, Any] = {}
+
+        def stop_before_step_s(ctx) -> None:
+            if ctx.step == at_step - 1:
+                captured.update(model=ctx.model, optimizer=ctx.optimizer, dataset=ctx.dataset)
+                ctx.stop()
+
+        started = time.perf_counter()
+        self.history = train(scenario, backend=self.backend, device=device, threads=threads,
+                             callbacks=[stop_before_step_s])
+        self.checkpoint_seconds = time.perf_counter() - started
+        if not captured:
+            raise ValueError(f"{scenario.name} stopped at step {self.history.meta.get('stopped_at')} "
+                             f"({self.history.meta.get('stop_reason')}) before reaching step {at_step - 1}")
+        self.model: torch.nn.Module = captured["model"]
+        self.optimizer: torch.optim.Optimizer = captured["optimizer"]
+        self.dataset: Dataset = captured["dataset"]
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self._saved_params = [p.detach().clone() for p in self.params]
+        self._saved_state = [{k: v.clone() for k, v in self.optimizer.state[p].items()} for p in self.params]
+        self._inputs = torch.from_numpy(self.dataset.train.inputs).to(self.device)
+        self._targets = torch.from_numpy(self.dataset.train.targets).to(self.device)
+        self.lr = lr_at(at_step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
+        #: Median pre-clip norm of the BASELINE_WINDOW steps before S (the ratio's denominator).
+        self.baseline_grad_norm = baseline(self.history.metrics, "grad_norm_pre", at_step, BASELINE_WINDOW)
+        plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=self.dataset.n_corpus,
+                            burst_members=self.dataset.burst_members, is_rare=self.dataset.is_rare,
+                            sources=[sample.source for sample in self.dataset.pool])
+        #: The batch the scenario's sampler serves at step S.
+        self.real_batch: tuple[int, ...] = tuple(plan[at_step - 1])
+
+    @property
+    def pool_size(self) -> int:
+        return len(self.dataset.pool)
+
+    def __call__(self, batch: Any, *, max_norm: float | None | str = "scenario", token_losses: bool = False) -> ProbeResult:
+        indices = tuple(int(i) for i in getattr(batch, "indices", batch))
+        if not indices:
+            raise ValueError("a probed batch needs at least one sample")
+        bad = [i for i in indices if not 0 <= i < self.pool_size]
+        if bad:
+            raise ValueError(f"pool index {bad[0]} is out of range: the pool has {self.pool_size} samples")
+        limit = self.scenario.max_norm if max_norm == "scenario" else validate_max_norm(max_norm)
+        with _torch_threads(self.threads):
+            try:
+                return self._step(indices, limit, token_losses)
+            finally:
+                self._restore()
+
+    def _step(self, indices: tuple[int, ...], max_norm: float, want_token_losses: bool) -> ProbeResult:
+        # Step S as the engine runs it (engine._train): lr, forward, backward, clip, AdamW.
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr
+        index = torch.tensor(indices, device=self.device)
+        x, y = self._inputs[index], self._targets[index]
+        self.model.train()
+        logits, loss = self.model(x, y)
+        loss.backward()
+        loss_value = float(loss.detach())
+        clip = clip_grads_(self.params, max_norm, backend=self.backend, mode=self.scenario.optimizer.clip_mode)
+        nonfinite = bool(clip.nonfinite) or not math.isfinite(loss_value)
+        if nonfinite:  # the engine stops here without stepping; so does the probe
+            update_max_abs = update_norm = 0.0
+        else:
+            self.optimizer.step()
+            deltas = torch._foreach_sub([p.detach() for p in self.params], self._saved_params)
+            update_max_abs = float(max(d.abs().max() for d in deltas))
+            update_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(deltas))))
+        params_finite = all(bool(torch.isfinite(p).all()) for p in self.params)
+        norm_pre = float(clip.total_norm)
+        base = self.baseline_grad_norm
+        return ProbeResult(
+            indices=indices,
+            loss=loss_value,
+            grad_norm_pre=norm_pre,
+            grad_norm_post=float(clip.total_norm * clip.scale),
+            clip_scale=float(clip.scale),
+            nonfinite=nonfinite,
+            ratio=norm_pre / base if base > 0 else math.nan,
+            update_max_abs=update_max_abs,
+            update_norm=update_norm,
+            params_finite=params_finite,
+            token_losses=self._token_losses(logits.detach(), y, indices) if want_token_losses else (),
+        )
+
+    def _token_losses(self, logits: torch.Tensor, targets: torch.Tensor, indices: tuple[int, ...]) -> tuple[TokenLoss, ...]:
+        losses = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
+                                 reduction="none").view(targets.shape)
+        rows, cols = torch.nonzero(targets != IGNORE_INDEX, as_tuple=True)
+        tok, rare = self.dataset.tokenizer, self.dataset.rare_tokens
+        out = [TokenLoss(sample=indices[r], position=c, token=tok.token(int(targets[r, c])), loss=float(losses[r, c]),
+                         rare=int(targets[r, c]) in rare)
+               for r, c in zip(rows.tolist(), cols.tolist())]
+        return tuple(sorted(out, key=lambda t: -t.loss))
+
+    def _restore(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self._saved_params)
+            for p, saved in zip(self.params, self._saved_state):
+                for key, value in saved.items():
+                    self.optimizer.state[p][key].copy_(value)
+
+
+_CHECKPOINTS: OrderedDict[tuple, Probe] = OrderedDict()
+
+
+def probe_at(scenario: Scenario, at_step: int, *, backend: str = "auto", device: str = "cpu", threads: int = 1) -> Probe:
+    """The :class:`Probe` of ``scenario`` at step ``at_step``, trained once per process.
+
+    Cached in memory by the scenario's content hash, ``at_step``, backend, device and
+    threads (the last ``CHECKPOINT_CACHE_SIZE`` are kept), so every test and every
+    Hypothesis example of a session shares one checkpoint.
+    """
+    key = (scenario.content_hash(), at_step, resolve_backend(backend, device), device, threads)
+    if key in _CHECKPOINTS:
+        _CHECKPOINTS.move_to_end(key)
+        return _CHECKPOINTS[key]
+    probe = Probe(scenario, at_step, backend=backend, device=device, threads=threads)
+    _CHECKPOINTS[key] = probe
+    while len(_CHECKPOINTS) > CHECKPOINT_CACHE_SIZE:
+        _CHECKPOINTS.popitem(last=False)
+    return probe
+
+
+def measure_probe_rate(probe: Probe, batches: Sequence[Sequence[int]], *, repeats: int = 1) -> float:
+    """Probes per second over ``batches`` (each probed ``repeats`` times), wall clock."""
+    started = time.perf_counter()
+    for _ in range(repeats):
+        for batch in batches:
+            probe(batch)
+    elapsed = time.perf_counter() - started
+    return repeats * len(batches) / elapsed if elapsed > 0 else math.inf

@@ -1,0 +1,136 @@
+"""Seed B's capacity claim, measured: does an unclipped spike hurt bigger models more?
+
+    python scripts/capacity_sweep.py --seeds 0-2 --jobs 2 --out docs/capacity.json
+    python scripts/capacity_sweep.py --table --plot docs/capacity.png --out docs/capacity.json
+
+The same break (Phase-19, 8 never-seen sentences in the batch of step 312) on models from
+32 wide x 2 layers to 256 wide x 6 layers, each with and without clip 1.0 on the same
+batches. Measured per size: spike ratio, eval-loss jump and recovery without the clip, the
+final eval-loss gap between the unclipped and the clipped run, and how many runs diverged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+EVENT = 312
+#: (width, layers, heads): from half of Phase-19's model to ~5M parameters.
+SHAPES = [(32, 2, 2), (64, 2, 4), (128, 2, 4), (64, 4, 4), (128, 4, 4), (256, 4, 8), (128, 6, 4), (256, 6, 8)]
+
+
+def measure(job: tuple[tuple[int, int, int], str, int]) -> dict:
+    (width, layers, heads), clip, seed = job
+    from pytest_spikecheck import NoClip, RareTokenBurst, Scenario, train
+    from pytest_spikecheck.analysis import final_value, loss_jump, recovery_steps, spike_ratio
+
+    scenario = (Scenario.preset("phase-19").replace(seed=seed, model__n_embd=width, model__n_layer=layers, model__n_head=heads)
+                .with_breaks(RareTokenBurst(count=8, at_step=EVENT)))
+    if clip == "no-clip":
+        scenario = scenario.with_breaks(NoClip())
+    run = train(scenario, backend="torch", threads=1)
+    m = run.metrics
+    return {"width": width, "layers": layers, "parameters": run.meta["parameters"], "clip": clip, "seed": seed,
+            "ratio": spike_ratio(m, EVENT), "eval_jump": loss_jump(m, EVENT), "recovery": recovery_steps(m, EVENT),
+            "final_eval": final_value(m), "diverged": run.stopped_early, "train_seconds": run.meta["train_seconds"],
+            "adam_surprise": ((run.event_at(EVENT) or {}).get("adam_surprise") or {}).get("share")}
+
+
+def _seeds(text: str) -> list[int]:
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def _median(values):
+    v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return statistics.median(v) if v else math.nan
+
+
+def rows(records: list[dict]) -> list[dict]:
+    out = []
+    for shape in SHAPES:
+        w, layers, _ = shape
+        nc = [r for r in records if (r["width"], r["layers"]) == (w, layers) and r["clip"] == "no-clip"]
+        cl = [r for r in records if (r["width"], r["layers"]) == (w, layers) and r["clip"] == "clip-1.0"]
+        if not nc or not cl:
+            continue
+        gaps = [a["final_eval"] - b["final_eval"] for a in nc for b in cl if a["seed"] == b["seed"]]
+        out.append({"width": w, "layers": layers, "parameters": nc[0]["parameters"],
+                    "ratio": _median([r["ratio"] for r in nc]), "eval_jump": _median([r["eval_jump"] for r in nc]),
+                    "eval_jump_clip": _median([r["eval_jump"] for r in cl]),
+                    "recovery": _median([r["recovery"] for r in nc]), "final_gap": _median(gaps),
+                    "adam_surprise": _median([r["adam_surprise"] for r in nc]),
+                    "diverged": f"{sum(r['diverged'] for r in nc)}/{len(nc)}", "seconds": _median([r["train_seconds"] for r in nc])})
+    return out
+
+
+def table(records: list[dict]) -> str:
+    lines = ["| width × layers | parameters | ratio (no clip) | eval jump no clip / clip 1.0 | recovery (steps) | "
+             "final gap (no clip − clip) | share of weights with \\|g\\|/√v̂ > 10 | diverged | s per run |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows(records):
+        lines.append(f"| {r['width']} × {r['layers']} | {r['parameters']:,} | {r['ratio']:.1f}× | {r['eval_jump']:.3f} / "
+                     f"{r['eval_jump_clip']:.3f} | {r['recovery']:.0f} | {r['final_gap']:+.3f} | {r['adam_surprise']:.1%} | "
+                     f"{r['diverged']} | {r['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = rows(records)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), dpi=110)
+    params = [r["parameters"] for r in data]
+    axes[0].plot(params, [r["eval_jump"] for r in data], "o-", color="#d62728", label="no clip")
+    axes[0].plot(params, [r["eval_jump_clip"] for r in data], "o-", color="#1f77b4", label="clip 1.0")
+    axes[0].set_ylabel("eval-loss jump after the burst (nats)")
+    axes[1].plot(params, [r["ratio"] for r in data], "o-", color="#555")
+    axes[1].set_ylabel("pre-clip grad-norm spike ratio")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("parameters")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].legend()
+    fig.suptitle("Brittleness against capacity (Phase-19, 8 unseen sentences at step 312; medians over seeds)")
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0-2")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", default="docs/capacity.json")
+    parser.add_argument("--table", action="store_true")
+    parser.add_argument("--plot", default=None)
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.table or args.plot:
+        records = json.loads(out.read_text())
+        if args.plot:
+            plot(records, Path(args.plot))
+        print(table(records))
+        return 0
+    jobs = [(shape, clip, seed) for shape in SHAPES for clip in ("no-clip", "clip-1.0") for seed in _seeds(args.seeds)]
+    jobs.sort(key=lambda j: -j[0][0] * j[0][0] * j[0][1])  # biggest first: better packing on the pool
+    records = []
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        for i, rec in enumerate(pool.map(measure, jobs), 1):
+            records.append(rec)
+            print(f"[{i}/{len(jobs)}] {rec['width']}x{rec['layers']} {rec['clip']} seed {rec['seed']}: ratio {rec['ratio']:.1f} "
+                  f"jump {rec['eval_jump']:.3f} ({rec['train_seconds']:.0f}s)", file=sys.stderr, flush=True)
+    out.write_text(json.dumps(records, indent=1))
+    print(table(records))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""``spikecheck check LOG``: exit 0 clean, 1 on a spike / non-finite value / uncontained clip,
+2 on a wrong log or option; ``--json`` for machines."""
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pytest_spikecheck.cli import CHECK_DETECTORS, main
+
+LOGS = Path(__file__).parent / "data" / "logs"
+
+
+def check(capsys, *argv):
+    code = main(["check", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def check_json(capsys, *argv):
+    code, out, err = check(capsys, *argv, "--json")
+
+    def strict(constant):
+        raise AssertionError(f"--json wrote the non-standard constant {constant}")
+
+    return code, json.loads(out, parse_constant=strict)
+
+
+def test_healthy_log_exits_0(capsys):
+    code, out, _ = check(capsys, LOGS / "hf" / "trainer_state_healthy.json")
+    assert code == 0
+    assert out.splitlines()[-1] == "OK: no spike, every value finite"
+    assert "hf-trainer, 24 logged steps (5–120)" in out.splitlines()[0]
+
+
+def test_spike_exits_1_with_the_step_value_and_ratio(capsys):
+    code, out, _ = check(capsys, LOGS / "hf" / "trainer_state.json")
+    assert code == 1
+    row = next(line.split() for line in out.splitlines() if line.strip().startswith("90 "))
+    assert row[0] == "90" and float(row[1]) > 50 and float(row[2].rstrip("×")) > 30 and row[3] == "ratio"
+    assert out.splitlines()[-1] == "FOUND spikes in grad_norm (exit 1)"
+
+
+def test_non_finite_value_exits_1(capsys):
+    code, out, _ = check(capsys, LOGS / "hf" / "trainer_state_diverged.json", "--metric", "eval_loss")
+    assert code == 1  # eval_loss (one value, at step 20) is clean: the exit comes from grad_norm = inf
+    assert "eval_loss  ▁\n  no spike" in out
+    assert "non-finite values: grad_norm = inf at step 28 (the first)" in out
+    assert out.splitlines()[-1] == "FOUND a non-finite value (exit 1)"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["nope.json"], "no such log file or folder"),
+    (["{logs}/hf/trainer_state.json", "--metric", "perplexity"], "no 'perplexity' series"),
+    (["{logs}/wandb/history.csv", "--map", "loss=nope"], "cannot map loss=nope"),
+    (["{logs}/wandb/history.csv", "--format", "tensorboard"], "not a TensorBoard event file"),
+    (["{logs}/lightning/metrics.csv", "--map", "epoch=epoch", "--metric", "x"], "no 'x' series"),
+])
+def test_wrong_log_or_option_exits_2_with_one_line(capsys, argv, message):
+    code, out, err = check(capsys, *(a.format(logs=LOGS) for a in argv))
+    assert code == 2 and out == ""
+    assert err.startswith("spikecheck: error: ") and message in err and err.count("\n") == 1
+
+
+def test_log_without_loss_or_grad_norm_exits_2(tmp_path, capsys):
+    (tmp_path / "log.csv").write_text("step,accuracy\n1,0.5\n2,0.6\n")
+    code, _, err = check(capsys, tmp_path / "log.csv")
+    assert code == 2 and "no loss or gradient-norm series (it has accuracy); name one with --metric" in err
+
+
+@pytest.mark.parametrize("argv", [["--map", "loss"], ["--max-norm", "-1"], ["--detector", "nope"]])
+def test_bad_flag_values_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as info:
+        main(["check", str(LOGS / "hf" / "trainer_state.json"), *argv])
+    assert info.value.code == 2
+
+
+def test_json_report(capsys):
+    code, report = check_json(capsys, LOGS / "hf" / "trainer_state.json")
+    assert code == 1 and report["ok"] is False
+    assert (report["format"], report["steps"]) == ("hf-trainer", {"logged": 24, "first": 5, "last": 120})
+    assert [d["name"] for d in report["detectors"]] == list(CHECK_DETECTORS)
+    grad_norm, loss = report["series"]
+    assert (grad_norm["metric"], loss["metric"]) == ("grad_norm", "loss")
+    (spike,) = grad_norm["spikes"]
+    assert spike["step"] == 90 and spike["detectors"] == ["ratio"] and spike["ratio"] > 30
+    assert loss["spikes"] == [] and report["nonfinite"] is None and report["clip"] is None
+
+
+def test_json_spells_non_finite_values_as_strings(capsys):
+    code, report = check_json(capsys, LOGS / "hf" / "trainer_state_diverged.json")
+    assert code == 1
+    assert report["nonfinite"] == {"step": 28, "metric": "grad_norm", "value": "Infinity"}
+    last = report["series"][0]["spikes"][-1]
+    assert (last["step"], last["value"]) == (29, "NaN")
+
+
+def test_detectors_that_agree_are_listed_together(capsys):
+    # The W&B export logs every step, so the windowed detectors have enough history.
+    code, report = check_json(capsys, LOGS / "wandb" / "history.csv",
+                              "--detector", "ratio", "--detector", "olmo-core", "--detector", "zclip", "--detector", "megatron")
+    assert code == 1
+    for series in report["series"]:
+        (spike,) = series["spikes"]
+        # Megatron compares with the max of the first 100 steps, which include the early high values.
+        assert spike["step"] == 90 and spike["detectors"] == ["ratio", "olmo-core", "zclip"]
+    code, out, _ = check(capsys, LOGS / "wandb" / "history.csv", "--detector", "megatron")
+    assert code == 0 and "detectors: megatron" in out
+
+
+def test_max_norm_checks_the_post_clip_series(capsys):
+    log = LOGS / "jsonl" / "metrics.jsonl"  # clip 1.0: the pre-clip norm spikes, the post-clip norm is held
+    _, report = check_json(capsys, log, "--max-norm", "1.0")
+    assert report["clip"] == {"max_norm": 1.0, "checked": True, "ok": True,
+                              "message": "post-clip grad norm <= 1 at every logged step"}
+    _, report = check_json(capsys, log, "--max-norm", "0.5", "--metric", "grad_norm_post")
+    assert report["clip"]["ok"] is False and "post-clip norm 1 > max_norm 0.5" in report["clip"]["message"]
+    assert report["ok"] is False and all(not s["spikes"] for s in report["series"])
+    _, report = check_json(capsys, LOGS / "hf" / "trainer_state.json", "--max-norm", "1.0")
+    assert report["clip"]["checked"] is False and "no grad_norm_post series" in report["clip"]["message"]
+
+
+def test_map_and_format_flags(tmp_path, capsys):
+    history = LOGS / "wandb" / "history.csv"
+    with open(history, newline="") as f:
+        call_at_burst = next(int(r["_step"]) for r in csv.DictReader(f) if r["train/global_step"] == "90")
+    _, report = check_json(capsys, history, "--map", "step=_step", "--metric", "grad_norm")
+    assert [s["step"] for s in report["series"][0]["spikes"]] == [call_at_burst]  # steps are what --map says
+    renamed = tmp_path / "export.txt"
+    shutil.copy(LOGS / "lightning" / "metrics.csv", renamed)
+    _, report = check_json(capsys, renamed, "--format", "csv")
+    assert report["format"] == "csv" and report["series"][0]["spikes"][0]["step"] == 89
+
+
+def test_restart_note_is_printed(capsys):
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is not installed")
+    code, out, _ = check(capsys, LOGS / "tensorboard")
+    assert code == 0 and "note: steps go back from 100 to 81" in out
+
+
+def test_ci_one_liner_exit_status():
+    # `spikecheck check trainer_state.json || exit 1` in a CI job: the process exit status.
+    run = subprocess.run([sys.executable, "-m", "pytest_spikecheck.cli", "check", str(LOGS / "hf" / "trainer_state.json")],
+                         capture_output=True, text=True)
+    assert run.returncode == 1 and "FOUND spikes in grad_norm" in run.stdout and run.stderr == ""

@@ -1,0 +1,359 @@
+"""Reading other tools' training logs (pytest_spikecheck.logs) and asserting on them.
+
+The example logs in tests/data/logs/ are written by scripts/make_example_logs.py from the
+project's own runs; its docstring says what each shows. Edge cases use small inline logs.
+"""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+from importlib.util import find_spec
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pytest_spikecheck import (
+    ConfigError, SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_spike, assert_spike,
+)
+from pytest_spikecheck.detectors import get_detector
+from pytest_spikecheck.logs import TENSORBOARD_EXTRA, detect_format, read_log
+from pytest_spikecheck.records import as_record
+
+LOGS = Path(__file__).parent / "data" / "logs"
+BURST = 90  # the step of the rare-token burst in the example runs
+
+needs_tensorboard = pytest.mark.skipif(find_spec("tensorboard") is None,
+                                       reason=f"the tensorboard extra is not installed: {TENSORBOARD_EXTRA}")
+
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def flagged(record, metric, detector="ratio"):
+    return [hit.step for hit in get_detector(detector).detect(*record.series(metric))]
+
+
+# -- the example logs ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "logged", "first", "last"),
+    [
+        ("hf/trainer_state.json", "hf-trainer", 24, 5, 120),
+        ("hf/trainer_state_diverged.json", "hf-trainer", 29, 1, 29),
+        ("lightning/metrics.csv", "lightning", 60, 1, 119),
+        pytest.param("tensorboard", "tensorboard", 120, 1, 120, marks=needs_tensorboard),
+        ("wandb/history.csv", "csv", 120, 1, 120),
+        ("jsonl/metrics.jsonl", "jsonl", 120, 1, 120),
+    ],
+)
+def test_each_example_log_reads_on_its_own_step_axis(name, fmt, logged, first, last):
+    record = read_log(LOGS / name)
+    steps = record.metrics["step"]
+    assert record.log_format == fmt
+    assert (steps.size, steps[0], steps[-1]) == (logged, first, last)
+    assert np.all(np.diff(steps) > 0), "steps are sorted and unique"
+    assert {"loss", "eval_loss", "lr"} <= set(record.metrics)
+    assert "grad_norm" in record.metrics or "grad_norm_pre" in record.metrics
+
+
+def test_hf_trainer_state_merges_eval_entries_and_skips_the_summary():
+    record = read_log(LOGS / "hf" / "trainer_state.json")
+    steps = record.metrics["step"]
+    assert list(steps) == list(range(5, 121, 5))  # logging_steps=5; eval entries share those steps
+    eval_steps, _ = record.series("eval_loss")
+    assert list(eval_steps) == [20, 40, 60, 80, 100, 120]
+    assert set(record.metrics) == {"step", "epoch", "loss", "grad_norm", "lr", "eval_loss"}  # learning_rate -> lr
+    # The end-of-training summary's train_loss is the mean over the run, not a step's loss.
+    assert "train_loss" not in record.metrics and "train_runtime" not in record.metrics
+    assert flagged(record, "grad_norm") == [BURST]
+
+
+def test_hf_non_finite_values_are_values_and_null_is_missing(tmp_path):
+    record = read_log(LOGS / "hf" / "trainer_state_diverged.json")
+    _, grad_norm = record.series("grad_norm")
+    assert math.isinf(grad_norm[-2]) and math.isnan(grad_norm[-1])  # steps 28 and 29, as HF spells them
+    assert assert_diverges(LOGS / "hf" / "trainer_state_diverged.json") == 28
+    with pytest.raises(SpikeCheckError, match="non-finite grad_norm at step 28"):
+        assert_finite(LOGS / "hf" / "trainer_state_diverged.json")
+
+    path = write(tmp_path, "trainer_state.json", '{"log_history": [{"step": 1, "loss": 1.0, "grad_norm": NaN},'
+                 ' {"step": 2, "loss": -Infinity, "grad_norm": null}, {"step": 3, "loss": 2.0}]}')
+    record = read_log(path)
+    np.testing.assert_array_equal(record.missing["grad_norm"], [False, True, True])
+    assert math.isnan(record.metrics["grad_norm"][0]) and record.metrics["loss"][1] == -math.inf
+    assert "loss" not in record.missing
+
+
+def test_lightning_sparse_rows_on_lightnings_zero_based_steps():
+    record = read_log(LOGS / "lightning" / "metrics.csv")
+    # Lightning's names are read as ours; its step counts the optimizer steps before the batch.
+    assert {"loss", "eval_loss", "lr", "grad_norm", "train_loss_epoch", "epoch"} <= set(record.metrics)
+    assert flagged(record, "grad_norm") == [BURST - 1]
+    # The epoch end: a train row, a validation row and an epoch row at one step, merged.
+    for name in ("loss", "eval_loss", "train_loss_epoch"):
+        assert 59 in record.series(name)[0], name
+    assert record.missing["train_loss_epoch"].sum() == record.metrics["step"].size - 4  # 4 epochs
+    assert record.notes == ()
+
+
+def test_wandb_export_uses_the_training_step_not_the_log_call_counter():
+    record = read_log(LOGS / "wandb" / "history.csv")
+    assert list(record.metrics["step"]) == list(range(1, 121))  # train/global_step; _step counts 196 calls
+    assert "_step" not in record.metrics
+    assert set(flagged(record, "grad_norm")) == set(flagged(record, "loss")) == {BURST}
+    by_calls = read_log(LOGS / "wandb" / "history.csv", mapping={"step": "_step"})
+    assert by_calls.metrics["step"][-1] > 120  # what a reader keyed on _step would see
+
+
+@needs_tensorboard
+def test_tensorboard_folder_with_a_restart_keeps_the_resumed_run():
+    record = read_log(LOGS / "tensorboard")
+    assert any("restart" in note and "from 81" in note for note in record.notes)
+    # The first file's steps 81-100 (the spike at 90) were recomputed by the resumed run.
+    assert flagged(record, "grad_norm") == []
+    first_file_only = read_log(sorted((LOGS / "tensorboard").iterdir())[0])
+    assert flagged(first_file_only, "grad_norm") == [BURST]
+    assert {"loss", "grad_norm", "lr", "eval_loss"} <= set(record.metrics)  # HF's TensorBoardCallback tags
+
+
+# -- detection from content, not names ------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "fmt"), [
+    ("hf/trainer_state.json", "hf-trainer"), ("lightning/metrics.csv", "lightning"), ("wandb/history.csv", "csv"),
+    ("jsonl/metrics.jsonl", "jsonl"), ("tensorboard/events.out.tfevents.1800000000.example", "tensorboard"),
+])
+def test_format_is_detected_from_the_content(tmp_path, name, fmt):
+    renamed = tmp_path / "log.dat"
+    shutil.copy(LOGS / name, renamed)
+    assert detect_format(renamed) == fmt
+    if fmt != "tensorboard" or find_spec("tensorboard"):
+        assert read_log(renamed).log_format == fmt
+
+
+def test_compact_trainer_state_and_one_line_jsonl(tmp_path):
+    compact = write(tmp_path, "a", json.dumps({"log_history": [{"step": 1, "loss": 2.0}]}))
+    one_row = write(tmp_path, "b", json.dumps({"step": 1, "loss": 2.0}))
+    assert detect_format(compact) == "hf-trainer" and detect_format(one_row) == "jsonl"
+
+
+# -- names, mapping ---------------------------------------------------------------------------------
+
+def test_mapping_renames_and_replaces(tmp_path):
+    path = write(tmp_path, "log.csv", "iteration,train/loss,loss,gn\n10,2.0,9.0,1.0\n20,2.1,9.0,1.1\n")
+    record = read_log(path, mapping={"step": "iteration", "loss": "train/loss", "grad_norm_pre": "gn"})
+    assert list(record.metrics["step"]) == [10, 20]
+    np.testing.assert_array_equal(record.metrics["loss"], [2.0, 2.1])  # the mapped column wins over "loss"
+    assert set(record.metrics) == {"step", "loss", "grad_norm_pre"}
+
+
+@pytest.mark.parametrize(("mapping", "message"), [
+    ({"loss": "nope"}, "cannot map loss=nope: the log has no 'nope' column"),
+    ({"loss": "gn", "grad_norm_pre": "gn"}, "column 'gn' is mapped twice"),
+    ({"step": "nope"}, "no 'nope' column; expected a step column"),
+])
+def test_mapping_errors_name_the_column(tmp_path, mapping, message):
+    path = write(tmp_path, "log.csv", "step,loss,gn\n1,2.0,1.0\n")
+    with pytest.raises(ConfigError, match=message):
+        read_log(path, mapping=mapping)
+
+
+def test_a_log_without_a_step_column_is_numbered(tmp_path):
+    record = read_log(write(tmp_path, "log.csv", "loss\n3.0\n2.5\n2.0\n"))
+    assert list(record.metrics["step"]) == [1, 2, 3]
+    assert "numbered 1, 2, 3" in record.notes[0]
+
+
+# -- irregular steps --------------------------------------------------------------------------------
+
+def jsonl(rows):
+    return "\n".join(json.dumps(r) for r in rows) + "\n"
+
+
+def test_gaps_keep_the_real_step_axis(tmp_path):
+    # Every step to 50, then every 10th step to 300; a spike at step 250.
+    steps = [*range(1, 51), *range(60, 301, 10)]
+    rows = [{"step": s, "grad_norm": 10.0 if s == 250 else 1.0 + 0.01 * (s % 3)} for s in steps]
+    record = read_log(write(tmp_path, "log.jsonl", jsonl(rows)))
+    # Windows are steps, not rows: 100 steps before 250 hold 10 logged values, 30 steps hold 3.
+    assert flagged(record, "grad_norm", get_detector("ratio", window=100, min_history=5)) == [250]
+    assert flagged(record, "grad_norm", get_detector("ratio", window=30, min_history=5)) == []
+    assert assert_spike(record, at=250, min_ratio=5) == pytest.approx(10 / 1.01, rel=0.02)
+
+
+def test_a_restart_replaces_the_rolled_back_steps(tmp_path):
+    # Logged every step to 30; resumed from the step-20 checkpoint, logging every other step.
+    path = write(tmp_path, "restart.jsonl", jsonl([{"step": s, "loss": 5.0} for s in range(1, 31)]
+                                                   + [{"step": s, "loss": 2.0} for s in range(21, 41, 2)]))
+    record = read_log(path)
+    steps, loss = record.series("loss")
+    # Steps 21-30 of the first attempt are gone, including the even ones the resumed run
+    # did not log again: the model never went through them on the way to step 40.
+    assert list(steps) == [*range(1, 21), *range(21, 41, 2)]
+    assert set(loss[steps > 20]) == {2.0}
+    assert record.notes == ("steps go back from 30 to 21 at line 31: read as a restart from a checkpoint "
+                            "(10 earlier logged steps from 21 on replaced)",)
+
+
+def test_rows_at_one_step_merge_and_null_does_not_erase(tmp_path):
+    path = write(tmp_path, "log.jsonl", jsonl([
+        {"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}, {"step": 2, "eval_loss": 2.5, "loss": None},
+        {"step": 3, "loss": 1.0}, {"step": 3, "loss": 1.5},
+    ]))
+    record = read_log(path)
+    np.testing.assert_array_equal(record.metrics["loss"], [3.0, 2.0, 1.5])  # the later of two values wins
+    np.testing.assert_array_equal(record.missing["eval_loss"], [True, False, True])
+    assert record.notes == ()
+
+
+def test_text_and_bookkeeping_columns_are_not_metrics(tmp_path):
+    path = write(tmp_path, "log.csv", "step,run,loss,_runtime,eval_samples_per_second\n1,a,2.0,0.1,9\n2,a,1.0,0.2,9\n")
+    assert set(read_log(path).metrics) == {"step", "loss"}
+
+
+# -- wrong and corrupt files ------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("empty.json", "  \n", "empty file; expected"),
+    ("trainer_state.json", '{\n  "log_history": [\n    {"step": 1, "loss": 2.0},\n', "not valid JSON .* expected a Hugging Face trainer_state.json"),
+    ("config.json", '{\n  "lr": 0.1\n}\n', "no log_history list; expected a Hugging Face trainer_state.json"),
+    ("trainer_state.json", '{"log_history": [{"loss": 2.0}]}', r"log_history\[0\]: 'step' holds nothing, expected a step number"),
+    ("log.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "loss": \n', "line 2 is not valid JSON"),
+    ("log.jsonl", '{"step": 1, "loss": 2}\n[1, 2]\n', "line 2 is a JSON list, not an object"),
+    ("log.csv", "step,loss\n1,2.0\n2,2.0,7\n", "line 3 has 3 cells but the header has 2"),
+    ("log.csv", "step,loss\n1,2.0\n2,abc\n", "line 3: 'loss' holds 'abc', not a number"),
+    ("log.csv", "step,loss\n1.5,2.0\n", "line 2: 'step' holds '1.5', expected a step number"),
+    ("log.csv", "step,loss\n", "no logged steps; expected a CSV log"),
+    ("notes.txt", "just some words\nand more words\n", "no numeric columns besides the step"),
+    ("metrics.csv", "epoch,loss\n0,2.0\n", None),  # a CSV without Lightning's step column reads as generic CSV
+    ("image.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "a binary file that is not a TensorBoard event file"),
+])
+def test_wrong_or_corrupt_files_raise_one_line_errors_naming_the_file(tmp_path, name, content, message):
+    path = write(tmp_path, name, content)
+    if message is None:
+        assert read_log(path).log_format == "csv"
+        return
+    with pytest.raises(ConfigError, match=message) as info:
+        read_log(path)
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_forced_format_that_does_not_fit(tmp_path):
+    with pytest.raises(ConfigError, match="no 'step' column; expected a Lightning metrics.csv"):
+        read_log(write(tmp_path, "m.csv", "epoch,loss\n0,2.0\n"), format="lightning")
+    with pytest.raises(ConfigError, match="not a TensorBoard event file"):
+        read_log(LOGS / "wandb" / "history.csv", format="tensorboard")
+
+
+def test_folders(tmp_path):
+    with pytest.raises(ConfigError, match="a folder with no training log"):
+        read_log(tmp_path)
+    shutil.copy(LOGS / "hf" / "trainer_state.json", tmp_path)
+    assert read_log(tmp_path).log_format == "hf-trainer"  # an HF checkpoint folder
+    shutil.copy(LOGS / "lightning" / "metrics.csv", tmp_path)
+    with pytest.raises(ConfigError, match="holds several logs"):
+        read_log(tmp_path)
+    with pytest.raises(ConfigError, match="no such log file or folder"):
+        read_log(tmp_path / "nope.json")
+
+
+# -- TensorBoard event files written by other writers -----------------------------------------------
+
+def write_events(path, events, style="simple_value"):
+    """A TensorBoard event file as TF1/tensorboardX (simple_value) or TF2 (tensor, with the
+    plugin metadata on a tag's first value only) write it, plus a histogram to be ignored."""
+    from tensorboard.compat.proto import event_pb2, summary_pb2
+    from tensorboard.summary.writer.record_writer import RecordWriter
+    from tensorboard.util import tensor_util
+
+    seen = set()
+    with open(path, "wb") as f:
+        writer = RecordWriter(f)
+        writer.write(event_pb2.Event(wall_time=0.0, file_version="brain.Event:2").SerializeToString())
+        for step, values in events:
+            summary = summary_pb2.Summary()
+            for tag, x in values.items():
+                if style == "simple_value":
+                    summary.value.add(tag=tag, simple_value=x)
+                else:
+                    value = summary.value.add(tag=tag, tensor=tensor_util.make_tensor_proto(np.float32(x)))
+                    if tag not in seen:
+                        value.metadata.plugin_data.plugin_name = "scalars"
+                        seen.add(tag)
+            summary.value.add(tag="weights", histo=summary_pb2.HistogramProto(min=0, max=1, num=1))
+            writer.write(event_pb2.Event(step=step, wall_time=float(step), summary=summary).SerializeToString())
+    return path
+
+
+@needs_tensorboard
+@pytest.mark.parametrize("style", ["simple_value", "tensor"])
+def test_tensorboard_writers_old_and_new(tmp_path, style):
+    events = [(s, {"loss": 2.0, "grad_norm": 30.0 if s == 40 else 1.0}) for s in range(0, 60)]
+    events[50] = (50, {"loss": math.inf, "grad_norm": math.nan})
+    record = read_log(write_events(tmp_path / "run.tfevents", events, style))
+    assert set(record.metrics) == {"step", "loss", "grad_norm"}  # the histogram is no scalar
+    assert list(record.metrics["step"]) == list(range(60))
+    assert flagged(record, "grad_norm") == [40, 50]  # the NaN is the worst spike
+    with pytest.raises(SpikeCheckError, match="non-finite loss at step 50"):
+        assert_finite(record)
+
+
+@needs_tensorboard
+def test_tensorboard_truncated_and_corrupt_files(tmp_path):
+    data = write_events(tmp_path / "whole.tfevents", [(s, {"loss": 1.0}) for s in range(1, 21)]).read_bytes()
+    truncated = write(tmp_path, "truncated.tfevents", data[:-10])
+    record = read_log(truncated)
+    assert record.metrics["step"][-1] == 19  # the writer died while writing step 20
+    assert "partly written record" in record.notes[0]
+    record_starts = [0]
+    while record_starts[-1] < len(data):  # frame: length (8 bytes), its CRC (4), event, its CRC (4)
+        record_starts.append(record_starts[-1] + 16 + int.from_bytes(data[record_starts[-1]:record_starts[-1] + 8], "little"))
+    for where, offset in (("event", 12), ("length", 0)):  # a flipped bit in record 11's event or length field
+        corrupt = bytearray(data)
+        corrupt[record_starts[10] + offset] ^= 0x01
+        with pytest.raises(ConfigError, match=r"record 11 (of 21 )?is corrupt") as info:
+            read_log(write(tmp_path, f"corrupt-{where}.tfevents", bytes(corrupt)))
+        assert "\n" not in str(info.value)
+
+
+def test_missing_tensorboard_extra_is_named(monkeypatch):
+    for module in [m for m in sys.modules if m == "tensorboard" or m.startswith("tensorboard.")] + ["tensorboard"]:
+        monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    with pytest.raises(ConfigError, match=r"needs the tensorboard package: pip install 'pytest-spikecheck\[tensorboard\]'"):
+        read_log(LOGS / "tensorboard")
+
+
+# -- the assertions take a path to any of these logs --------------------------------------------------
+
+def test_assertions_accept_log_paths():
+    assert assert_spike(LOGS / "hf" / "trainer_state.json", at=BURST, min_ratio=10) > 10  # grad_norm = pre-clip
+    assert_no_spike(LOGS / "hf" / "trainer_state_healthy.json")
+    assert_finite(LOGS / "lightning" / "metrics.csv")
+    assert assert_spike(LOGS / "lightning" / "metrics.csv", min_ratio=10) > 10
+    assert_clip_contains(LOGS / "jsonl" / "metrics.jsonl", max_norm=1.0)
+    with pytest.raises(SpikeCheckError, match="flagged a loss spike at step 90"):
+        assert_no_spike(LOGS / "wandb" / "history.csv", metric="loss")
+    if find_spec("tensorboard"):
+        assert_no_spike(LOGS / "tensorboard")
+
+
+def test_our_run_folders_still_load_as_runs(tmp_path):
+    shutil.copy(LOGS / "jsonl" / "metrics.jsonl", tmp_path)
+    record = as_record(tmp_path)
+    assert record.run is not None and record.log_format is None
+    direct = as_record(tmp_path / "metrics.jsonl")
+    for name in record.metrics:
+        np.testing.assert_array_equal(record.metrics[name], direct.metrics[name])
+
+
+def test_reading_logs_imports_numpy_only():
+    code = ("import sys, pytest_spikecheck.logs as logs; logs.read_log(sys.argv[1]); "
+            "print(sorted(m for m in ('torch', 'pandas', 'tensorboard') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code, str(LOGS / "hf" / "trainer_state.json")],
+                         capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
