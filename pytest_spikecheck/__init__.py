@@ -33,6 +33,7 @@ _EXPORTS = {
     "NoWeightDecay": "pytest_spikecheck.breaks",
     "SkipSpikes": "pytest_spikecheck.breaks",
     "AdaptiveClip": "pytest_spikecheck.breaks",
+    "ShardLocalNorm": "pytest_spikecheck.breaks",
     "Run": "pytest_spikecheck.run",
     "train": "pytest_spikecheck.engine",
     "SpikeCheckError": "pytest_spikecheck.errors",

@@ -79,8 +79,8 @@ def _pick_metric(rec: Record, metric: str) -> str:
 def _event_step(rec: Record, at: int | None, metric: str) -> int | None:
     if at is not None:
         return at
-    if rec.run is not None and rec.run.scenario.burst_steps:
-        return rec.run.scenario.burst_steps[0]
+    if rec.run is not None and rec.run.declared_events:
+        return rec.run.declared_events[0]
     return largest_spike(rec.metrics, metric)[0]
 
 
@@ -216,12 +216,13 @@ def assert_finite(run: Any) -> None:
               rec, step, name, diagnose_step=False)
 
 
-def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float = 0.02) -> None:
-    """Assert the trained model is not in repetition lock-in: in its greedy samples (recorded
-    by the engine at the end of a run) no single token takes more than ``max_top_share`` of
-    the output, and distinct bigrams are at least ``min_distinct_2`` of all bigrams. A
-    templated corpus is repetitive by nature (healthy Phase-19 and Seed B runs measure a top
-    share of 0.08-0.13 and distinct-2 of 0.04-0.17); a locked-in model repeats one token."""
+def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float = 0.1) -> None:
+    """Assert the trained model is not in repetition lock-in: in its greedy samples (16 eval
+    prompts spread over the eval set, recorded by the engine at the end of a run) no single
+    token takes more than ``max_top_share`` of the output, and distinct bigrams are at least
+    ``min_distinct_2`` of all bigrams. Healthy Phase-19 and Seed B runs measure a top share
+    of ~0.08 and distinct-2 of ~0.3-0.4 (docs/fidelity.md); a locked-in model repeats one
+    token whatever the prompt (share near 1, distinct-2 near 0)."""
     __tracebackhide__ = True
     rec = as_record(run)
     stats = (rec.run.meta.get("lockin") if rec.run is not None else None)

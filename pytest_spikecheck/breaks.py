@@ -233,6 +233,20 @@ class AdaptiveClip(Break):
                                 optimizer__adaptive_alpha=float(self.alpha))
 
 
+@dataclass(frozen=True)
+class ShardLocalNorm(Break):
+    """The per-rank-norm bug of sharded training (FSDP, ZeRO): each rank clips its gradient
+    shard to the norm of that shard alone, skipping the all-reduce of the squared norms, so
+    global clipping silently becomes per-shard clipping (Megatron-LM and llm.c all-reduce the
+    squared norm for this reason). Needs ``train(..., nproc=2)`` or more; the run records the
+    true global norms, so ``assert_clip_contains`` sees what the buggy clip let through."""
+
+    config_name: ClassVar[str] = "shard_local_norm"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__clip_mode="shard_local")
+
+
 def break_names() -> list[str]:
     return sorted(_REGISTRY)
 

@@ -86,7 +86,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     callbacks = []
     bar = None
-    if not args.quiet:
+    if not args.quiet and args.nproc == 1:  # with several ranks the loop runs in other processes
         from tqdm import tqdm
 
         bar = tqdm(total=scenario.steps, desc=scenario.name, unit="step", file=sys.stderr, leave=False, disable=None)
@@ -95,21 +95,30 @@ def cmd_train(args: argparse.Namespace) -> int:
             bar.set_postfix(loss=f"{ctx.row['loss']:.3f}", gnorm=f"{ctx.row['grad_norm_pre']:.2f}", refresh=False)
 
         callbacks.append(progress)
+    from pytest_spikecheck.distributed import DistributedError
+
     try:
-        run = train(scenario, backend=args.backend, device=args.device, threads=args.threads, callbacks=callbacks)
+        run = train(scenario, backend=args.backend, device=args.device, threads=args.threads, callbacks=callbacks,
+                    nproc=args.nproc)
+    except DistributedError as exc:  # a rank crashed: one line, then the rank's traceback
+        print(f"spikecheck: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+        return 1
     finally:
         if bar is not None:
             bar.close()
     clip = "inf" if math.isinf(run.scenario.max_norm) else f"{run.scenario.max_norm:g}"
-    run.meta["reproduce"] = f"spikecheck train {config} --seed {run.scenario.seed} --grad-clip {clip} --steps {run.scenario.steps} --out {out}"
+    nproc = f" --nproc {args.nproc}" if args.nproc > 1 else ""
+    run.meta["reproduce"] = (f"spikecheck train {config} --seed {run.scenario.seed} --grad-clip {clip} "
+                             f"--steps {run.scenario.steps}{nproc} --out {out}")
     run.save(out)
     from pytest_spikecheck.analysis import EventSummary
     from pytest_spikecheck.report import fmt
 
-    bursts = run.scenario.burst_steps
+    bursts = run.declared_events
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
     status = f"stopped at step {run.meta['stopped_at']} ({run.meta['stop_reason']})" if run.stopped_early else f"{len(run)} steps"
-    print(f"{run.name}: {status} in {run.meta['seconds']:.1f}s, backend {run.meta['backend']}; "
+    ranks = f" on {args.nproc} ranks" if args.nproc > 1 else ""
+    print(f"{run.name}: {status} in {run.meta['seconds']:.1f}s{ranks}, backend {run.meta['backend']}; "
           f"largest event at step {fmt(s.step)}: ratio {fmt(s.ratio, '.1f')}×, post-clip norm {fmt(s.post_clip_at_step)}, "
           f"final eval loss {fmt(s.final_eval, '.3f')} → {out}")
     return 0
@@ -316,8 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clipping backend. Default: %(default)s (cupy when a CUDA device is usable)")
     p.add_argument("--device", default="cpu", metavar="DEVICE", help="torch device to train on (cpu, cuda, auto). Default: %(default)s")
     p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
-                   help="torch threads, pinned for bit-identical reruns. Default: %(default)s")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+                   help="torch threads (per rank), pinned for bit-identical reruns. Default: %(default)s")
+    p.add_argument("--nproc", type=_positive_int, default=1, metavar="N",
+                   help="train on N processes with torch.distributed (gloo on CPU, NCCL with one GPU per rank), "
+                        "gradients and AdamW state sharded across them; rank 0 writes the run. Default: %(default)s")
+    p.add_argument("--quiet", action="store_true", help="no progress bar (there is none with --nproc > 1)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("compare", help="compare two runs: panels and a table of spike, jump, recovery")

@@ -10,6 +10,15 @@ backward and strictly before AdamW touches ``m``, ``v`` or any parameter.
 Determinism: the same scenario, seed, thread count and backend give bit-identical metrics
 on CPU. torch's intra-op thread count changes reduction order, so it is pinned (default 1)
 for the run and restored afterwards.
+
+Several processes (``train(..., nproc=2)``) run this same loop. What differs is delegated to a
+:class:`Sharding` object at the few points where a rank's work is not the whole model's:
+forward/backward (a rank's part of the batch, then its shard of the summed gradient), the
+clip (the norm over every shard), the optimizer step (a rank updates its shard, then every
+rank gathers the weights), the logged Σv of Adam, and the gradients and Adam moments the
+event records read. Only the recorder (rank 0) evaluates and writes records. The default,
+:class:`SingleProcess`, runs exactly the lines the loop ran before sharding existed;
+:class:`pytest_spikecheck.distributed.FlatShard` is the N-rank one.
 """
 
 from __future__ import annotations
@@ -21,17 +30,18 @@ import statistics
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from pytest_spikecheck import __version__
-from pytest_spikecheck.clipping import clip_grads_, resolve_backend
+from pytest_spikecheck.clipping import ClipResult, clip_grads_, resolve_backend
 from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset, build_dataset
 from pytest_spikecheck.clip_policy import clip_policy
 from pytest_spikecheck.data.samplers import batch_composition, mixture_weights, plan_batches
+from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.run import METRIC_KEYS, Run
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.schedule import lr_at
@@ -73,25 +83,119 @@ def build_model(scenario: Scenario, vocab_size: int, pad_token_id: int = -1) -> 
     return GPT(dataclasses.replace(config, vocab_size=vocab_size, pad_token_id=pad_token_id))
 
 
-def build_optimizer(model: torch.nn.Module, scenario: Scenario) -> torch.optim.AdamW:
-    o = scenario.optimizer
-    # nanoGPT's rule: decay every matrix (embeddings included), never biases or norm gains.
+def parameter_groups(model: torch.nn.Module, scenario: Scenario) -> list[dict[str, Any]]:
+    """AdamW's parameter groups. nanoGPT's rule: decay every matrix (embeddings included),
+    never biases or norm gains."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": o.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [{"params": decay, "weight_decay": scenario.optimizer.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, scenario: Scenario,
+                    groups: list[dict[str, Any]] | None = None) -> torch.optim.AdamW:
+    """The scenario's AdamW over ``groups`` (default: :func:`parameter_groups` of ``model``)."""
+    o = scenario.optimizer
+    groups = parameter_groups(model, scenario) if groups is None else groups
     return torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True)
 
 
-class _EvalSchedule:
-    """Sparse evaluation, dense around declared bursts and after detected spikes."""
+@dataclass
+class EventView:
+    """What the record of an event step reads, per trainable parameter (in the model's order): the
+    gradients AdamW is about to see (post-clip), their norms before the clip, and AdamW's state
+    (``exp_avg_sq`` and ``step``; empty before the first step). ``logits`` are the whole batch's;
+    ranks other than the recorder may leave them None."""
 
-    def __init__(self, scenario: Scenario) -> None:
+    logits: torch.Tensor | None
+    grads: list[torch.Tensor | None]
+    pre_clip_norms: torch.Tensor
+    states: list[dict[str, Any]]
+
+
+class Sharding(Protocol):
+    """How one training step is split across processes (see the module docstring)."""
+
+    #: True on the process that records the run (rank 0).
+    is_recorder: bool
+
+    def check(self, resolved: Scenario) -> None:
+        """Raise ConfigError if this sharding cannot train ``resolved``."""
+
+    def build_optimizer(self, model: torch.nn.Module, scenario: Scenario) -> torch.optim.Optimizer: ...
+
+    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor,
+                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This process's logits and the whole batch's mean loss, with the gradients ready to clip."""
+
+    def clip(self, max_norm: float, *, backend: str, mode: str) -> ClipResult:
+        """Clip in place; the result holds the norm of the whole model's gradient."""
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None: ...
+
+    def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:
+        """Σv over every AdamW second moment of the model."""
+
+    def event_view(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                   y: torch.Tensor, logits: torch.Tensor, clip: ClipResult) -> EventView: ...
+
+    def describe(self) -> dict[str, Any] | None:
+        """The run's ``meta["distributed"]`` (None: one process)."""
+
+
+class SingleProcess:
+    """The default :class:`Sharding`: one process holds the whole model, its gradients and its
+    optimizer; each method is what the loop ran inline before there was a choice."""
+
+    is_recorder = True
+
+    def check(self, resolved: Scenario) -> None:
+        if resolved.optimizer.clip_mode == "shard_local":
+            raise ConfigError("ShardLocalNorm (clip_mode shard_local) needs nproc >= 2: on one process the shard is "
+                              "the whole gradient, so there is no per-rank norm to get wrong")
+
+    def build_optimizer(self, model: torch.nn.Module, scenario: Scenario) -> torch.optim.Optimizer:
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        return build_optimizer(model, scenario)
+
+    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor,
+                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, loss = model(x, y)
+        loss.backward()
+        return logits, loss
+
+    def clip(self, max_norm: float, *, backend: str, mode: str) -> ClipResult:
+        return clip_grads_(self.params, max_norm, backend=backend, mode=mode)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+
+    def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:
+        second_moments = [optimizer.state[p]["exp_avg_sq"] for p in self.params if p in optimizer.state]
+        # One concatenated sum is ~2.5x cheaper than foreach L1 norms on a tiny model.
+        return float(torch.cat([v.view(-1) for v in second_moments]).float().sum()) if second_moments else 0.0
+
+    def event_view(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                   y: torch.Tensor, logits: torch.Tensor, clip: ClipResult) -> EventView:
+        grads = [p.grad for p in self.params]
+        # Global clipping scales every tensor alike, so the pre-clip norms are the post-clip ones ÷ scale.
+        return EventView(logits, grads, torch.stack(torch._foreach_norm(grads)) / clip.scale,
+                         [optimizer.state.get(p, {}) for p in self.params])
+
+    def describe(self) -> None:
+        return None
+
+
+class _EvalSchedule:
+    """Sparse evaluation, dense around declared events and after detected spikes."""
+
+    def __init__(self, scenario: Scenario, declared_steps: Iterable[int]) -> None:
         r = scenario.record
         self.every, self.before, self.after = r.eval_every, r.dense_before, r.dense_after
         self.last_step = scenario.steps
         self.dense: set[int] = set()
-        for b in scenario.sampler.bursts:
-            self.dense.update(range(b.at_step - self.before, b.at_step + self.after + 1))
+        for step in declared_steps:
+            self.dense.update(range(step - self.before, step + self.after + 1))
 
     def spike_at(self, step: int) -> None:
         self.dense.update(range(step, step + self.after + 1))
@@ -145,21 +249,21 @@ def _token_loss_table(logits: torch.Tensor, targets: torch.Tensor, dataset: Data
     }
 
 
-def _adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, Any]:
+def _adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.Parameter]],
+                   view: EventView) -> dict[str, Any]:
     """How far this step's (clipped) gradient exceeds Adam's memory of it: the share of weights
     with |g| / sqrt(v̂) > ADAM_SURPRISE_THRESHOLD, using v̂ from before this step."""
     total = surprised = 0
     per_param: dict[str, float] = {}
-    for name, p in named:
-        if p.grad is None:
+    for (name, p), grad, state in zip(named, view.grads, view.states):
+        if grad is None:
             continue
-        state = optimizer.state.get(p, {})
         if "exp_avg_sq" not in state:
             continue
         beta2 = optimizer.param_groups[0]["betas"][1]
         steps_so_far = float(state["step"])
         v_hat = state["exp_avg_sq"] / (1 - beta2 ** steps_so_far)
-        ratio = p.grad.abs() / (v_hat.sqrt() + optimizer.param_groups[0]["eps"])
+        ratio = grad.abs() / (v_hat.sqrt() + optimizer.param_groups[0]["eps"])
         hit = int((ratio > ADAM_SURPRISE_THRESHOLD).sum())
         per_param[name] = hit / p.numel()
         surprised += hit
@@ -175,22 +279,52 @@ def train(
     device: str = "cpu",
     threads: int = 1,
     callbacks: Iterable[StepCallback] = (),
+    nproc: int = 1,
 ) -> Run:
     """Train ``scenario`` and return its :class:`Run`. Stops cleanly at the first non-finite
     loss or gradient norm (the step is recorded, the optimizer is not stepped).
 
     ``backend`` picks the clipping backend (``auto``: cupy for CUDA tensors when usable,
     else torch); ``device`` is a torch device or ``auto`` (CUDA when available); ``threads``
-    pins torch's intra-op threads for the run (bit-identical reruns need the same count)."""
+    pins torch's intra-op threads for the run (bit-identical reruns need the same count).
+    ``nproc`` > 1 trains on that many processes with ``torch.distributed`` (gloo on CPU, NCCL
+    with one GPU per rank on CUDA), the gradients and AdamW state sharded across them
+    (:mod:`pytest_spikecheck.distributed`); ``threads`` is then per rank, callbacks are not
+    accepted, and the returned run is rank 0's record of the whole model."""
+    if validate_nproc(nproc) > 1:
+        from pytest_spikecheck.distributed import train_distributed
+
+        return train_distributed(scenario, nproc=nproc, backend=backend, device=device, threads=threads,
+                                 callbacks=callbacks)
+    return train_with_sharding(scenario, SingleProcess(), backend=backend, device=device, threads=threads,
+                               callbacks=callbacks)
+
+
+def validate_nproc(nproc: Any) -> int:
+    """``nproc`` if it is a positive integer (a bool is not), else ConfigError."""
+    if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
+        raise ConfigError(f"nproc must be a positive integer, was {nproc!r}")
+    return nproc
+
+
+def train_with_sharding(scenario: Scenario, sharding: Sharding, *, backend: str = "auto", device: str = "cpu",
+                        threads: int = 1, callbacks: Iterable[StepCallback] = ()) -> Run:
+    """:func:`train` with an explicit :class:`Sharding` (every rank of a process group calls it)."""
     resolved = scenario.resolved()
+    sharding.check(resolved)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     backend_name = resolve_backend(backend, device)
     callbacks = list(callbacks)
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(threads)
+    # The whole run draws from torch's RNG seeded with the scenario's seed, in a forked RNG state:
+    # initialisation and anything random in the loop (dropout in a user's model) repeat exactly.
+    torch_device = torch.device(device)
+    rng_devices = [torch_device.index or 0] if torch_device.type == "cuda" else []
     try:
-        return _train(resolved, scenario, backend_name, torch.device(device), threads, callbacks)
+        with torch.random.fork_rng(devices=rng_devices):
+            return _train(resolved, scenario, backend_name, torch_device, threads, callbacks, sharding)
     finally:
         torch.set_num_threads(previous_threads)
 
@@ -253,13 +387,17 @@ def _update_stats(before: list[torch.Tensor], named: list[tuple[str, torch.nn.Pa
 
 
 def _lockin_stats(model: torch.nn.Module, dataset: Dataset, device: torch.device, prompts: int = 16,
-                  new_tokens: int = 24) -> dict[str, Any]:
-    """Greedy samples from eval prompts (EOS + first token), and how repetitive they are:
-    the share of the most frequent generated token and distinct-1 / distinct-2. A model in
-    repetition lock-in emits one token (share near 1, distinct-n near 0)."""
+                  prompt_tokens: int = 3, new_tokens: int = 24) -> dict[str, Any]:
+    """Greedy samples from ``prompts`` eval samples spread over the whole eval set (so every
+    source is prompted), each cut to its first ``prompt_tokens`` tokens, and how repetitive
+    they are: the share of the most frequent generated token and distinct-1 / distinct-2
+    over all generated tokens. A model in repetition lock-in emits one token whatever the
+    prompt (share near 1, distinct-n near 0)."""
     tok = dataset.tokenizer
     block = model.config.block_size if hasattr(model, "config") else 32
-    starts = [tok.encode(s.text)[:2] for s in dataset.eval_samples[:prompts] if s.text]
+    texts = [s.text for s in dataset.eval_samples if s.text]
+    chosen = [texts[i] for i in np.linspace(0, len(texts) - 1, num=min(prompts, len(texts))).astype(int)]
+    starts = [ids[:prompt_tokens] for ids in (tok.encode(t) for t in chosen) if len(ids) >= prompt_tokens]
     idx = torch.tensor(starts, device=device)
     model.eval()
     with torch.no_grad():
@@ -267,7 +405,7 @@ def _lockin_stats(model: torch.nn.Module, dataset: Dataset, device: torch.device
             logits, _ = model(idx[:, -block:])
             idx = torch.cat([idx, logits[:, -1, :].float().argmax(-1, keepdim=True)], dim=1)
     model.train()
-    generated = idx[:, 2:].tolist()
+    generated = idx[:, prompt_tokens:].tolist()
     flat = [t for row in generated for t in row]
     counts = np.bincount(flat, minlength=tok.vocab_size)
     bigrams = [(a, b) for row in generated for a, b in zip(row, row[1:])]
@@ -275,12 +413,12 @@ def _lockin_stats(model: torch.nn.Module, dataset: Dataset, device: torch.device
     return {
         "top_token": tok.token(top), "top_token_share": float(counts[top] / len(flat)),
         "distinct_1": len(set(flat)) / len(flat), "distinct_2": len(set(bigrams)) / max(1, len(bigrams)),
-        "samples": [tok.decode(row) for row in idx[:4].tolist()],
+        "samples": [tok.decode(row) for row in idx[:: max(1, len(starts) // 4)].tolist()][:4],
     }
 
 
 def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
-           callbacks: list[StepCallback]) -> Run:
+           callbacks: list[StepCallback], sharding: Sharding) -> Run:
     started = time.perf_counter()
     dataset = build_dataset(resolved)
     sources = [s.source for s in dataset.pool]
@@ -289,18 +427,22 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
     mixture = (mixture_weights(resolved.sampler.mixture, sources[: dataset.n_corpus], steps=resolved.steps,
                                seed=resolved.seed) if resolved.sampler.kind == "mixture" else None)
     burst_ids = {i for members in dataset.burst_members.values() for i in members}
-    burst_steps = {b.at_step for b in resolved.sampler.bursts}
+    # Events known before training: bursts, and the step a late source first reaches a batch.
+    declared = {b.at_step: "burst" for b in resolved.sampler.bursts}
+    new_source = resolved.sampler.mixture.new_source if mixture else None
+    entry = next((k + 1 for k, batch in enumerate(plan) if any(sources[i] == new_source for i in batch)), None)
+    if entry is not None:
+        declared[entry] = "new_source"
 
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(resolved.seed)
-        model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
-        model = model.to(device=device, dtype=_DTYPES[resolved.model.dtype])
+    torch.manual_seed(resolved.seed)  # inside train_with_sharding's fork_rng: the caller's RNG is untouched
+    model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
+    model = model.to(device=device, dtype=_DTYPES[resolved.model.dtype])
     model.train()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     if not params:
         raise ValueError("the model has no trainable parameters")
-    optimizer = build_optimizer(model, resolved)
+    optimizer = sharding.build_optimizer(model, resolved)
     policy = clip_policy(resolved.optimizer, resolved.max_norm)
     skip_ratio = resolved.optimizer.skip_spike_ratio
     clip_mode = "global" if resolved.optimizer.clip_mode == "adaptive" else resolved.optimizer.clip_mode
@@ -313,7 +455,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
     columns: dict[str, list[float]] = {k: [] for k in METRIC_KEYS}
     batches: list[dict[str, Any]] = []
     events: list[dict[str, Any]] = []
-    evals = _EvalSchedule(resolved)
+    evals = _EvalSchedule(resolved, declared)
     recent_norms: deque[float] = deque(maxlen=resolved.record.spike_window)
     # How often each token has been a training target so far ("never seen" = 0): cheap
     # (one bincount of 8x32 ints per step) and what tells a novel-content burst apart.
@@ -335,14 +477,13 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         batch = plan[step - 1]
         index = torch.tensor(batch, device=device)
         x, y = inputs[index], targets[index]
-        logits, loss = model(x, y)
-        loss.backward()
+        logits, loss = sharding.forward_backward(model, x, y)
         per_tensor_mode = clip_mode == "per_tensor"
         # Per-tensor norms cost a pass over the gradients; global clipping scales every tensor
         # alike, so they are recovered after the clip (÷ scale) on the few steps that need them.
         per_tensor_pre = torch.stack(torch._foreach_norm([p.grad for p in params])) if per_tensor_mode else None
         limit = policy.limit()
-        clip = clip_grads_(params, limit, backend=backend, mode=clip_mode)
+        clip = sharding.clip(limit, backend=backend, mode=clip_mode)
         grad_norm_post = clip.total_norm * clip.scale  # exact definition; no second pass
         loss_value, norm_pre = float(loss.detach()), float(clip.total_norm)
         policy.observe(norm_pre)
@@ -355,20 +496,24 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         ratio = norm_pre / baseline if baseline > 0 else math.nan
         is_spike = not nonfinite and ratio >= resolved.record.spike_ratio
         skip = not nonfinite and skip_ratio is not None and ratio >= skip_ratio
-        event = step in burst_steps or is_spike or nonfinite
+        event = step in declared or is_spike or nonfinite
         record: dict[str, Any] | None = None
-        if event:
+        if event:  # every rank: gathering a sharded view is a collective
+            view = sharding.event_view(model, optimizer, x, y, logits, clip)
+        if event and sharding.is_recorder:
             if per_tensor_pre is None:
-                per_tensor_pre = torch.stack(torch._foreach_norm([p.grad for p in params])) / clip.scale
-            kinds = [k for k, on in (("burst", step in burst_steps), ("spike", is_spike), ("nonfinite", nonfinite)) if on]
+                per_tensor_pre = view.pre_clip_norms
+            kinds = [k for k, on in ((declared.get(step), step in declared), ("spike", is_spike),
+                                     ("nonfinite", nonfinite)) if on]
             record = {
                 "step": step, "kinds": kinds, "loss": loss_value, "grad_norm_pre": norm_pre,
                 "baseline_grad_norm": baseline, "clip_factor": float(clip.scale), "max_norm": limit,
                 "skipped": skip,
-                "token_losses": _token_loss_table(logits.float(), y, dataset, batch, resolved.record.top_tokens, seen_before),
+                "token_losses": _token_loss_table(view.logits.float(), y, dataset, batch, resolved.record.top_tokens,
+                                                  seen_before),
                 "param_grad_norms": dict(sorted(
                     ((n, float(v)) for (n, _), v in zip(named, per_tensor_pre.tolist())), key=lambda kv: -kv[1])),
-                "adam_surprise": _adam_surprise(optimizer, named) if not nonfinite else None,
+                "adam_surprise": _adam_surprise(optimizer, named, view) if not nonfinite else None,
             }
             events.append(record)
             if is_spike:
@@ -389,7 +534,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
             grad_norm_post = clip.total_norm * 0
             clip_factor = 0.0
         else:
-            optimizer.step()
+            sharding.optimizer_step(optimizer)
             clip_factor = float(clip.scale)
         optimizer.zero_grad(set_to_none=True)
         if before is not None:
@@ -400,13 +545,11 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
                 record["update"] = stats
         batch_targets = targets_np[batch]
         seen_before += np.bincount(batch_targets[batch_targets != IGNORE_INDEX], minlength=seen_before.size)
-        second_moments = [optimizer.state[p]["exp_avg_sq"] for p in params if p in optimizer.state]
-        # One concatenated sum is ~2.5x cheaper than foreach L1 norms on a tiny model.
-        v_sum = float(torch.cat([v.view(-1) for v in second_moments]).float().sum()) if second_moments else 0.0
+        v_sum = sharding.adam_v_sum(optimizer)
         train_seconds += time.perf_counter() - t0
         recent_norms.append(norm_pre)
 
-        eval_loss = _mean_loss(model, eval_x, eval_y) if evals.due(step) else math.nan
+        eval_loss = _mean_loss(model, eval_x, eval_y) if sharding.is_recorder and evals.due(step) else math.nan
         row = {"step": step, "loss": loss_value, "grad_norm_pre": norm_pre, "grad_norm_post": float(grad_norm_post),
                "clip_factor": clip_factor, "lr": lr, "eval_loss": eval_loss, "adam_v_norm": math.sqrt(v_sum)}
         for k in METRIC_KEYS:
@@ -419,7 +562,8 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
                 stopped_by_callback = True
                 break
 
-    lockin = _lockin_stats(model, dataset, device) if stopped_at is None and hasattr(model, "config") else None
+    lockin = (_lockin_stats(model, dataset, device)
+              if sharding.is_recorder and stopped_at is None and hasattr(model, "config") else None)
     metrics = {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in columns.items()}
     meta = {
         "package_version": __version__,
@@ -428,6 +572,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         "backend": backend,
         "device": str(device),
         "threads": threads,
+        "distributed": sharding.describe(),
         "content_hash": original.content_hash(),
         "breaks": [b.describe() for b in original.breaks],
         "parameters": sum(p.numel() for p in params),
@@ -437,6 +582,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         "stopped_at": stopped_at,
         "stop_reason": stop_reason,
         "stopped_by": "callback" if stopped_by_callback else None,
+        "declared_events": sorted(declared),
         "first_nonfinite": first_nonfinite,
         "first_step_update": first_step_update,
         "skipped_steps": skipped_steps,

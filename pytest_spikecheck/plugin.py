@@ -113,12 +113,13 @@ def _is_worker(config: pytest.Config) -> bool:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
-    settings = config.stash[_SESSION].settings
+    session = config.stash[_SESSION]
+    settings = session.settings
     if not settings.enabled:
         return None
-    from pytest_spikecheck.clipping._registry import resolve_backend, unavailable_reason
+    from pytest_spikecheck.clipping import unavailable_reason
 
-    backend = resolve_backend(settings.backend, settings.device if settings.device != "auto" else None)
+    backend = session.backend  # resolves "auto" once: the header names what the runs will use
     cupy_note = unavailable_reason("cupy")
     seeds = f"all overridden to {settings.seed}" if settings.seed is not None else "the scenarios' own"
     lines = [f"spikecheck: backend {backend} (asked: {settings.backend}), device {settings.device}, "
@@ -207,6 +208,21 @@ class _Recorder:
         for name, row in self.worker_rows.items():
             rows.setdefault(name, row)
         return rows
+
+    def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
+        self.session.used_by_current_test.clear()
+
+    @pytest.hookimpl(wrapper=True, tryfirst=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
+        # Link the test to the scenarios it trained through spikecheck.run(...) too, not only to
+        # the @spikecheck_scenario fixtures it names (those are known from collection).
+        used = self.session.used_by_current_test
+        if used:
+            props = dict(item.user_properties)
+            names = set(filter(None, props.get(_SCENARIOS_PROPERTY, "").split(","))) | used
+            item.user_properties[:] = [(k, v) for k, v in item.user_properties if k != _SCENARIOS_PROPERTY]
+            item.user_properties.append((_SCENARIOS_PROPERTY, ",".join(sorted(names))))
+        return (yield)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         scenarios = dict(report.user_properties).get(_SCENARIOS_PROPERTY)

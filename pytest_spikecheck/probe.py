@@ -37,7 +37,10 @@ from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.schedule import lr_at
 
-__all__ = ["Probe", "ProbeResult", "TokenLoss", "probe_at", "measure_probe_rate"]
+__all__ = ["SCENARIO_CLIP", "Probe", "ProbeResult", "TokenLoss", "measure_probe_rate", "probe_at"]
+
+#: ``Probe(batch, max_norm=SCENARIO_CLIP)`` (the default) clips as the scenario does.
+SCENARIO_CLIP: Any = object()
 
 #: How many checkpoints :func:`probe_at` keeps in memory (least recently used goes first).
 #: A Phase-19 checkpoint (model, AdamW moments, a copy of both) is ~2 MB.
@@ -78,6 +81,13 @@ class ProbeResult:
     token_losses: tuple[TokenLoss, ...] = ()  # filled with ``token_losses=True``, worst first
 
 
+def _resolve_device(device: str) -> str:
+    """``auto`` as the engine resolves it: CUDA when available, else the CPU."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
 @contextlib.contextmanager
 def _torch_threads(threads: int) -> Iterator[None]:
     # The thread count changes reduction order; the engine pins it, so the probe does too.
@@ -96,6 +106,10 @@ class Probe:
     of pool indices of :attr:`dataset` or a :class:`~pytest_spikecheck.strategies.Composition`
     — to get a :class:`ProbeResult`. ``max_norm`` overrides the scenario's clip for that
     probe (``None`` or ``inf``: no clip).
+
+    Restored after every probe: parameters, AdamW state, module buffers (a user model's
+    BatchNorm statistics) and the torch RNG (each probe starts from the RNG state the real
+    step S started from, so a model with dropout is probed reproducibly).
     """
 
     def __init__(self, scenario: Scenario, at_step: int, *, backend: str = "auto", device: str = "cpu",
@@ -113,6 +127,7 @@ class Probe:
         if resolved.optimizer.skip_spike_ratio is not None:
             raise ConfigError("the probe cannot replay SkipSpikes (its verdict depends on the run's last 50 norms); "
                               "probe the scenario without it")
+        device = _resolve_device(device)
         self.scenario = resolved
         self.at_step = at_step
         self.threads = threads
@@ -123,7 +138,9 @@ class Probe:
 
         def stop_before_step_s(ctx) -> None:
             if ctx.step == at_step - 1:
-                captured.update(model=ctx.model, optimizer=ctx.optimizer, dataset=ctx.dataset)
+                captured.update(model=ctx.model, optimizer=ctx.optimizer, dataset=ctx.dataset,
+                                cpu_rng=torch.get_rng_state(),
+                                cuda_rng=torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
                 ctx.stop()
 
         started = time.perf_counter()
@@ -139,6 +156,9 @@ class Probe:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self._saved_params = [p.detach().clone() for p in self.params]
         self._saved_state = [{k: v.clone() for k, v in self.optimizer.state[p].items()} for p in self.params]
+        self._buffers = list(self.model.buffers())
+        self._saved_buffers = [b.clone() for b in self._buffers]
+        self._cpu_rng, self._cuda_rng = captured["cpu_rng"], captured["cuda_rng"]
         self._inputs = torch.from_numpy(self.dataset.train.inputs).to(self.device)
         self._targets = torch.from_numpy(self.dataset.train.targets).to(self.device)
         self.lr = lr_at(at_step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
@@ -154,15 +174,19 @@ class Probe:
     def pool_size(self) -> int:
         return len(self.dataset.pool)
 
-    def __call__(self, batch: Any, *, max_norm: float | None | str = "scenario", token_losses: bool = False) -> ProbeResult:
+    def __call__(self, batch: Any, *, max_norm: float | None = SCENARIO_CLIP, token_losses: bool = False) -> ProbeResult:
         indices = tuple(int(i) for i in getattr(batch, "indices", batch))
         if not indices:
             raise ValueError("a probed batch needs at least one sample")
         bad = [i for i in indices if not 0 <= i < self.pool_size]
         if bad:
             raise ValueError(f"pool index {bad[0]} is out of range: the pool has {self.pool_size} samples")
-        limit = self.scenario.max_norm if max_norm == "scenario" else validate_max_norm(max_norm)
-        with _torch_threads(self.threads):
+        limit = self.scenario.max_norm if max_norm is SCENARIO_CLIP else validate_max_norm(max_norm)
+        cuda_devices = [self.device] if self._cuda_rng is not None else []
+        with _torch_threads(self.threads), torch.random.fork_rng(devices=cuda_devices):
+            torch.set_rng_state(self._cpu_rng)
+            if self._cuda_rng is not None:
+                torch.cuda.set_rng_state(self._cuda_rng, self.device)
             try:
                 return self._step(indices, limit, token_losses)
             finally:
@@ -218,6 +242,8 @@ class Probe:
         self.optimizer.zero_grad(set_to_none=True)
         with torch.no_grad():
             torch._foreach_copy_(self.params, self._saved_params)
+            for buffer, saved_buffer in zip(self._buffers, self._saved_buffers):
+                buffer.copy_(saved_buffer)
             for p, saved in zip(self.params, self._saved_state):
                 for key, value in saved.items():
                     self.optimizer.state[p][key].copy_(value)
@@ -233,6 +259,7 @@ def probe_at(scenario: Scenario, at_step: int, *, backend: str = "auto", device:
     threads (the last ``CHECKPOINT_CACHE_SIZE`` are kept), so every test and every
     Hypothesis example of a session shares one checkpoint.
     """
+    device = _resolve_device(device)
     key = (scenario.content_hash(), at_step, resolve_backend(backend, device), device, threads)
     if key in _CHECKPOINTS:
         _CHECKPOINTS.move_to_end(key)

@@ -70,23 +70,35 @@ def _matplotlib():
 
 
 def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), title: str = "Loss") -> Path:
-    """Training loss (thin) and eval loss (dots/line) of each run; declared steps marked."""
+    """Training loss (thin) and eval loss (line) of each run; declared steps marked. With a
+    marked step, a second panel zooms on the eval loss around it (the harm a spike does is a
+    fraction of a nat, invisible next to the first steps' loss)."""
     plt = _matplotlib()
-    fig, ax = plt.subplots(figsize=(9, 4.2), dpi=110)
+    zoom = bool(mark_steps)
+    fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(12 if zoom else 9, 4.2), dpi=110,
+                             gridspec_kw={"width_ratios": [3, 2]} if zoom else None, squeeze=False)
+    full = axes[0][0]
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     for run, color in zip(runs, colors):
         s, v = column(run.metrics, "loss")
-        ax.plot(s, v, color=color, alpha=0.35, lw=0.8, label=f"{run.name} train loss")
+        full.plot(s, v, color=color, alpha=0.35, lw=0.8, label=f"{run.name} train loss")
         if "eval_loss" in run.metrics:
             es, ev = column(run.metrics, "eval_loss")
-            ax.plot(es, ev, color=color, lw=1.6, marker=".", ms=3, label=f"{run.name} eval loss")
-    for step in mark_steps:
-        ax.axvline(step, color="k", ls=":", lw=1)
-    ax.set_xlabel("step")
-    ax.set_ylabel("cross-entropy (nats)")
-    ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper right")
-    ax.grid(alpha=0.3)
+            full.plot(es, ev, color=color, lw=1.6, marker=".", ms=3, label=f"{run.name} eval loss")
+            if zoom:
+                sel = (es >= mark_steps[0] - 15) & (es <= mark_steps[0] + 60)
+                axes[0][1].plot(es[sel], ev[sel], color=color, lw=1.6, marker=".", ms=4, label=f"{run.name}")
+    for ax in axes[0]:
+        for step in mark_steps:
+            ax.axvline(step, color="k", ls=":", lw=1)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    full.set_ylabel("cross-entropy (nats)")
+    full.set_title(title)
+    full.legend(fontsize=8, loc="upper right")
+    if zoom:
+        axes[0][1].set_title(f"eval loss around step {mark_steps[0]}")
+        axes[0][1].legend(fontsize=8, loc="upper right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -145,7 +157,7 @@ class Comparison:
 def compare(run_a: Run, run_b: Run, step: int | None = None) -> Comparison:
     """Measure both runs at the same event step: the declared burst, else B's largest spike."""
     if step is None:
-        bursts = sorted(set(run_a.scenario.burst_steps) | set(run_b.scenario.burst_steps))
+        bursts = sorted(set(run_a.declared_events) | set(run_b.declared_events))
         step = bursts[0] if bursts else EventSummary.measure(run_b.metrics, None).step
     a, b = EventSummary.measure(run_a.metrics, step), EventSummary.measure(run_b.metrics, step)
     gap = final_value(run_b.metrics) - final_value(run_a.metrics) if "eval_loss" in run_a.metrics else math.nan

@@ -57,6 +57,11 @@ class Run:
     def stopped_early(self) -> bool:
         return self.meta.get("stopped_at") is not None
 
+    @property
+    def declared_events(self) -> tuple[int, ...]:
+        """Steps of the events the scenario declared (bursts, a new source's entry), in order."""
+        return tuple(self.meta.get("declared_events") or self.scenario.burst_steps)
+
     def event_at(self, step: int) -> dict[str, Any] | None:
         return next((e for e in self.events if e["step"] == step), None)
 

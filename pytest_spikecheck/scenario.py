@@ -89,6 +89,7 @@ class OptimizerSpec:
     weight_decay: float = 0.1  # applied to matrices (embeddings included), not to biases and norms
     grad_clip: float | None = 1.0  # global-L2 max_norm; None (YAML null) or inf = no clipping
     clip_mode: str = "global"  # global | per_tensor | adaptive (ZClip-style: max_norm from an EMA z-score)
+    # | shard_local (on several ranks, each clips its gradient shard to its own norm: a bug, see ShardLocalNorm)
     adaptive_z: float = 2.5  # adaptive: clip at EMA mean + z * EMA std of the pre-clip norm ...
     adaptive_alpha: float = 0.97  # ... with this EMA decay (ZClip's defaults); grad_clip until warm
     skip_spike_ratio: float | None = None  # skip the optimizer step when pre-clip norm / median >= this
@@ -173,8 +174,8 @@ class Scenario:
         if o.grad_clip is not None:
             _check(not math.isnan(o.grad_clip) and o.grad_clip >= 0,
                    f"optimizer.grad_clip must be >= 0, inf or null (no clipping), was {o.grad_clip!r}")
-        _check(o.clip_mode in ("global", "per_tensor", "adaptive"),
-               f"optimizer.clip_mode must be global, per_tensor or adaptive, was {o.clip_mode!r}")
+        _check(o.clip_mode in ("global", "per_tensor", "adaptive", "shard_local"),
+               f"optimizer.clip_mode must be global, per_tensor, adaptive or shard_local, was {o.clip_mode!r}")
         _check(o.adaptive_z > 0 and 0 < o.adaptive_alpha < 1,
                f"optimizer.adaptive_z must be > 0 and adaptive_alpha in (0, 1), was {o.adaptive_z}, {o.adaptive_alpha}")
         _check(o.skip_spike_ratio is None or o.skip_spike_ratio > 1,

@@ -5,9 +5,11 @@ Three phases, all on the one-step probe of :mod:`pytest_spikecheck.probe`:
 0. **Screen.** Each pool sample is probed once, swapped into the batch the sampler really
    serves at S, and the candidates are ordered by that measured ratio. This gives the
    climb a landscape in which neighbouring candidates are alike: Hypothesis's hill climber
-   moves one choice at a time by ±k, and over a shuffled pool it climbs nowhere (measured
-   on Phase-19 at step 312: 26× after 1,000 probes over a shuffled pool, 43× after 300
-   over the screened order). Costs one probe per pool sample.
+   moves one choice at a time by ±k, and over a shuffled pool it barely climbs. Measured on
+   Phase-19 at step 312 (search seeds 0–2, 2026-11-30): the best ratio found is 24–28× over
+   a shuffled pool after 300 or 1,000 probes, 29–42× over the screened order after 300 and
+   35–43× after 1,000; eight Greek sentences, the worst batch we know of, give 48×. Costs
+   one probe per pool sample.
 1. **Climb.** Hypothesis draws batches with
    :func:`~pytest_spikecheck.strategies.blind_batch_compositions` over that order and
    steers toward a larger grad-norm ratio with :func:`hypothesis.target` (the probe's
@@ -36,9 +38,11 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from pytest_spikecheck.analysis import BASELINE_WINDOW
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
 
@@ -58,7 +62,8 @@ _TEXT_WIDTH = 60
 @dataclass(frozen=True)
 class SearchResult:
     """What :func:`find_worst_batch` found. ``minimal.indices`` is the real batch at S with
-    the ``necessary`` samples swapped in; ``probes`` counts every probe of every phase."""
+    the ``necessary`` samples swapped in; ``probes`` and ``seconds`` count every phase of the
+    search (not the checkpoint, which :func:`~pytest_spikecheck.probe.probe_at` caches)."""
 
     probe: Probe
     real: ProbeResult  # the batch the sampler serves at S
@@ -81,7 +86,8 @@ class SearchResult:
         base = probe.baseline_grad_norm
         lines.append(f"worst batch at step {self.at_step} of {s.name} (seed {s.seed}): {self.probes} probes in "
                      f"{self.seconds:.1f}s over a pool of {len(pool)} samples (the search was not told which are rare)")
-        lines.append(f"  baseline      median pre-clip norm of steps {max(1, self.at_step - 50)}–{self.at_step - 1}: {base:.3g}")
+        first = max(1, self.at_step - BASELINE_WINDOW)
+        lines.append(f"  baseline      median pre-clip norm of steps {first}–{self.at_step - 1}: {base:.3g}")
         for label, result in (("real batch", self.real), ("worst found", self.worst), ("minimal", self.minimal)):
             lines.append(f"  {label:<12}  {_summary(result, data)}")
         bar = self.keep_fraction * self.worst.ratio
@@ -112,10 +118,8 @@ class SearchResult:
 
 def _summary(result: ProbeResult, data: Any) -> str:
     rare = sum(data.is_rare(i) for i in result.indices)
-    sources: dict[str, int] = {}
-    for i in result.indices:
-        sources[data.pool[i].source] = sources.get(data.pool[i].source, 0) + 1
-    mix = " + ".join(f"{src}×{n}" for src, n in sorted(sources.items(), key=lambda kv: -kv[1]))
+    sources = Counter(data.pool[i].source for i in result.indices)
+    mix = " + ".join(f"{src}×{n}" for src, n in sources.most_common())
     clip = f", clipped to {result.grad_norm_post:.3g}" if result.clip_scale < 1 else ""
     return (f"ratio {result.ratio:6.1f}×  pre-clip {result.grad_norm_pre:.3g}{clip}, loss {result.loss:.3f}; "
             f"{rare} of {len(result.indices)} rare; {mix}")
@@ -126,7 +130,7 @@ def _verdict(n_rare: int, n_necessary: int, batch_size: int, ratio: float) -> st
     if not math.isfinite(ratio) or ratio < 3:
         return f"no composition spikes clearly at this step (the minimal batch: {ratio:.1f}×)"
     if n_necessary and n_rare == n_necessary:
-        return (f"rare-token samples concentrated in one batch: {n_rare} of {batch_size} samples, all rare, "
+        return (f"rare-token samples concentrated in one batch: {n_rare} rare samples among {batch_size} "
                 f"give {ratio:.0f}× the baseline gradient norm")
     return f"{n_necessary} of {batch_size} samples ({n_rare} of them rare) give {ratio:.0f}× the baseline gradient norm"
 
@@ -165,8 +169,11 @@ def find_worst_batch(
         raise ConfigError(f"max_examples must be >= 1, was {max_examples}")
     if not 0 < keep_fraction <= 1:
         raise ConfigError(f"keep_fraction must be in (0, 1], was {keep_fraction}")
-    started = time.perf_counter()
     probe = probe_at(scenario, at_step, backend=backend, device=device, threads=threads)
+    if not probe.baseline_grad_norm > 0:
+        raise ConfigError(f"no grad-norm baseline before step {at_step} (median {probe.baseline_grad_norm}): "
+                          "search a later step")
+    started = time.perf_counter()
     batch_size = len(probe.real_batch)
     order = _screened_order(probe)
     probes = len(order)

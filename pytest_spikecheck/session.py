@@ -72,7 +72,7 @@ def summarise(run: Any, cached: bool) -> ScenarioRow:
     from pytest_spikecheck.analysis import EventSummary
     from pytest_spikecheck.report import fmt
 
-    bursts = run.scenario.burst_steps
+    bursts = run.declared_events
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
     containment = _containment(run)
     recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
@@ -105,6 +105,10 @@ class SpikecheckSession:
     _runs: dict[str, Any] = field(default_factory=dict)
     trained: int = 0
     _backend: str | None = None
+    #: name -> content hash of every scenario run this session (a name must mean one scenario)
+    _hash_by_name: dict[str, str] = field(default_factory=dict)
+    #: names of the scenarios the current test asked for (the plugin links them to its report)
+    used_by_current_test: set[str] = field(default_factory=set)
 
     @property
     def backend(self) -> str:
@@ -135,6 +139,13 @@ class SpikecheckSession:
             scenario = scenario.replace(name=name)
         if self.settings.seed is not None:
             scenario = scenario.replace(seed=self.settings.seed)
+        digest = scenario.content_hash()
+        if self._hash_by_name.setdefault(scenario.name, digest) != digest:
+            from pytest_spikecheck.errors import ConfigError
+
+            raise ConfigError(f"two different scenarios are both named {scenario.name!r}: summary rows and report "
+                              f"folders are keyed by name, so give each one (each sweep point) its own name")
+        self.used_by_current_test.add(scenario.name)
         key = self._tag(scenario)
         cached = key in self._runs
         if not cached:
@@ -175,7 +186,7 @@ class SpikecheckSession:
         from pytest_spikecheck.report import plot_grad_norm, plot_loss
 
         def write(folder: Path) -> None:
-            marks = list(run.scenario.burst_steps)
+            marks = list(run.declared_events)
             plot_loss([run], folder / "loss.png", marks, title=f"{run.name}: loss")
             max_norm = run.scenario.max_norm
             plot_grad_norm([run], folder / "grad_norm.png", marks, None if math.isinf(max_norm) else max_norm,

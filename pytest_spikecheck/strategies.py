@@ -6,7 +6,7 @@ dependency): importing the package or loading the pytest plugin never does.
 * :func:`batch_compositions` draws a batch from a pool with knobs for how many rare-token
   samples it holds and which sources it mixes. It shrinks toward simple batches: the fewest
   rare samples allowed, one source (the largest), the first samples of the pool.
-* :func:`blind_batch_compositions` draws every candidate with equal chance and knows
+* :func:`blind_batch_compositions` draws positions in a list of candidates and knows
   nothing about rarity or sources: what a search uses when it must not be told what to
   look for (:mod:`pytest_spikecheck.search`).
 * :func:`scenario_perturbations` varies a scenario's seed, burst step and learning rate
@@ -27,12 +27,12 @@ to decide it yourself).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
-from hypothesis import reject
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
@@ -125,6 +125,32 @@ def _rare_bounds(pool: _Pool, members: Sequence[int], batch_size: int, min_rare:
     return max(min_rare, batch_size - n_common), min(max_rare, n_rare, batch_size)
 
 
+#: batch_compositions enumerates the source mixes it may draw; more than this is refused.
+MAX_SOURCE_MIXES = 4096
+
+
+def _feasible_mixes(pool: _Pool, allowed: tuple[str, ...], members_of: dict[str, list[int]], max_sources: int,
+                    batch_size: int, min_rare: int, max_rare: int) -> list[tuple[str, ...]]:
+    """Every mix of 1 to ``max_sources`` sources that can fill a batch within the rare
+    bounds, simplest first: fewer sources, then larger ones (``allowed`` is largest first)."""
+    n_mixes = sum(math.comb(len(allowed), k) for k in range(1, max_sources + 1))
+    if n_mixes > MAX_SOURCE_MIXES:
+        raise InvalidArgument(f"{len(allowed)} sources make {n_mixes} mixes of up to {max_sources}; narrow them "
+                              f"with sources= or max_sources= (at most {MAX_SOURCE_MIXES})")
+    mixes = [mix for k in range(1, max_sources + 1) for mix in itertools.combinations(allowed, k)
+             if _fits(pool, [i for s in mix for i in members_of[s]], batch_size, min_rare, max_rare)]
+    if not mixes:
+        rare = sum(pool.rare[i] for s in allowed for i in members_of[s])
+        raise InvalidArgument(f"no batch of {batch_size} from {', '.join(allowed)} (at most {max_sources} of them at "
+                              f"once) holds between {min_rare} and {max_rare} rare samples ({rare} rare in all)")
+    return mixes
+
+
+def _fits(pool: _Pool, members: Sequence[int], batch_size: int, min_rare: int, max_rare: int) -> bool:
+    lo, hi = _rare_bounds(pool, members, batch_size, min_rare, max_rare)
+    return lo <= hi
+
+
 def batch_compositions(
     data: Any,
     batch_size: int = 8,
@@ -137,10 +163,11 @@ def batch_compositions(
 ) -> st.SearchStrategy[Composition]:
     """Batches of ``batch_size`` distinct pool samples.
 
-    A draw picks the sources first (1 to ``max_sources`` of ``sources``, default every
-    source in the pool), then how many rare samples (``min_rare`` to ``max_rare``, as far
-    as those sources allow), then the samples. Shrinks toward the fewest rare samples, a
-    single source (the largest) and the first samples of the pool.
+    A draw picks a mix of sources first (1 to ``max_sources`` of ``sources``, default every
+    source in the pool; only mixes that can fill the batch within the rare bounds), then
+    how many rare samples (``min_rare`` to ``max_rare``, as far as the mix allows), then
+    the samples. Shrinks toward a single source (the largest), the fewest rare samples and
+    the first samples of the pool.
     """
     pool = _Pool.of(data, is_rare)
     _check_batch_size(batch_size, len(pool))
@@ -158,19 +185,12 @@ def batch_compositions(
         raise InvalidArgument(f"max_sources must be >= 1, was {max_sources}")
     max_sources = len(allowed) if max_sources is None else min(max_sources, len(allowed))
     members_of = {s: [i for i in range(len(pool)) if pool.sources[i] == s] for s in allowed}
-    everything = [i for s in allowed for i in members_of[s]]
-    lo, hi = _rare_bounds(pool, everything, batch_size, min_rare, max_rare)
-    if lo > hi:
-        raise InvalidArgument(f"no batch of {batch_size} from {', '.join(allowed)} holds between {min_rare} and "
-                              f"{max_rare} rare samples ({sum(pool.rare[i] for i in everything)} rare of {len(everything)})")
+    mixes = _feasible_mixes(pool, allowed, members_of, max_sources, batch_size, min_rare, max_rare)
 
     @st.composite
     def compositions(draw: Callable[..., Any]) -> Composition:
-        chosen = draw(st.lists(st.sampled_from(allowed), min_size=1, max_size=max_sources, unique=True))
-        members = [i for s in chosen for i in members_of[s]]
+        members = [i for s in draw(st.sampled_from(mixes)) for i in members_of[s]]
         lo, hi = _rare_bounds(pool, members, batch_size, min_rare, max_rare)
-        if lo > hi:
-            reject()  # these sources alone cannot fill the batch within the rare bounds
         n_rare = draw(st.integers(lo, hi))
         rare_members = [i for i in members if pool.rare[i]]
         common_members = [i for i in members if not pool.rare[i]]
@@ -183,18 +203,27 @@ def batch_compositions(
     return compositions()
 
 
+def _nearest_free(position: int, taken: set[int], size: int) -> int:
+    """The free position closest to ``position`` in ``range(size)`` (above it on a tie)."""
+    for distance in range(size):
+        for candidate in (position + distance, position - distance):
+            if 0 <= candidate < size and candidate not in taken:
+                return candidate
+    raise ValueError(f"no free position among {size}")  # unreachable: batch_size <= size is checked
+
+
 def blind_batch_compositions(
     data: Any, batch_size: int = 8, *, candidates: Sequence[int] | None = None
 ) -> st.SearchStrategy[Composition]:
     """Batches of ``batch_size`` distinct samples, drawn knowing nothing about rarity or sources.
 
     A draw is ``batch_size`` positions in ``candidates`` (pool indices; default the whole
-    pool, in pool order); a position already taken moves to the next free one, wrapping
-    around, so every candidate is equally likely in each slot. Each slot is one integer
-    choice, so :func:`hypothesis.target` can climb by moving a slot to a neighbouring
-    candidate: order ``candidates`` so that neighbours are alike (the search orders them by
-    a measured effect), and shuffle them when the pool's own order carries information (ours
-    puts burst content last). Shrinks toward the first candidates.
+    pool, in pool order), each one integer choice; a position already taken moves to the
+    nearest free one, so a slot stays among its neighbours. That is what lets
+    :func:`hypothesis.target` climb, moving a slot to a neighbouring candidate: order
+    ``candidates`` so that neighbours are alike (the search orders them by a measured
+    effect), and shuffle them when the pool's own order carries information (ours puts burst
+    content last). Shrinks toward the first candidates.
     """
     pool = _Pool.of(data, None)
     order = tuple(range(len(pool))) if candidates is None else tuple(int(i) for i in candidates)
@@ -205,9 +234,7 @@ def blind_batch_compositions(
     def to_composition(positions: list[int]) -> Composition:
         taken: set[int] = set()
         for position in positions:
-            while position in taken:
-                position = (position + 1) % len(order)
-            taken.add(position)
+            taken.add(_nearest_free(position, taken, len(order)))
         return pool.composition([order[p] for p in taken])
 
     slot = st.integers(0, len(order) - 1)
@@ -246,22 +273,22 @@ def scenario_perturbations(
     if lr is None:
         lrs = st.just(base.optimizer.lr)
     else:
-        lo, hi = _range("lr", lr)
-        if not (lo > 0 and math.isfinite(hi)):
+        lr_lo, lr_hi = _range("lr", lr)
+        if not (lr_lo > 0 and math.isfinite(lr_hi)):
             raise InvalidArgument(f"lr must be a finite range above 0, was {lr!r}")
-        # Log-uniform, as learning rates are searched; shrinks to u = 0, i.e. to ``lo``.
-        lrs = st.floats(0.0, 1.0).map(lambda u: min(hi, lo * (hi / lo) ** u))
+        # Log-uniform, as learning rates are searched; shrinks to u = 0, i.e. to ``lr_lo``.
+        lrs = st.floats(0.0, 1.0).map(lambda u: min(lr_hi, lr_lo * (lr_hi / lr_lo) ** u))
     bursts = [b for b in base.breaks if isinstance(b, RareTokenBurst)]
     if burst_step is None:
         offsets = st.just(0)
     else:
         if not bursts:
             raise InvalidArgument("burst_step needs a base scenario with a RareTokenBurst break to move")
-        lo, hi = _range("burst_step", burst_step)
+        step_lo, step_hi = _range("burst_step", burst_step)
         first, last = min(b.at_step for b in bursts), max(b.at_step for b in bursts)
-        if lo < 1 or hi + (last - first) > base.steps:
+        if step_lo < 1 or step_hi + (last - first) > base.steps:
             raise InvalidArgument(f"burst_step {burst_step!r} would move a burst outside steps 1–{base.steps}")
-        offsets = st.integers(lo, hi).map(lambda step: step - first)
+        offsets = st.integers(step_lo, step_hi).map(lambda step: step - first)
 
     def perturb(seed_value: int, lr_value: float, offset: int) -> Scenario:
         breaks = tuple(dataclasses.replace(b, at_step=b.at_step + offset) if isinstance(b, RareTokenBurst) else b

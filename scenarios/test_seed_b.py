@@ -29,7 +29,8 @@ def _new_source(*breaks) -> Scenario:
 
 
 def _entry_step(run) -> int:
-    return next(b["step"] for b in run.batches if "foreign" in b["sources"])
+    (entry,) = run.declared_events  # the engine declares the step the new source first reaches a batch
+    return entry
 
 
 def _boundaries(run) -> list[int]:
@@ -105,6 +106,7 @@ def test_bandit_clip_contains(seedb_bandit):
 
 def test_a_new_source_is_the_real_shock(seedb_new_source_no_clip):
     entry = _entry_step(seedb_new_source_no_clip)
+    assert entry == next(b["step"] for b in seedb_new_source_no_clip.batches if "foreign" in b["sources"])
     assert entry >= ENTRY and set(seedb_new_source_no_clip.batch_at(entry)["sources"]) == {"foreign"}
     assert_spike(seedb_new_source_no_clip, at=entry, min_ratio=10)
 

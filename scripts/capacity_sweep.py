@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from _sweep import median, run_jobs, seed_range
+
 EVENT = 312
-#: (width, layers, heads): from half of Phase-19's model to ~5M parameters.
-SHAPES = [(32, 2, 2), (64, 2, 4), (128, 2, 4), (64, 4, 4), (128, 4, 4), (256, 4, 8), (128, 6, 4), (256, 6, 8)]
+#: (width, layers, heads): from half of Phase-19's model (64 x 2) to ~5M parameters.
+SHAPES = [(32, 2, 2), (64, 2, 4), (128, 2, 4), (128, 4, 4), (256, 4, 8), (256, 6, 8)]
 
 
 def measure(job: tuple[tuple[int, int, int], str, int]) -> dict:
@@ -41,16 +40,6 @@ def measure(job: tuple[tuple[int, int, int], str, int]) -> dict:
             "adam_surprise": ((run.event_at(EVENT) or {}).get("adam_surprise") or {}).get("share")}
 
 
-def _seeds(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
-
-
-def _median(values):
-    v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
-    return statistics.median(v) if v else math.nan
-
-
 def rows(records: list[dict]) -> list[dict]:
     out = []
     for shape in SHAPES:
@@ -61,11 +50,11 @@ def rows(records: list[dict]) -> list[dict]:
             continue
         gaps = [a["final_eval"] - b["final_eval"] for a in nc for b in cl if a["seed"] == b["seed"]]
         out.append({"width": w, "layers": layers, "parameters": nc[0]["parameters"],
-                    "ratio": _median([r["ratio"] for r in nc]), "eval_jump": _median([r["eval_jump"] for r in nc]),
-                    "eval_jump_clip": _median([r["eval_jump"] for r in cl]),
-                    "recovery": _median([r["recovery"] for r in nc]), "final_gap": _median(gaps),
-                    "adam_surprise": _median([r["adam_surprise"] for r in nc]),
-                    "diverged": f"{sum(r['diverged'] for r in nc)}/{len(nc)}", "seconds": _median([r["train_seconds"] for r in nc])})
+                    "ratio": median([r["ratio"] for r in nc]), "eval_jump": median([r["eval_jump"] for r in nc]),
+                    "eval_jump_clip": median([r["eval_jump"] for r in cl]),
+                    "recovery": median([r["recovery"] for r in nc]), "final_gap": median(gaps),
+                    "adam_surprise": median([r["adam_surprise"] for r in nc]),
+                    "diverged": f"{sum(r['diverged'] for r in nc)}/{len(nc)}", "seconds": median([r["train_seconds"] for r in nc])})
     return out
 
 
@@ -119,14 +108,10 @@ def main() -> int:
             plot(records, Path(args.plot))
         print(table(records))
         return 0
-    jobs = [(shape, clip, seed) for shape in SHAPES for clip in ("no-clip", "clip-1.0") for seed in _seeds(args.seeds)]
+    jobs = [(shape, clip, seed) for shape in SHAPES for clip in ("no-clip", "clip-1.0") for seed in seed_range(args.seeds)]
     jobs.sort(key=lambda j: -j[0][0] * j[0][0] * j[0][1])  # biggest first: better packing on the pool
-    records = []
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for i, rec in enumerate(pool.map(measure, jobs), 1):
-            records.append(rec)
-            print(f"[{i}/{len(jobs)}] {rec['width']}x{rec['layers']} {rec['clip']} seed {rec['seed']}: ratio {rec['ratio']:.1f} "
-                  f"jump {rec['eval_jump']:.3f} ({rec['train_seconds']:.0f}s)", file=sys.stderr, flush=True)
+    records = run_jobs(measure, jobs, args.jobs, lambda r: f"{r['width']}x{r['layers']} {r['clip']} seed {r['seed']}: "
+                       f"ratio {r['ratio']:.1f} jump {r['eval_jump']:.3f} ({r['train_seconds']:.0f}s)")
     out.write_text(json.dumps(records, indent=1))
     print(table(records))
     return 0

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from _sweep import recovery_spread, run_jobs, seed_range, spread
 
 BURST = 312
 CONFIGS = {
@@ -62,26 +60,7 @@ def measure(job: tuple[str, str, int]) -> dict:
     }
 
 
-def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        lo, hi = text.split("-")
-        return list(range(int(lo), int(hi) + 1))
-    return [int(s) for s in text.split(",")]
-
-
 def summarise(records: list[dict]) -> str:
-    def stat(values, spec=".1f"):
-        v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
-        if not v:
-            return "—"
-        return f"{format(statistics.median(v), spec)} [{format(min(v), spec)}–{format(max(v), spec)}]"
-
-    def recovery(values):
-        back = [v for v in values if v is not None]
-        text = stat(back, ".0f") if back else "not back"
-        missing = len(values) - len(back)
-        return f"{text} ({missing}/{len(values)} not back within 50)" if missing and back else text
-
     lines = ["| burst at 312 | clip | ratio | pre-clip norm | post-clip norm | train loss before → at | eval jump | recovery (steps) | final eval | NaN runs |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for config in CONFIGS:
@@ -91,10 +70,10 @@ def summarise(records: list[dict]) -> str:
                 continue
             nan = sum(r["nonfinite"] for r in rs)
             lines.append(
-                f"| {config} | {clip} | {stat([r['ratio'] for r in rs])}× | {stat([r['grad_norm_pre'] for r in rs], '.2f')} | "
-                f"{stat([r['grad_norm_post'] for r in rs], '.2f')} | {stat([r['train_loss_before'] for r in rs], '.2f')} → "
-                f"{stat([r['train_loss_at'] for r in rs], '.2f')} | {stat([r['eval_jump'] for r in rs], '.3f')} | "
-                f"{recovery([r['recovery'] for r in rs])} | {stat([r['final_eval'] for r in rs], '.3f')} | {nan}/{len(rs)} |")
+                f"| {config} | {clip} | {spread([r['ratio'] for r in rs])}× | {spread([r['grad_norm_pre'] for r in rs], '.2f')} | "
+                f"{spread([r['grad_norm_post'] for r in rs], '.2f')} | {spread([r['train_loss_before'] for r in rs], '.2f')} → "
+                f"{spread([r['train_loss_at'] for r in rs], '.2f')} | {spread([r['eval_jump'] for r in rs], '.3f')} | "
+                f"{recovery_spread([r['recovery'] for r in rs])} | {spread([r['final_eval'] for r in rs], '.3f')} | {nan}/{len(rs)} |")
     return "\n".join(lines)
 
 
@@ -110,14 +89,10 @@ def main() -> int:
     if args.table:
         print(summarise(json.loads(out.read_text())))
         return 0
-    jobs = [(c, clip, s) for c in args.configs.split(",") for clip in CLIPS for s in _seeds(args.seeds)
+    jobs = [(c, clip, s) for c in args.configs.split(",") for clip in CLIPS for s in seed_range(args.seeds)
             if clip != "clip-0.5" or c == "greek-3"]
-    records = []
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for i, rec in enumerate(pool.map(measure, jobs), 1):
-            records.append(rec)
-            print(f"[{i}/{len(jobs)}] {rec['config']} {rec['clip']} seed {rec['seed']}: ratio {rec['ratio']:.1f}x "
-                  f"jump {rec['eval_jump']:.3f} recovery {rec['recovery']}", file=sys.stderr, flush=True)
+    records = run_jobs(measure, jobs, args.jobs, lambda r: f"{r['config']} {r['clip']} seed {r['seed']}: ratio "
+                       f"{r['ratio']:.1f}x jump {r['eval_jump']:.3f} recovery {r['recovery']}")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(records, indent=1))
     print(summarise(records))

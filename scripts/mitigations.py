@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+
+from _sweep import recovery_spread, run_jobs, seed_range, spread
 
 EVENT = 312
 
@@ -66,24 +65,7 @@ def measure(job: tuple[str, str, int]) -> dict:
     }
 
 
-def _seeds(text: str) -> list[int]:
-    lo, _, hi = text.partition("-")
-    return list(range(int(lo), int(hi or lo) + 1))
-
-
 def summarise(records: list[dict]) -> str:
-    def stat(values, spec):
-        v = [x for x in values if x is not None and not (isinstance(x, float) and math.isnan(x))]
-        if not v:
-            return "—"
-        return f"{format(statistics.median(v), spec)} [{format(min(v), spec)}–{format(max(v), spec)}]"
-
-    def recovery(values):
-        back = [v for v in values if v is not None]
-        text = stat(back, ".0f") if back else "not back"
-        missing = len(values) - len(back)
-        return f"{text} ({missing}/{len(values)} not back within 50)" if missing and back else text
-
     _, mitigations = _breaks()
     lines = []
     for brk in ("burst", "new-source"):
@@ -93,10 +75,10 @@ def summarise(records: list[dict]) -> str:
             rs = [r for r in records if r["break"] == brk and r["mitigation"] == name]
             if not rs:
                 continue
-            lines.append(f"| {name} | {stat([r['ratio'] for r in rs], '.1f')}× | {stat([r['grad_norm_post'] for r in rs], '.2f')} | "
-                         f"{stat([r['eval_jump'] for r in rs], '.3f')} | {recovery([r['recovery'] for r in rs])} | "
-                         f"{stat([r['final_eval'] for r in rs], '.3f')} | {stat([r['first_step_max_update'] for r in rs], '.1e')} | "
-                         f"{stat([r['skipped_steps'] for r in rs], '.0f')} | {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
+            lines.append(f"| {name} | {spread([r['ratio'] for r in rs], '.1f')}× | {spread([r['grad_norm_post'] for r in rs], '.2f')} | "
+                         f"{spread([r['eval_jump'] for r in rs], '.3f')} | {recovery_spread([r['recovery'] for r in rs])} | "
+                         f"{spread([r['final_eval'] for r in rs], '.3f')} | {spread([r['first_step_max_update'] for r in rs], '.1e')} | "
+                         f"{spread([r['skipped_steps'] for r in rs], '.0f')} | {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
     return "\n".join(lines)
 
 
@@ -112,14 +94,10 @@ def main() -> int:
         print(summarise(json.loads(out.read_text())))
         return 0
     _, mitigations = _breaks()
-    jobs = [(b, m, s) for b in ("burst", "new-source") for m in mitigations for s in _seeds(args.seeds)
+    jobs = [(b, m, s) for b in ("burst", "new-source") for m in mitigations for s in seed_range(args.seeds)
             if not (b == "new-source" and m == "stratified batches")]  # no rare samples to spread in a source shift
-    records = []
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        for i, rec in enumerate(pool.map(measure, jobs), 1):
-            records.append(rec)
-            print(f"[{i}/{len(jobs)}] {rec['break']} / {rec['mitigation']} / seed {rec['seed']}: ratio {rec['ratio']:.1f} "
-                  f"jump {rec['eval_jump']:.3f}", file=sys.stderr, flush=True)
+    records = run_jobs(measure, jobs, args.jobs, lambda r: f"{r['break']} / {r['mitigation']} / seed {r['seed']}: "
+                       f"ratio {r['ratio']:.1f} jump {r['eval_jump']:.3f}")
     out.write_text(json.dumps(records, indent=1))
     print(summarise(records))
     return 0

@@ -118,3 +118,27 @@ def test_callbacks_see_the_training_state_and_can_stop_it():
     run = train(Scenario.preset("phase-19").replace(steps=50), callbacks=[watch])
     assert len(run) == 7 and run.meta["stopped_by"] == "callback" and not run.stopped_early
     assert seen == [(s, 8, True) for s in range(1, 8)]
+
+
+class _Dropout(torch.nn.Module):
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab_size, vocab_size)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, idx, targets=None):
+        logits = self.drop(self.table(idx))
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+        return logits, loss
+
+
+def test_randomness_in_the_loop_is_seeded_and_the_callers_rng_untouched():
+    scenario = Scenario.preset("phase-19").replace(steps=15, model_factory=_Dropout)
+    torch.manual_seed(123)
+    before = torch.rand(3)
+    torch.manual_seed(123)
+    first = train(scenario)
+    assert torch.equal(torch.rand(3), before)  # training did not consume the caller's RNG
+    torch.manual_seed(999)
+    second = train(scenario)
+    np.testing.assert_array_equal(first["loss"], second["loss"])

@@ -58,3 +58,13 @@ def test_stratified_refuses_impossible_caps():
     spec = SamplerSpec(kind="stratified", batch_size=8, rare_cap=0)
     with pytest.raises(ValueError, match="cannot fill a batch"):
         _plan(spec, rare=frozenset(range(N)))
+
+
+def test_no_sample_appears_twice_in_a_batch_across_epoch_boundaries():
+    # A rotation of 37 does not divide by 8: every epoch boundary falls inside a batch.
+    written = (3,)
+    spec = SamplerSpec(batch_size=8, bursts=(BurstSpec(at_step=5, count=1, content="written"),))
+    batches = plan_batches(spec, steps=200, seed=0, n_corpus=38, burst_members={0: written}, is_rare=lambda i: False)
+    assert all(len(set(b)) == len(b) == 8 for b in batches)
+    served = [i for b in batches for i in b]
+    assert max(served.count(i) for i in range(38)) - min(served.count(i) for i in range(38) if i != 3) <= 2

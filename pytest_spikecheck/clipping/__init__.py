@@ -17,6 +17,16 @@ is NaN or inf the returned norm is NaN/inf exactly as torch reports it, but the
 gradients are left untouched (scale 1) instead of being multiplied by NaN, and
 :attr:`ClipResult.nonfinite` is set so the caller can skip the optimizer step.
 ``error_if_nonfinite=True`` raises :class:`NonFiniteGradientError` instead.
+
+Sharded gradients (``process_group=``): when each rank of a ``torch.distributed`` group
+holds a shard of the gradients (FSDP, ZeRO), the global norm needs every shard. Each rank
+measures its shard with its backend, the squared norms are added by one ``all_reduce`` in
+float64, and every rank derives the same norm and scale from the same sum and scales its own
+shard. The result equals the single-process clip of the concatenated gradients within float32
+rounding (~1e-7 relative), and the non-finite rule holds across ranks: a NaN on one rank makes
+the sum NaN, so every rank reports a non-finite norm and leaves its shard untouched. Without
+the group each rank would clip to its own shard's norm: the per-rank-norm bug that
+:class:`~pytest_spikecheck.breaks.ShardLocalNorm` reproduces.
 """
 
 from __future__ import annotations
@@ -89,7 +99,7 @@ def validate_max_norm(max_norm: float | None) -> float:
     return value
 
 
-def _collect_grads(parameters: Any) -> list["torch.Tensor"]:
+def _collect_params(parameters: Any) -> list["torch.Tensor"]:
     import torch
 
     if isinstance(parameters, torch.Tensor):
@@ -97,17 +107,24 @@ def _collect_grads(parameters: Any) -> list["torch.Tensor"]:
     params = list(parameters)
     if not params:
         raise ValueError("clip_grad_norm_ got an empty parameter list")
-    return [p.grad for p in params if p.grad is not None]
+    return params
 
 
-def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str) -> tuple["torch.Tensor", "torch.Tensor"]:
+def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str,
+          process_group: Any = None) -> tuple["torch.Tensor", "torch.Tensor"]:
     """Validate, clip in place, return (pre-clip total norm, scale): the work both entry points share."""
     import torch
 
     limit = validate_max_norm(max_norm)
     if mode not in CLIP_MODES:
         raise ValueError(f"clip mode must be one of {', '.join(CLIP_MODES)}, was {mode!r}")
-    grads = _collect_grads(parameters)
+    params = _collect_params(parameters)
+    grads = [p.grad for p in params if p.grad is not None]
+    if process_group is not None:
+        if mode != "global":
+            raise ValueError(f"clip mode {mode!r} cannot take a process_group: a shard may hold part of a tensor, "
+                             f"so only the global norm is defined across ranks")
+        return _clip_across_ranks(grads, params[0].device, limit, backend, process_group)
     if not grads:
         return torch.zeros((), dtype=torch.float32), torch.ones((), dtype=torch.float32)
     impl = get_backend(backend if backend in _CONCRETE else resolve_backend(backend, grads[0].device))
@@ -119,6 +136,33 @@ def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str) -> t
     after = torch.linalg.vector_norm(torch.stack([(n * s).to(device) for n, s in norms_and_scales]))
     finite = torch.isfinite(total_norm) & (total_norm > 0)
     return total_norm, torch.where(finite, after / torch.where(finite, total_norm, 1.0), 1.0)
+
+
+def _clip_across_ranks(grads: list["torch.Tensor"], device: Any, limit: float, backend: str,
+                       process_group: Any) -> tuple["torch.Tensor", "torch.Tensor"]:
+    """The global clip of gradients sharded over ``process_group``; every rank must call it.
+
+    A rank's squared shard norm is exact in float64 (its float32 norm squared), so the sum
+    over ranks loses nothing to the reduction, whatever the number of ranks.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from pytest_spikecheck.clipping.torch_backend import clip_scale
+
+    impl = None
+    if grads:
+        impl = get_backend(backend if backend in _CONCRETE else resolve_backend(backend, grads[0].device))
+        shard_norm, _ = impl.clip_(grads, math.inf)  # inf: measure only
+        sum_of_squares = shard_norm.to(torch.float64).square()
+    else:  # a rank without gradients still takes part in the all_reduce (the others wait for it)
+        sum_of_squares = torch.zeros((), dtype=torch.float64, device=device)
+    dist.all_reduce(sum_of_squares, op=dist.ReduceOp.SUM, group=process_group)
+    total_norm = sum_of_squares.sqrt().to(torch.float32)
+    scale = clip_scale(total_norm, limit)
+    if impl is not None and limit != math.inf:
+        impl.scale_(grads, scale)
+    return total_norm, scale
 
 
 def _raise_if_nonfinite(total_norm: "torch.Tensor") -> None:
@@ -135,6 +179,7 @@ def clip_grads_(
     backend: str = "auto",
     mode: str = "global",
     error_if_nonfinite: bool = False,
+    process_group: Any = None,
 ) -> ClipResult:
     """Clip gradients in place and return the :class:`ClipResult` (norm, scale, non-finite flag).
 
@@ -143,8 +188,12 @@ def clip_grads_(
     returned ``total_norm`` is still the global pre-clip norm and ``scale`` is the
     global norm after clipping divided by the one before. An empty gradient list (all
     parameters frozen) measures 0 and clips nothing.
+
+    ``process_group``: the gradients are this rank's shard; the norm, scale and flag are
+    those of every rank's gradients together, identical on every rank (see the module
+    docstring). Every rank of the group must call it, with or without gradients.
     """
-    total_norm, scale = _clip(parameters, max_norm, backend, mode)
+    total_norm, scale = _clip(parameters, max_norm, backend, mode, process_group)
     if error_if_nonfinite:
         _raise_if_nonfinite(total_norm)
     return ClipResult(total_norm, scale, ~total_norm.isfinite())
@@ -157,16 +206,19 @@ def clip_grad_norm_(
     backend: str = "auto",
     mode: str = "global",
     error_if_nonfinite: bool = False,
+    process_group: Any = None,
 ) -> "torch.Tensor":
     """Drop-in for ``torch.nn.utils.clip_grad_norm_``: clip in place, return the pre-clip norm.
 
     ``max_norm=None`` or ``inf`` measures the norm without clipping. ``backend`` is one
     of ``"auto"`` (cupy when a CUDA device is usable, else torch), ``"torch"``,
-    ``"cupy"`` or ``"emulator"``.
+    ``"cupy"`` or ``"emulator"``. With ``process_group`` the parameters are this rank's
+    shard and the norm is the global one over every rank's shard (every rank must call it).
 
     >>> norm = clip_grad_norm_(model.parameters(), 1.0)  # doctest: +SKIP
+    >>> norm = clip_grad_norm_(my_shard, 1.0, process_group=dist.group.WORLD)  # doctest: +SKIP
     """
-    total_norm, _ = _clip(parameters, max_norm, backend, mode)
+    total_norm, _ = _clip(parameters, max_norm, backend, mode, process_group)
     if error_if_nonfinite:
         _raise_if_nonfinite(total_norm)
     return total_norm

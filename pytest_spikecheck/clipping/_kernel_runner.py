@@ -188,7 +188,6 @@ class ClipKernelRunner:
         norm_and_scale = torch.empty(2, dtype=torch.float32, device=device)
         nonfinite_flag = torch.empty((), dtype=torch.int32, device=device)
         total_norm, scale = norm_and_scale[0], norm_and_scale[1]
-        grid = min(table.num_chunks, config.max_blocks or table.num_chunks)
         with np.errstate(over="ignore"):  # a max_norm above float32's range means "never clip"
             max_norm_f32 = np.float32(max_norm)
 
@@ -196,7 +195,7 @@ class ClipKernelRunner:
             if table.num_chunks:
                 self.launcher.launch(
                     "k_grad_norm_partial",
-                    grid,
+                    self._grid(table),
                     config.threads_per_block,
                     (
                         np.uint64(table.rows.data_ptr()),
@@ -220,20 +219,47 @@ class ClipKernelRunner:
                     np.uint64(nonfinite_flag.data_ptr()),
                 ),
             )
-            if table.num_chunks and not math.isinf(max_norm):
-                self.launcher.launch(
-                    "k_grad_scale",
-                    grid,
-                    config.threads_per_block,
-                    (
-                        np.uint64(table.rows.data_ptr()),
-                        np.int32(table.num_tensors),
-                        np.int64(table.num_chunks),
-                        np.int64(config.chunk_elements),
-                        np.uint64(scale.data_ptr()),
-                    ),
-                )
+            if not math.isinf(max_norm):
+                self._launch_scale(table, scale)
         return KernelOutputs(total_norm, scale, nonfinite_flag)
+
+    def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
+        """Multiply ``grads`` in place by ``scale``, a 0-d float32 tensor on their device, with
+        k_grad_scale alone (one launch, no host sync). The process-group clip uses it: the scale
+        comes from the norm of every rank's gradients, which no single rank's kernels can see."""
+        import torch
+
+        device = self._check_grads(grads)
+        if scale.dtype != torch.float32 or scale.numel() != 1 or scale.device != device:
+            raise ValueError(
+                f"expected the scale as one float32 value on {device}, "
+                f"was {scale.dtype} of shape {tuple(scale.shape)} on {scale.device}"
+            )
+        table = self._table(grads, device)
+        with self.launcher.activate(device):
+            self._launch_scale(table, scale.reshape(()))
+
+    def _launch_scale(self, table: _GradTable, scale: "torch.Tensor") -> None:
+        """k_grad_scale over ``table``: ``g *= *scale`` (a no-op on the device when it is 1)."""
+        if not table.num_chunks:
+            return
+        config = self.config
+        self.launcher.launch(
+            "k_grad_scale",
+            self._grid(table),
+            config.threads_per_block,
+            (
+                np.uint64(table.rows.data_ptr()),
+                np.int32(table.num_tensors),
+                np.int64(table.num_chunks),
+                np.int64(config.chunk_elements),
+                np.uint64(scale.data_ptr()),
+            ),
+        )
+
+    def _grid(self, table: _GradTable) -> int:
+        """Blocks of the partial and scale kernels: one per chunk, at most ``max_blocks``."""
+        return min(table.num_chunks, self.config.max_blocks or table.num_chunks)
 
     def _check_grads(self, grads: list["torch.Tensor"]) -> "torch.device":
         if not grads:

@@ -3,9 +3,12 @@
 A backend is an object with ``name`` and ``clip_(grads, max_norm) -> (total_norm, scale)``
 that clips a list of gradient tensors in place with global-L2 semantics and returns two
 0-d tensors on the gradients' device. ``max_norm`` is already validated (a float >= 0,
-``inf`` for no clipping). When the norm is non-finite the backend must return it as is
-and leave the gradients untouched (scale 1). Backends are imported lazily: importing
-this module imports neither torch nor cupy.
+``inf`` for no clipping: measure only, the gradients are not touched). When the norm is
+non-finite the backend must return it as is and leave the gradients untouched (scale 1).
+``scale_(grads, scale)`` multiplies them in place by a 0-d float32 tensor: the
+process-group clip measures each rank's shard with ``clip_(grads, inf)`` and scales it
+with ``scale_`` once the ranks agree on the global norm. Backends are imported lazily:
+importing this module imports neither torch nor cupy.
 """
 
 from __future__ import annotations

@@ -128,5 +128,9 @@ class CupyClipBackend:
         outputs = self.run(grads, max_norm)
         return outputs.total_norm, outputs.scale
 
+    def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
+        """Multiply in place by a 0-d float32 tensor ``scale`` (k_grad_scale alone)."""
+        self.runner.scale_(grads, scale)
+
 
 BACKEND = CupyClipBackend()

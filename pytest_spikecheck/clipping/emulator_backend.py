@@ -199,6 +199,10 @@ class EmulatorClipBackend:
         outputs = self.run(grads, max_norm)
         return outputs.total_norm, outputs.scale
 
+    def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
+        """Multiply in place by a 0-d float32 tensor ``scale`` (k_grad_scale alone)."""
+        self.runner.scale_(grads, scale)
+
     def clip_arrays_(self, arrays: list[np.ndarray], max_norm: float) -> tuple[float, float]:
         """Clip float32 / float16 numpy arrays in place (zero-copy views); return (norm, scale)."""
         import torch

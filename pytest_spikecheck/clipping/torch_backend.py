@@ -23,6 +23,15 @@ def _foreach_ok(group: list[torch.Tensor]) -> bool:
     return group[0].device.type in ("cpu", "cuda") and all(g.layout == torch.strided for g in group)
 
 
+def clip_scale(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """torch's clip coefficient ``min(1, max_norm / (norm + 1e-6))``, and 1 for a NaN/inf norm
+    (torch would multiply every gradient by NaN; we keep them). The one definition on the host:
+    the torch backend and the process-group clip of every backend use it; clip.cu's
+    k_grad_norm_final computes the same float32 operations on the device."""
+    coef = torch.clamp(max_norm / (total_norm + CLIP_EPS), max=1.0)
+    return torch.where(total_norm.isfinite(), coef, 1.0)
+
+
 class TorchClipBackend:
     name = "torch"
 
@@ -44,18 +53,22 @@ class TorchClipBackend:
     def clip_(self, grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
         groups = _groups(grads)
         total = self.total_norm(grads, groups)
-        coef = torch.clamp(max_norm / (total + CLIP_EPS), max=1.0)
-        # A NaN/inf norm would turn every gradient into NaN (torch's behaviour); keep them (scale 1).
-        scale = torch.where(total.isfinite(), coef, 1.0)
+        scale = clip_scale(total, max_norm)
         if max_norm != float("inf"):
-            for group in groups:
-                factor = scale if group[0].device == scale.device else scale.to(group[0].device)
-                if _foreach_ok(group):
-                    torch._foreach_mul_(group, factor)
-                else:
-                    for g in group:
-                        g.mul_(factor)
+            self.scale_(grads, scale, groups)
         return total, scale
+
+    @staticmethod
+    def scale_(grads: list[torch.Tensor], scale: torch.Tensor,
+               groups: list[list[torch.Tensor]] | None = None) -> None:
+        """Multiply every gradient in place by the 0-d tensor ``scale``."""
+        for group in groups or _groups(grads):
+            factor = scale if group[0].device == scale.device else scale.to(group[0].device)
+            if _foreach_ok(group):
+                torch._foreach_mul_(group, factor)
+            else:
+                for g in group:
+                    g.mul_(factor)
 
 
 BACKEND = TorchClipBackend()

@@ -63,10 +63,17 @@ def _plan_mixture(spec: SamplerSpec, steps: int, seed: int, sources: Sequence[st
         counts = rng.multinomial(spec.batch_size, p / p.sum())
         batch: list[int] = []
         for name, count in zip(names, counts):
-            for _ in range(int(count)):
-                if not streams[name]:
-                    streams[name].extend(int(i) for i in rng.permutation(members[name]))
-                batch.append(streams[name].popleft())
+            stream, repeats = streams[name], []
+            while count > 0:
+                if not stream:
+                    stream.extend(int(i) for i in rng.permutation(members[name]))
+                item = stream.popleft()
+                if item in batch and len(members[name]) >= count + len(repeats) + 1:
+                    repeats.append(item)  # a new epoch began inside the batch: no sample twice
+                    continue
+                batch.append(item)
+                count -= 1
+            stream.extendleft(reversed(repeats))
         batches.append(batch)
     return batches
 
@@ -124,6 +131,11 @@ def plan_batches(
                         break
                     refill()
                 item = source.popleft()
+                if item in batch:
+                    # An epoch boundary inside the batch can bring back a sample it already
+                    # holds: it waits for the next batch instead of appearing twice.
+                    deferred.append(item)
+                    continue
                 if is_rare(item) and rare_in_batch >= cap:
                     deferred.append(item)
                     if source is stream and len(deferred) > 4 * spec.batch_size:

@@ -60,3 +60,22 @@ def test_same_scenario_again(spikecheck):
     assert spikecheck.trained <= 2
 ''')
     tiny.runpytest("--spikecheck", "-p", "no:randomly").assert_outcomes(passed=4)
+
+
+def test_tests_that_call_spikecheck_run_get_verdicts_and_names_must_be_unique(pytester):
+    pytester.makepyfile(test_sweep='''
+import pytest
+from pytest_spikecheck import NoClip, RareTokenBurst, Scenario, assert_spike
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_point(spikecheck, seed):
+    base = Scenario.preset("phase-19").replace(steps=40, seed=seed, name=f"point-{seed}")
+    assert_spike(spikecheck.run(base.with_breaks(NoClip(), RareTokenBurst(count=3, at_step=30))), at=30, min_ratio=3)
+
+def test_same_name_twice(spikecheck):
+    spikecheck.run(Scenario.preset("phase-19").replace(steps=5, name="dup"))
+    spikecheck.run(Scenario.preset("phase-19").replace(steps=6, name="dup"))
+''')
+    result = pytester.runpytest("--spikecheck", "-p", "no:randomly")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*two different scenarios are both named 'dup'*", "point-1 *pass", "point-2 *pass"])

@@ -1,0 +1,20 @@
+"""Hypothesis profiles for this repository's property tests (``tests/`` and ``scenarios/``).
+
+``ci`` is loaded by default, so ``pytest --spikecheck`` runs the properties bounded and
+reproducibly; ``pytest --hypothesis-profile dev`` hunts for new failures instead. Health
+checks stay on in both: the few tests whose examples are slow by nature (a probe is a
+forward, backward and AdamW step; a property may train a run) suppress ``too_slow``
+themselves, with the reason.
+
+This is the repository's test configuration, not the plugin's: installing pytest-spikecheck
+registers no Hypothesis profile in anyone else's suite.
+"""
+
+from hypothesis import settings
+
+# Bounded and reproducible: the same examples on every run and machine, no example database
+# to drift between runs, no deadline (CI machines are shared; a slow example is not a bug).
+settings.register_profile("ci", max_examples=100, derandomize=True, database=None, deadline=None, print_blob=True)
+# Ten times the examples, fresh ones every run, failures remembered in .hypothesis/.
+settings.register_profile("dev", max_examples=1000, deadline=None, print_blob=True)
+settings.load_profile("ci")

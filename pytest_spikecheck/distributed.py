@@ -1,0 +1,454 @@
+"""Training on several processes with sharded gradients, and the launcher that starts them.
+
+``train(scenario, nproc=2)`` runs the engine's one training loop on N ranks of a
+``torch.distributed`` process group (gloo on CPU, NCCL with one GPU per rank on CUDA), with
+:class:`FlatShard` as its :class:`~pytest_spikecheck.engine.Sharding`. A step on rank r:
+
+1. forward/backward on rank r's contiguous part of the step's batch (the 8 samples split as
+   evenly as they go), its loss weighted by its share of the batch's non-pad tokens, so the
+   ranks' losses and gradients *add up* to the single-process mean over the whole batch;
+2. a reduce-scatter of the flat gradient: rank r keeps the sum over ranks of one contiguous
+   1/N of it (ZeRO-2 style: gradients and AdamW state are sharded, the weights replicated; the
+   parameters are laid out in one flat buffer, matrices first, then biases and norm gains,
+   padded to a multiple of N);
+3. the clip, through :func:`~pytest_spikecheck.clipping.clip_grads_` with ``process_group``:
+   each rank measures its shard, one float64 all-reduce adds the squares, every rank applies
+   the same scale (or, under :class:`~pytest_spikecheck.breaks.ShardLocalNorm`, the bug: each
+   rank clips to its own shard's norm);
+4. AdamW on the rank's shard (its state is sharded too), then an all-gather of the flat
+   parameters, which the model's weights are views of.
+
+Rank 0 records the run (eval, events, the final lock-in check); the returned run is its record.
+The recorded ``grad_norm_pre`` / ``grad_norm_post`` are always those of the whole model's
+gradient: under ShardLocalNorm one extra all-reduce, used only for recording, measures what the
+buggy clip let through, so ``assert_clip_contains`` sees the truth.
+
+Users with their own launcher (``torchrun``) call :func:`train_in_process_group` on every rank;
+:func:`run_on_ranks` is the small spawn launcher behind ``nproc=``, usable for any function.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+from pytest_spikecheck.clipping import ClipResult, clip_grads_
+from pytest_spikecheck.data.dataset import IGNORE_INDEX
+from pytest_spikecheck.engine import (
+    EventView,
+    build_optimizer,
+    parameter_groups,
+    train_with_sharding,
+    validate_nproc,
+)
+from pytest_spikecheck.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pytest_spikecheck.run import Run
+    from pytest_spikecheck.scenario import Scenario
+
+#: How long a rank waits in a collective before it fails the run. A rank waits while rank 0
+#: records (an eval, an event's tables: milliseconds on the tiny models) and, before the first
+#: step, while the others build their data (seconds); two minutes is a hang.
+DEFAULT_TIMEOUT_S = 120.0
+
+#: How long the ranks may take to start (spawn, import torch) and meet. Separate from the
+#: collective timeout, so that a short one does not fail a rank that was slow to import.
+STARTUP_TIMEOUT_S = 300.0
+
+_HOST = "127.0.0.1"
+
+# torch 2.13 renamed the flat collectives (the old names warn); the GPU machine runs 2.11.
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+class DistributedError(RuntimeError):
+    """A rank failed, or the process group could not start. The message is one line naming the
+    first rank that failed and its error; the rank's traceback is attached as a note."""
+
+
+def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
+    """Raise ConfigError if ``resolved`` cannot train on ``nproc`` ranks with flat shards."""
+    if resolved.optimizer.clip_mode == "per_tensor":
+        raise ConfigError("per-tensor clipping is not defined on flat shards (a shard holds parts of tensors); "
+                          "clip globally with nproc > 1")
+    if resolved.sampler.batch_size < nproc:
+        raise ConfigError(f"nproc {nproc} exceeds the batch size {resolved.sampler.batch_size}: "
+                          f"every rank needs at least one sample of each batch")
+
+
+def process_group_backend(device: str, nproc: int) -> str:
+    """``gloo`` for the CPU, ``nccl`` for CUDA (one GPU per rank); ConfigError when unusable."""
+    if not device.startswith("cuda"):
+        if not dist.is_available() or not dist.is_gloo_available():
+            raise ConfigError("training on several CPU processes needs torch.distributed with gloo; "
+                              "this torch has none")
+        return "gloo"
+    if device != "cuda":
+        raise ConfigError(f"with nproc > 1 pass device 'cuda' (rank r trains on cuda:r), was {device!r}")
+    if not torch.cuda.is_available() or not dist.is_nccl_available():
+        raise ConfigError("training on several CUDA processes needs torch with CUDA and NCCL")
+    if torch.cuda.device_count() < nproc:
+        raise ConfigError(f"NCCL needs one GPU per rank: nproc {nproc}, but {torch.cuda.device_count()} GPU(s) visible")
+    return "nccl"
+
+
+class FlatShard:
+    """The N-rank :class:`~pytest_spikecheck.engine.Sharding`: gradients and AdamW state split
+    into one contiguous shard per rank of ``group`` (default: the whole world).
+
+    ``build_optimizer`` moves the model's weights into one flat buffer (each parameter becomes a
+    view of it, and so does its ``.grad``: autograd accumulates into the flat gradient, as DDP's
+    ``gradient_as_bucket_view`` does) and returns an AdamW over this rank's shard, split at the
+    boundary between the decayed and the undecayed parameters. AdamW is elementwise, so a shard
+    of it computes exactly what the whole does on those elements.
+    """
+
+    def __init__(self, group: Any = None) -> None:
+        # Explicit: to torch.distributed None means the world, but to clip_grads_ it means no
+        # group at all, which is the per-rank-norm bug.
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(group)
+        self.world_size = dist.get_world_size(group)
+        self.is_recorder = self.rank == 0
+
+    # -- set-up ---------------------------------------------------------------------------
+    def check(self, resolved: "Scenario") -> None:
+        check_distributed_scenario(resolved, self.world_size)
+
+    def build_optimizer(self, model: torch.nn.Module, scenario: "Scenario") -> torch.optim.Optimizer:
+        self._shard_local = scenario.optimizer.clip_mode == "shard_local"
+        groups = parameter_groups(model, scenario)
+        ordered = [p for group in groups for p in group["params"]]
+        first = ordered[0]
+        if any(p.dtype != first.dtype or p.device != first.device for p in ordered):
+            raise ConfigError("flat sharding needs every trainable parameter in one dtype on one device")
+        numel = sum(p.numel() for p in ordered)
+        self.shard_numel = -(-numel // self.world_size)
+        padded = self.shard_numel * self.world_size
+        self.flat_params = torch.zeros(padded, dtype=first.dtype, device=first.device)
+        self.flat_grads = torch.zeros_like(self.flat_params)
+        self.params = [p for p in model.parameters() if p.requires_grad]  # the engine's order
+        self._slices: dict[torch.Tensor, slice] = {}
+        offset = 0
+        with torch.no_grad():
+            for p in ordered:
+                where = slice(offset, offset + p.numel())
+                self.flat_params[where].copy_(p.detach().reshape(-1))
+                p.data = self.flat_params[where].view_as(p)
+                p.grad = self.flat_grads[where].view_as(p)
+                self._slices[p] = where
+                offset = where.stop
+
+        lo, hi = self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel
+        self.shard_params = self.flat_params[lo:hi].clone()
+        self.shard_grads = torch.zeros_like(self.shard_params)
+        # What the clip measures and scales: this rank's part of each parameter, not one flat
+        # tensor. torch's float32 norm of a 75k-element vector is off by ~1e-6 relative, of a
+        # parameter-sized one by ~1e-7, as in the single-process clip.
+        self._clip_parts: list[torch.Tensor] = []
+        for p in ordered:
+            a, b = max(self._slices[p].start, lo) - lo, min(self._slices[p].stop, hi) - lo
+            if a < b:
+                part = self.shard_params[a:b]
+                part.grad = self.shard_grads[a:b]
+                self._clip_parts.append(part)
+        # (AdamW's parameter: a view of shard_params, its gradient: the same span of shard_grads)
+        self._pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+        shard_groups = []
+        start = 0
+        for group in groups:
+            stop = start + sum(p.numel() for p in group["params"])
+            a, b = max(start, lo) - lo, min(stop, hi) - lo
+            if a < b:
+                piece = self.shard_params[a:b]
+                self._pieces.append((piece, self.shard_grads[a:b]))
+                shard_groups.append({**group, "params": [piece]})
+            start = stop
+        if not shard_groups:
+            raise ConfigError(f"the model's {numel} parameters are too few to give each of "
+                              f"{self.world_size} ranks a shard")
+        self._scale_applied = torch.ones((), dtype=torch.float32, device=first.device)
+        return build_optimizer(model, scenario, shard_groups)
+
+    # -- one step -------------------------------------------------------------------------
+    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor,
+                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = slice(x.shape[0] * self.rank // self.world_size, x.shape[0] * (self.rank + 1) // self.world_size)
+        local_tokens = int((y[rows] != IGNORE_INDEX).sum())
+        batch_tokens = int((y != IGNORE_INDEX).sum())
+        self.flat_grads.zero_()
+        logits, loss = model(x[rows], y[rows])
+        # The model's loss is the mean over this rank's tokens; weighted by this rank's share of
+        # the batch's tokens, the ranks' losses add up to the mean over the whole batch.
+        if local_tokens:
+            share = loss * (local_tokens / batch_tokens)
+        elif batch_tokens:  # no token here (e.g. blank documents), some elsewhere: add nothing
+            share = logits.sum() * 0.0  # (the model's own mean over 0 tokens is 0/0)
+        else:  # no token in the whole batch: NaN, as one process computes it
+            share = loss
+        share.backward()
+        _reduce_scatter(self.shard_grads, self.flat_grads, op=dist.ReduceOp.SUM, group=self.group)
+        for piece, grad in self._pieces:
+            piece.grad = grad  # again every step: the engine's zero_grad(set_to_none) drops it
+        batch_loss = share.detach().clone()
+        dist.all_reduce(batch_loss, op=dist.ReduceOp.SUM, group=self.group)
+        return logits, batch_loss
+
+    def clip(self, max_norm: float, *, backend: str, mode: str) -> ClipResult:
+        if mode != "shard_local":
+            result = clip_grads_(self._clip_parts, max_norm, backend=backend, mode=mode, process_group=self.group)
+            self._scale_applied = result.scale
+            return result
+        # ShardLocalNorm, the bug: no process group, so each rank clips to its own shard's norm.
+        local = clip_grads_(self._clip_parts, max_norm, backend=backend, mode="global")
+        self._scale_applied = local.scale
+        # Recording only, not part of the buggy clip: the whole gradient's norm before and after
+        # it, from one all-reduce of both squared shard norms (exact in float64).
+        squares = torch.stack([local.total_norm, local.total_norm * local.scale]).to(torch.float64).square()
+        dist.all_reduce(squares, op=dist.ReduceOp.SUM, group=self.group)
+        pre, post = squares.sqrt().to(torch.float32).unbind()
+        finite = pre.isfinite() & (pre > 0)
+        scale = torch.where(finite, post / torch.where(finite, pre, 1.0), 1.0)  # the effective global factor
+        return ClipResult(pre, scale, ~pre.isfinite())
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        optimizer.step()
+        _all_gather(self.flat_params, self.shard_params, group=self.group)
+
+    def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:
+        moments = [optimizer.state[piece]["exp_avg_sq"] for piece, _ in self._pieces if piece in optimizer.state]
+        # float64: the shards' sums are added across ranks (one process sums in float32, ~1e-7 apart)
+        local = (torch.cat([v.view(-1) for v in moments]).double().sum() if moments
+                 else torch.zeros((), dtype=torch.float64, device=self.flat_params.device))
+        dist.all_reduce(local, op=dist.ReduceOp.SUM, group=self.group)
+        return float(local)
+
+    # -- recording ------------------------------------------------------------------------
+    def event_view(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
+                   y: torch.Tensor, logits: torch.Tensor, clip: ClipResult) -> EventView:
+        """The whole model's gradients and Adam moments, gathered from the shards (every rank
+        takes part; only event steps pay for it)."""
+        grads = torch.empty_like(self.flat_grads)
+        _all_gather(grads, self.shard_grads, group=self.group)
+        # Each shard was multiplied by its rank's scale (the same one, unless ShardLocalNorm):
+        # dividing by it gives back the pre-clip gradient, for the per-tensor norms.
+        scales = torch.empty(self.world_size, dtype=torch.float32, device=grads.device)
+        _all_gather(scales, self._scale_applied.reshape(1).to(torch.float32), group=self.group)
+        pre_clip = grads / scales.repeat_interleave(self.shard_numel).to(grads.dtype)
+
+        step = next((optimizer.state[piece]["step"] for piece, _ in self._pieces if piece in optimizer.state), None)
+        moments = None
+        if step is not None:
+            shard_moments = torch.zeros_like(self.shard_params)
+            offset = 0
+            for piece, _ in self._pieces:
+                shard_moments[offset:offset + piece.numel()] = optimizer.state[piece]["exp_avg_sq"]
+                offset += piece.numel()
+            moments = torch.empty_like(self.flat_params)
+            _all_gather(moments, shard_moments, group=self.group)
+
+        full_logits = None
+        if self.is_recorder:  # this rank ran only its rows; the token table wants the whole batch
+            with torch.no_grad():
+                full_logits, _ = model(x, y)
+        per_param = [self._slices[p] for p in self.params]
+        return EventView(
+            logits=full_logits,
+            grads=[grads[s].view_as(p) for s, p in zip(per_param, self.params)],
+            pre_clip_norms=torch.stack([torch.linalg.vector_norm(pre_clip[s]) for s in per_param]),
+            states=[{} if moments is None else {"exp_avg_sq": moments[s].view_as(p), "step": step}
+                    for s, p in zip(per_param, self.params)],
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "process_group": dist.get_backend(self.group),
+            "sharding": f"flat: gradients and AdamW state in {self.world_size} shards of {self.shard_numel} elements",
+            "clip_norm": ("shard-local (ShardLocalNorm: each rank clips to its own shard's norm; the recorded "
+                          "norms are the whole gradient's)" if self._shard_local else "global (all-reduced)"),
+        }
+
+
+def train_in_process_group(scenario: "Scenario", *, backend: str = "auto", device: str = "cpu", threads: int = 1,
+                           group: Any = None) -> "Run | None":
+    """Train ``scenario`` on the ranks of an initialized process group (every rank calls it, e.g.
+    under ``torchrun``); return the run on rank 0, None on the others. ``device="cuda"`` means
+    each rank's current CUDA device (``torch.cuda.set_device`` it first)."""
+    if not dist.is_initialized():
+        raise ConfigError("train_in_process_group needs an initialized process group "
+                          "(torch.distributed.init_process_group)")
+    if device == "cuda":
+        device = f"cuda:{torch.cuda.current_device()}"
+    sharding = FlatShard(group)
+    run = train_with_sharding(scenario, sharding, backend=backend, device=device, threads=threads)
+    return run if sharding.is_recorder else None
+
+
+def train_distributed(scenario: "Scenario", *, nproc: int, backend: str = "auto", device: str = "cpu",
+                      threads: int = 1, callbacks: Iterable[Any] = (),
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> "Run":
+    """``train(scenario, nproc=N)``: spawn N ranks, train, return rank 0's run."""
+    nproc = validate_nproc(nproc)
+    if list(callbacks):
+        raise ConfigError("callbacks cannot be used with nproc > 1: they would run in the rank processes, where the "
+                          "optimizer holds one shard of the model (train with nproc=1 to use them)")
+    check_distributed_scenario(scenario.resolved(), nproc)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    started = time.perf_counter()
+    run = run_on_ranks(train_in_process_group, nproc, args=(scenario,),
+                       kwargs={"backend": backend, "device": device, "threads": threads},
+                       device=device, timeout_s=timeout_s)[0]
+    # Wall time from the launch to the result: spawning the ranks (each imports torch) included.
+    run.meta["distributed"]["launch_seconds"] = time.perf_counter() - started
+    return run
+
+
+# ---------------------------------------------------------------------------------------------
+# The launcher
+
+
+def run_on_ranks(fn: Callable[..., Any], nproc: int, *, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
+                 device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Any]:
+    """Call ``fn(*args, **kwargs)`` on ``nproc`` spawned processes, each a rank of one initialized
+    default process group (gloo; NCCL with ``cuda:rank`` set when ``device`` is CUDA), and return
+    their results in rank order.
+
+    ``fn``, ``args`` and the results travel by pickle (``fn`` must be importable). The ranks meet
+    through a TCP store this process serves on a port the OS picks (no port to choose, none to
+    collide under pytest-xdist). A collective that waits longer than ``timeout_s`` fails its
+    rank; the first rank to fail stops them all, and :class:`DistributedError` names it.
+    """
+    nproc = validate_nproc(nproc)
+    pg_backend = process_group_backend(device, nproc)
+    payload = (fn, tuple(args), dict(kwargs or {}))
+    try:
+        pickle.dumps(payload)
+    except (pickle.PicklingError, AttributeError, TypeError) as exc:
+        raise ConfigError(f"what the ranks run must be picklable (importable functions, e.g. a module-level "
+                          f"model_factory): {exc}") from None
+    store = dist.TCPStore(_HOST, 0, world_size=nproc + 1, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+    with tempfile.TemporaryDirectory(prefix="spikecheck-ranks-") as tmp:
+        results = Path(tmp)
+        context = mp.start_processes(_rank_main, args=(payload, nproc, store.port, pg_backend, timeout_s, str(results)),
+                                     nprocs=nproc, join=False, start_method="spawn")
+        try:
+            while not context.join():
+                pass
+        except ProcessException as exc:
+            exit_codes = [process.exitcode for process in context.processes]
+            raise _first_failure(results, exc, exit_codes, nproc) from None
+        return [pickle.loads((results / f"rank{rank}.pickle").read_bytes()) for rank in range(nproc)]
+
+
+def _rank_main(rank: int, payload: tuple, nproc: int, port: int, pg_backend: str, timeout_s: float,
+               results: str) -> None:
+    """A spawned rank: join the group, run, leave the result (or the error) in ``results``."""
+    fn, args, kwargs = payload
+    out = Path(results)
+    try:
+        if pg_backend == "nccl":
+            torch.cuda.set_device(rank)
+        store = dist.TCPStore(_HOST, port, is_master=False, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+        _wait_for_every_rank(store, nproc)
+        try:
+            dist.init_process_group(pg_backend, store=store, rank=rank, world_size=nproc,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        except Exception as exc:
+            raise DistributedError(f"could not start the {pg_backend} process group: {_one_line(exc)}") from exc
+        try:
+            result = fn(*args, **kwargs)
+        except BaseException as exc:
+            # Reported before the process group goes: destroying it tells the peers, whose own
+            # errors must come later in time to be recognised as consequences.
+            _report_failure(out, rank, exc)
+            raise
+        finally:
+            dist.destroy_process_group()
+        _write_atomically(out / f"rank{rank}.pickle", pickle.dumps(result))
+    except BaseException as exc:
+        if not (out / f"rank{rank}.error.json").exists():
+            _report_failure(out, rank, exc)
+        raise
+    # The result is on disk: leave without interpreter finalization. Tearing down with gloo's
+    # worker threads still alive aborts the process now and then ("terminate called without an
+    # active exception", SIGABRT; pytorch/pytorch#65231, #190489): seen here in ~1 of 10 launches.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _report_failure(out: Path, rank: int, exc: BaseException) -> None:
+    error = str(exc) if isinstance(exc, DistributedError) else _one_line(exc)
+    report = {"rank": rank, "time": time.time(), "error": error, "traceback": traceback.format_exc()}
+    _write_atomically(out / f"rank{rank}.error.json", json.dumps(report).encode())
+
+
+def _wait_for_every_rank(store: Any, nproc: int) -> None:
+    """Return once every rank has reached this point (spawned, torch imported, store joined)."""
+    store.add("spikecheck/ranks-up", 1)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while store.add("spikecheck/ranks-up", 0) < nproc:
+        if time.monotonic() > deadline:
+            raise DistributedError(f"not every rank started within {STARTUP_TIMEOUT_S:.0f} s")
+        time.sleep(0.01)
+
+
+def _first_failure(results: Path, exc: Exception, exit_codes: list[int | None], nproc: int) -> DistributedError:
+    """The root cause among the ranks' failures.
+
+    A rank that died without reporting (a signal, ``os._exit``, a crash in C++) is the cause:
+    its peers only report losing it. Otherwise the first report in time is: the others fail
+    after it, when their collectives lose it. Ranks the launcher itself terminated after the
+    first failure (SIGTERM, SIGKILL) are not causes.
+    """
+    reports = {r["rank"]: r for r in (json.loads(p.read_text()) for p in results.glob("rank*.error.json"))}
+    first_seen = getattr(exc, "error_index", None)
+    launcher_kills = (-signal.SIGTERM, -signal.SIGKILL)
+    silent = [rank for rank, code in enumerate(exit_codes)
+              if code not in (0, None) and rank not in reports and (rank == first_seen or code not in launcher_kills)]
+    if silent:
+        rank = first_seen if first_seen in silent else silent[0]
+        code = exit_codes[rank]
+        if code is not None and code < 0:
+            return DistributedError(f"rank {rank} of {nproc} was killed by {signal.Signals(-code).name} "
+                                    f"without reporting an error (out of memory?)")
+        return DistributedError(
+            f"rank {rank} of {nproc} exited with code {code} without reporting an error (its stderr says why; "
+            f"if it failed while importing, a script that trains with nproc > 1 needs "
+            f"`if __name__ == \"__main__\":` around its code, as every spawning launcher does)")
+    if not reports:
+        return DistributedError(f"a rank of {nproc} failed without a report: {_one_line(exc)}")
+    first = min(reports.values(), key=lambda r: r["time"])
+    error = DistributedError(f"rank {first['rank']} of {nproc} failed: {first['error']}")
+    error.add_note(f"rank {first['rank']}'s traceback:\n{first['traceback'].rstrip()}")
+    return error
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_suffix(path.suffix + f".{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -1,0 +1,351 @@
+"""Sharded gradients on several processes (pytest_spikecheck.distributed): the clip with a
+process group, and training on 2 gloo ranks against one process.
+
+Every launch spawns fresh processes that import torch (a few seconds on a shared 2-core
+machine), so the tests share launches through module fixtures; the rank functions below are
+importable because spawned ranks unpickle them by name.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from pytest_spikecheck import ClipAt, ConfigError, NoClip, RareTokenBurst, Scenario, ShardLocalNorm, train
+from pytest_spikecheck.clipping import clip_grads_
+from pytest_spikecheck.distributed import DistributedError, FlatShard, run_on_ranks, train_in_process_group
+from pytest_spikecheck.engine import train_with_sharding
+
+BACKENDS = ("torch", "emulator")
+SHAPES = ((17, 8), (8,), (33, 5), (1,), (300,))
+MAX_NORMS = (0.5, 1e3, math.inf)
+
+#: The short scenario of the 2-rank tests: Phase-19, 60 steps, a burst of 3 unseen sentences at 40.
+BURST = 40
+SHORT = Scenario.preset("phase-19").replace(steps=60).with_breaks(RareTokenBurst(count=3, at_step=BURST))
+SCENARIOS = {"clip": SHORT.replace(name="two-ranks-clip"),  # clips all 60 steps (norms 1.1-22)
+             "no_clip": SHORT.with_breaks(NoClip()).replace(name="two-ranks-no-clip"),
+             # about half the steps clip: the clip decision itself is compared step by step
+             "clip_at_1.6": SHORT.with_breaks(ClipAt(max_norm=1.6)).replace(name="two-ranks-clip-at-1.6")}
+SHARD_LOCAL = SHORT.with_breaks(ShardLocalNorm()).replace(name="two-ranks-shard-local")
+
+
+# ---------------------------------------------------------------------------------------------
+# The clip with a process group, on 2 gloo ranks
+
+
+def _gradients(seed: int = 0, scale: float = 3.0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=generator) * scale for shape in SHAPES]
+
+
+def _shard(grads: list[torch.Tensor], rank: int, world: int) -> list[torch.Tensor]:
+    """This rank's contiguous part of the flattened gradients (cut inside tensors, as flat
+    shards are), as two parameters whose .grad hold it."""
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    mine = flat[flat.numel() * rank // world: flat.numel() * (rank + 1) // world]
+    cut = mine.numel() // 3
+    params = [torch.zeros(cut), torch.zeros(mine.numel() - cut)]
+    params[0].grad, params[1].grad = mine[:cut].clone(), mine[cut:].clone()
+    return params
+
+
+def _clip_on_ranks(backends: tuple[str, ...]) -> dict:
+    """Each case clips this rank's shard with the group; returns what every rank saw."""
+    rank, world, group = dist.get_rank(), dist.get_world_size(), dist.group.WORLD
+    seen = {}
+    for backend in backends:
+        for max_norm in MAX_NORMS:
+            params = _shard(_gradients(), rank, world)
+            result = clip_grads_(params, max_norm, backend=backend, process_group=group)
+            seen[backend, max_norm] = (float(result.total_norm), float(result.scale), bool(result.nonfinite),
+                                       torch.cat([p.grad for p in params]))
+        params = _shard(_gradients(), rank, world)
+        if rank == 1:
+            params[1].grad[5] = math.nan
+        before = torch.cat([p.grad for p in params])
+        result = clip_grads_(params, 1.0, backend=backend, process_group=group)
+        after = torch.cat([p.grad for p in params])
+        seen[backend, "nan on rank 1"] = (float(result.total_norm), float(result.scale), bool(result.nonfinite),
+                                          bool(torch.equal(after.nan_to_num(), before.nan_to_num())
+                                               and torch.equal(after.isnan(), before.isnan())))
+        params = _shard(_gradients(), rank, world)
+        if rank == 1:  # a rank without gradients still takes part in the all-reduce
+            for p in params:
+                p.grad = None
+        result = clip_grads_(params, 1.0, backend=backend, process_group=group)
+        seen[backend, "no grads on rank 1"] = float(result.total_norm)
+    try:  # must raise before the collective, or rank 0 would wait for rank 1 forever
+        clip_grads_(_shard(_gradients(), rank, world), 1.0, mode="per_tensor", process_group=group)
+    except ValueError as exc:
+        seen["per_tensor"] = str(exc)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def clipped_on_two_ranks():
+    return run_on_ranks(_clip_on_ranks, 2, args=(BACKENDS,))
+
+
+def _single_process_clip(max_norm: float, backend: str):
+    params = [torch.zeros(g.shape) for g in _gradients()]
+    for p, g in zip(params, _gradients()):
+        p.grad = g
+    result = clip_grads_(params, max_norm, backend=backend)
+    return float(result.total_norm), float(result.scale), torch.cat([p.grad.reshape(-1) for p in params])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("max_norm", MAX_NORMS)
+def test_group_clip_equals_the_single_process_clip(clipped_on_two_ranks, backend, max_norm):
+    (norm0, scale0, flag0, part0), (norm1, scale1, flag1, part1) = (r[backend, max_norm] for r in clipped_on_two_ranks)
+    assert (norm0, scale0, flag0) == (norm1, scale1, flag1)  # every rank derives the same, bit for bit
+    norm, scale, clipped = _single_process_clip(max_norm, backend)
+    assert norm0 == pytest.approx(norm, rel=1e-6) and scale0 == pytest.approx(scale, rel=1e-6) and not flag0
+    torch.testing.assert_close(torch.cat([part0, part1]), clipped, rtol=1e-6, atol=0)
+    if max_norm == 0.5:
+        assert scale0 < 0.1  # the case really clipped (the gradients' norm is ~60)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_nan_on_one_rank_leaves_every_rank_untouched(clipped_on_two_ranks, backend):
+    for rank_saw in clipped_on_two_ranks:
+        norm, scale, nonfinite, untouched = rank_saw[backend, "nan on rank 1"]
+        assert math.isnan(norm) and nonfinite and scale == 1.0 and untouched
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_rank_without_gradients_still_gets_the_global_norm(clipped_on_two_ranks, backend):
+    flat = torch.cat([g.reshape(-1) for g in _gradients()])
+    expected = float(torch.linalg.vector_norm(flat[: flat.numel() // 2].double()))  # rank 0's half alone
+    assert [r[backend, "no grads on rank 1"] for r in clipped_on_two_ranks] == [pytest.approx(expected, rel=1e-6)] * 2
+
+
+def test_per_tensor_mode_refuses_a_process_group(clipped_on_two_ranks):
+    assert all("cannot take a process_group" in r["per_tensor"] for r in clipped_on_two_ranks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training on 2 gloo ranks against one process
+
+
+class _TeacherForced(FlatShard):
+    """FlatShard that, on rank 0, also measures each step's single-process gradient norm on the
+    same weights (the whole batch's backward, measured as one process measures it), and on every
+    rank the norms of its own shard before and after the clip. Training is unchanged: the extra
+    backward lands in the flat gradient that the real one zeroes first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.single_process_norms: list[float] = []
+        self.shard_norms: list[tuple[float, float]] = []
+
+    def forward_backward(self, model, x, y):
+        if self.is_recorder:
+            self.flat_grads.zero_()
+            _, loss = model(x, y)
+            loss.backward()
+            self.single_process_norms.append(float(clip_grads_(self.params, math.inf, backend="torch").total_norm))
+        return super().forward_backward(model, x, y)
+
+    def clip(self, max_norm, *, backend, mode):
+        def shard_norm() -> float:
+            return float(clip_grads_(self._clip_parts, math.inf, backend="torch").total_norm)
+
+        before = shard_norm()
+        result = super().clip(max_norm, backend=backend, mode=mode)
+        self.shard_norms.append((before, shard_norm()))
+        return result
+
+
+def _train_teacher_forced(scenarios: list[Scenario]) -> list[tuple]:
+    out = []
+    for scenario in scenarios:
+        sharding = _TeacherForced()
+        run = train_with_sharding(scenario, sharding)
+        out.append((run if sharding.is_recorder else None, sharding.single_process_norms, sharding.shard_norms))
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_ranks():
+    """{name: (rank 0's run, the single-process norms per step, [each rank's shard norms per step])}."""
+    names = [*SCENARIOS, "shard_local"]
+    ranks = run_on_ranks(_train_teacher_forced, 2, args=([*SCENARIOS.values(), SHARD_LOCAL],))
+    return {name: (ranks[0][i][0], ranks[0][i][1], [rank[i][2] for rank in ranks]) for i, name in enumerate(names)}
+
+
+@pytest.fixture(scope="module")
+def one_process():
+    return {name: train(scenario) for name, scenario in SCENARIOS.items()}
+
+
+def _relative(a, b) -> np.ndarray:
+    return np.abs(np.asarray(a, dtype=float) / np.asarray(b, dtype=float) - 1)
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_step_measures_the_single_process_norm_of_its_weights(two_ranks, name):
+    """The sharded clip itself: given the same weights, 2 ranks measure what 1 process does."""
+    run, single_process_norms, _ = two_ranks[name]
+    assert len(single_process_norms) == len(run) == 60
+    assert _relative(run["grad_norm_pre"], single_process_norms).max() <= 1e-6
+
+
+#: Whole-run tolerance on the grad norm. Measured on the CI machine type (max over 60 steps):
+#: 7.6e-7 (clip), 6.0e-7 (clip at 1.6), 2.8e-6 (no clip, at step 53). Per step, on the same
+#: weights, every scenario is within 1.7e-7 (the previous test): what grows along a run is
+#: drift, float32 rounding of a batch summed in another order, amplified by AdamW without a clip.
+WHOLE_RUN_RTOL = {"clip": 1e-6, "clip_at_1.6": 1e-6, "no_clip": 1e-5}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_two_ranks_match_one_process(two_ranks, one_process, name):
+    """The whole run: the same clip decision at every step, the same eval schedule and events,
+    losses within 1e-6 and grad norms within WHOLE_RUN_RTOL of one process's run."""
+    two, one = two_ranks[name][0], one_process[name]
+    assert two.meta["distributed"]["world_size"] == 2 and one.meta["distributed"] is None
+    np.testing.assert_array_equal(two["clip_factor"] < 1, one["clip_factor"] < 1)
+    if name == "clip_at_1.6":
+        assert 10 <= (one["clip_factor"] < 1).sum() <= 50  # a real mix of clipped and untouched steps
+    np.testing.assert_array_equal(np.isnan(two["eval_loss"]), np.isnan(one["eval_loss"]))
+    assert _relative(two["loss"], one["loss"]).max() <= 1e-6
+    assert _relative(two["grad_norm_pre"], one["grad_norm_pre"]).max() <= WHOLE_RUN_RTOL[name]
+    assert [e["step"] for e in two.events] == [e["step"] for e in one.events] == [BURST]
+    event_two, event_one = two.event_at(BURST), one.event_at(BURST)
+    assert event_two["token_losses"]["worst"][0]["token"] == event_one["token_losses"]["worst"][0]["token"]
+    for table in ("param_grad_norms",):
+        assert event_two[table].keys() == event_one[table].keys()
+        assert _relative(list(event_two[table].values()), list(event_one[table].values())).max() <= 1e-4
+    assert event_two["adam_surprise"]["share"] == pytest.approx(event_one["adam_surprise"]["share"], abs=1e-3)
+
+
+def test_shard_local_norm_clips_each_shard_and_records_the_whole_gradient(two_ranks):
+    run, _, shard_norms = two_ranks["shard_local"]
+    pre, post = (np.array([[steps[i][k] for steps in shard_norms] for i in range(len(run))]) for k in (0, 1))
+    # Every rank believes it clipped: its own shard is within max_norm after its clip ...
+    assert (post <= 1.0 * (1 + 1e-6)).all()
+    # ... and the run records the truth: the norms of the whole gradient, before and after.
+    np.testing.assert_allclose(run["grad_norm_pre"], np.sqrt((pre ** 2).sum(axis=1)), rtol=1e-6)
+    np.testing.assert_allclose(run["grad_norm_post"], np.sqrt((post ** 2).sum(axis=1)), rtol=1e-6)
+    assert run["grad_norm_post"].max() > 1.2  # the whole gradient got through above max_norm 1.0
+    assert "shard-local" in run.meta["distributed"]["clip_norm"]
+
+
+def test_train_nproc_2_is_the_same_run(two_ranks):
+    """The public launcher gives bit for bit the run of the process-group entry point."""
+    launched = train(SCENARIOS["clip"], nproc=2)
+    reference = two_ranks["clip"][0]
+    for key in reference.metrics:
+        np.testing.assert_array_equal(launched[key], reference[key], err_msg=key)
+    assert launched.meta["distributed"]["launch_seconds"] > 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Clear errors before anything is spawned
+
+
+@pytest.mark.parametrize("nproc", [0, -2, "2", True, 1.5])
+def test_bad_nproc_is_one_clear_error(nproc):
+    with pytest.raises(ConfigError, match=r"^nproc must be a positive integer, was "):
+        train(SHORT, nproc=nproc)
+
+
+@pytest.mark.parametrize("scenario, kwargs, message", [
+    (SHORT.with_breaks(ShardLocalNorm()), {"nproc": 1}, r"ShardLocalNorm .* needs nproc >= 2"),
+    (SHORT.with_breaks(ClipAt(max_norm=1.0, mode="per_tensor")), {"nproc": 2}, r"per-tensor clipping is not defined"),
+    (Scenario.preset("phase-19").replace(sampler__batch_size=1), {"nproc": 2}, r"nproc 2 exceeds the batch size 1"),
+    (SHORT, {"nproc": 2, "callbacks": [print]}, r"callbacks cannot be used with nproc > 1"),
+    (SHORT.replace(model_factory=lambda vocab_size: None), {"nproc": 2}, r"must be picklable"),
+    (SHORT, {"nproc": 2, "device": "cuda:1"}, r"pass device 'cuda' \(rank r trains on cuda:r\)"),
+])
+def test_configurations_that_cannot_train_on_ranks_are_refused(scenario, kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        train(scenario, **kwargs)
+
+
+def test_train_in_process_group_needs_a_process_group():
+    with pytest.raises(ConfigError, match="needs an initialized process group"):
+        train_in_process_group(SHORT)
+
+
+def test_cli_train_nproc_2_writes_the_run_once(tmp_path, capsys):
+    from pytest_spikecheck.cli import main
+
+    config = tmp_path / "two-ranks" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text("preset: phase-19\nsteps: 12\nbreaks:\n  - shard_local_norm\n")
+    assert main(["train", str(config), "--nproc", "2", "--out", str(tmp_path / "run")]) == 0
+    assert "two-ranks: 12 steps in " in capsys.readouterr().out
+    meta = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert meta["distributed"]["world_size"] == 2 and "shard-local" in meta["distributed"]["clip_norm"]
+    assert "--nproc 2" in meta["reproduce"]
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 12
+
+
+def test_cli_refuses_a_bad_nproc(capsys):
+    from pytest_spikecheck.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["train", "experiments/19-control", "--nproc", "0"])
+    assert exited.value.code == 2
+    assert "argument --nproc: expected a positive integer, was '0'" in capsys.readouterr().err
+
+
+def test_cli_refuses_shard_local_norm_on_one_process(tmp_path, capsys):
+    from pytest_spikecheck.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text("preset: phase-19\nsteps: 12\nbreaks:\n  - shard_local_norm\n")
+    assert main(["train", str(config), "--quiet"]) == 2
+    assert capsys.readouterr().err == ("spikecheck: error: ShardLocalNorm (clip_mode shard_local) needs nproc >= 2: "
+                                       "on one process the shard is the whole gradient, so there is no per-rank norm "
+                                       "to get wrong\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# A failing rank stops the launch with one line naming it
+
+
+def _fail_on_rank_1(how: str) -> float:
+    total = torch.ones(())
+    dist.all_reduce(total)  # both ranks are up
+    if dist.get_rank() == 1:
+        if how == "raise":
+            raise ValueError("broken on purpose")
+        if how == "exit":
+            os._exit(3)
+        time.sleep(60)  # "hang": rank 0 times out waiting for it below
+    dist.all_reduce(total)
+    return float(total)
+
+
+@pytest.mark.parametrize("how, message", [
+    ("raise", r"^rank 1 of 2 failed: ValueError: broken on purpose\n"),  # (pytest matches the notes too)
+    ("exit", r"^rank 1 of 2 exited with code 3 without reporting an error"),
+    ("hang", r"^rank 0 of 2 failed: .*[Tt]imed out"),
+])
+def test_a_failing_rank_is_named(how, message):
+    with pytest.raises(DistributedError, match=message) as info:
+        run_on_ranks(_fail_on_rank_1, 2, args=(how,), timeout_s=3)
+    assert len(str(info.value).splitlines()) == 1
+    if how == "raise":
+        assert "in _fail_on_rank_1" in "\n".join(info.value.__notes__)  # the rank's traceback travels along
+
+
+def _unreachable() -> None:
+    raise AssertionError("the process group should not have started")
+
+
+def test_a_process_group_that_cannot_start_is_one_clear_error(monkeypatch):
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")  # inherited by the spawned ranks
+    with pytest.raises(DistributedError, match=r"^rank \d of 2 failed: could not start the gloo "
+                                               r"process group: "):
+        run_on_ranks(_unreachable, 2, timeout_s=10)
