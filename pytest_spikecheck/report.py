@@ -88,6 +88,13 @@ def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), t
             if zoom:
                 sel = (es >= mark_steps[0] - 15) & (es <= mark_steps[0] + 60)
                 axes[0][1].plot(es[sel], ev[sel], color=color, lw=1.6, marker=".", ms=4, label=f"{run.name}")
+    for run, color in zip(runs, colors):
+        where = run.meta.get("first_nonfinite")
+        if where:  # the run stopped on NaN/inf: say where, the curve alone just ends
+            full.axvline(where["step"], color="#d62728", lw=1.5)
+            full.annotate(f"non-finite at step {where['step']}\nin {where['module']}", xy=(where["step"], 0.5),
+                          xycoords=("data", "axes fraction"), xytext=(-8, 0), textcoords="offset points",
+                          ha="right", color="#d62728", fontsize=9)
     for ax in axes[0]:
         for step in mark_steps:
             ax.axvline(step, color="k", ls=":", lw=1)
@@ -118,6 +125,9 @@ def plot_grad_norm(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = 
             ax.plot(s2, post, color=color, lw=1.0, ls="--", alpha=0.8, label=f"{run.name} post-clip")
     if max_norm is not None and math.isfinite(max_norm):
         ax.axhline(max_norm, color="gray", lw=0.8, ls="-.", label=f"max_norm {max_norm:g}")
+    boundaries = sorted({s for run in runs for s in run.phase_boundaries})
+    for i, step in enumerate(boundaries):  # the bandit's source switches, faint
+        ax.axvline(step, color="#2ca02c", lw=0.6, alpha=0.35, label="source weights change" if i == 0 else None)
     for step in mark_steps:
         ax.axvline(step, color="k", ls=":", lw=1)
     ax.set_yscale("log")

@@ -62,6 +62,12 @@ class Run:
         """Steps of the events the scenario declared (bursts, a new source's entry), in order."""
         return tuple(self.meta.get("declared_events") or self.scenario.burst_steps)
 
+    @property
+    def phase_boundaries(self) -> tuple[int, ...]:
+        """Steps where a mixture's source weights changed (empty without a mixture)."""
+        weights = [b.get("weights") for b in self.batches]
+        return tuple(b["step"] for b, w, prev in zip(self.batches[1:], weights[1:], weights) if w is not None and w != prev)
+
     def event_at(self, step: int) -> dict[str, Any] | None:
         return next((e for e in self.events if e["step"] == step), None)
 

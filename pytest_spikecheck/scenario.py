@@ -44,17 +44,18 @@ class BurstSpec:
 
 
 #: Corpora the engine can build: Seed A's sentences, or Seed B's three-source mixture.
-CORPORA = ("phase19", "mixture")
+CORPORA = ("phase19", "mixture", "texts")
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    corpus: str = "phase19"  # phase19 (pytest_spikecheck.data.corpus) | mixture (data.sources)
+    corpus: str = "phase19"  # phase19 (data.corpus) | mixture (data.sources) | texts (your own, below)
     n_sentences: int = 240  # Seed A: 240 training sentences (mixture: split evenly over its sources)
     eval_sentences: int = 96  # fixed in-distribution eval set
     vocab_size: int = 384  # byte-level BPE; 312-448 split " written" into Ġwri + tt + en
     corpus_seed: int = 0  # the corpus is fixed; the training seed changes init and batch order
     padding_side: str = "right"  # right | left (left puts padding first: meets mask_padding as all-masked rows)
+    texts: tuple[str, ...] = ()  # corpus "texts": your documents; the last eval_sentences are the eval set
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,8 @@ class Scenario:
         _check(s.batch_size >= 1, f"sampler.batch_size must be >= 1, was {s.batch_size}")
         _check(s.rare_cap >= 0, f"sampler.rare_cap must be >= 0, was {s.rare_cap}")
         for b in s.bursts:
+            _check(b.content != "written" or self.data.corpus == "phase19",
+                   f"a 'written' burst needs the phase19 corpus (its rare sentences), not {self.data.corpus!r}")
             _check(b.count >= 1, f"burst count must be >= 1, was {b.count}")
             _check(b.count <= s.batch_size, f"burst count {b.count} exceeds the batch size {s.batch_size}")
             _check(1 <= b.at_step, f"burst at_step must be >= 1, was {b.at_step}")
@@ -184,6 +187,12 @@ class Scenario:
         _check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
         _check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
         _check(self.data.corpus in CORPORA, f"data.corpus must be one of {', '.join(CORPORA)}, was {self.data.corpus!r}")
+        if self.data.corpus == "texts":
+            n_train = len(self.data.texts) - self.data.eval_sentences
+            _check(n_train >= s.batch_size and self.data.eval_sentences >= 1,
+                   f"data.texts needs more than eval_sentences + batch_size texts ({self.data.eval_sentences} + "
+                   f"{s.batch_size}), had {len(self.data.texts)}")
+            _check(all(isinstance(t, str) for t in self.data.texts), "data.texts must be strings")
 
     # -- construction -------------------------------------------------------------------
     @classmethod
@@ -377,6 +386,10 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{label} must be a number, was {value!r}")
         return float(value)
+    if name == "texts":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{label} must be a list of strings, was {type(value).__name__}")
+        return tuple(value)
     if name == "phase_lengths":
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{label} must be a list of integers, was {value!r}")

@@ -142,3 +142,21 @@ def test_randomness_in_the_loop_is_seeded_and_the_callers_rng_untouched():
     torch.manual_seed(999)
     second = train(scenario)
     np.testing.assert_array_equal(first["loss"], second["loss"])
+
+
+def test_your_own_texts_are_a_corpus():
+    from pytest_spikecheck import ConfigError, RareTokenBurst
+    from pytest_spikecheck.analysis import spike_ratio
+
+    texts = tuple(f"Order {i} ships from the {w} warehouse on day {i % 7}." for i, w in
+                  zip(range(300), ["north", "south", "east", "west", "main"] * 60))
+    scenario = (Scenario.preset("phase-19").replace(steps=80, data__corpus="texts", data__texts=texts,
+                                                     data__eval_sentences=20, data__vocab_size=300)
+                .with_breaks(RareTokenBurst(count=8, at_step=70)))
+    run = train(scenario)
+    assert {s for b in run.batches for s in b["sources"]} == {"texts", "burst:greek"}
+    assert spike_ratio(run.metrics, 70) > 5
+    with pytest.raises(ConfigError, match="needs more than eval_sentences"):
+        Scenario.preset("phase-19").replace(data__corpus="texts", data__texts=texts[:10])
+    with pytest.raises(ConfigError, match="'written' burst needs the phase19 corpus"):
+        scenario.with_breaks(RareTokenBurst(content="written")).resolved()

@@ -66,10 +66,14 @@ def build_dataset(scenario: Scenario) -> Dataset:
     d, s = scenario.data, scenario.sampler
     new_source = s.mixture.new_source if s.kind == "mixture" else None
     return _build(d.corpus, d.n_sentences, d.eval_sentences, d.vocab_size, d.corpus_seed,
-                  scenario.model.block_size, s.rare_doc_freq, s.bursts, d.padding_side, new_source)
+                  scenario.model.block_size, s.rare_doc_freq, s.bursts, d.padding_side, new_source, d.texts)
 
 
-def _corpus(corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int) -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
+def _corpus(corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int,
+            texts: tuple[str, ...] = ()) -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
+    if corpus == "texts":  # the user's own documents: the last eval_sentences are held out for eval
+        samples = [Sample(id=f"text-{i:05d}", text=t, source="texts") for i, t in enumerate(texts)]
+        return tuple(samples[:-eval_sentences]), tuple(samples[-eval_sentences:])
     if corpus == "mixture":
         return (mixture_corpus(n_sentences // len(BASE_SOURCES), corpus_seed),
                 mixture_eval_set(eval_sentences, corpus_seed))
@@ -79,8 +83,8 @@ def _corpus(corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int
 @lru_cache(maxsize=16)
 def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, corpus_seed: int,
            block_size: int, rare_doc_freq: int, bursts: tuple, padding_side: str = "right",
-           new_source: str | None = None) -> Dataset:
-    corpus_samples, eval_samples = _corpus(corpus, n_sentences, eval_sentences, corpus_seed)
+           new_source: str | None = None, texts: tuple[str, ...] = ()) -> Dataset:
+    corpus_samples, eval_samples = _corpus(corpus, n_sentences, eval_sentences, corpus_seed, texts)
     tok = train_bpe(tuple(s.text for s in corpus_samples), vocab_size)
     if new_source is not None and new_source not in BASE_SOURCES:
         # A source that enters late joins the corpus (the sampler holds it out until then) but
