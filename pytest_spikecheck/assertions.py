@@ -9,13 +9,12 @@ the diagnosis, and the command that reproduces the run. numpy only (no torch).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 
 from pytest_spikecheck.analysis import (
-    BASELINE_WINDOW, RECOVERY_FACTOR, column, first_nonfinite, largest_spike, ratio_series,
+    BASELINE_WINDOW, RECOVERY_FACTOR, column, first_nonfinite, largest_spike,
     recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.detectors import get_detector

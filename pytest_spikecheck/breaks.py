@@ -8,7 +8,7 @@ break is ``preset + burst + NoClip()`` — the same batches, one safety net remo
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Mapping
 
 from pytest_spikecheck.data.corpus import BURST_CONTENTS

@@ -266,7 +266,7 @@ def edge_cases(
     """The cases every clip function must pass, in every run (before any fuzzing)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, was {dtype!r}")
-    normal, sparse = ("normal",), ("sparse",)
+    normal = ("normal",)
     ratio = ("ratio", 0.5)
     cases = [
         _make_case([(1,)], dtype, 1, ("constant",), (3.0,), (), ("absolute", 1.0), "one element"),

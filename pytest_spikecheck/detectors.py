@@ -20,7 +20,7 @@ values are flagged (a NaN loss is the worst spike) and never enter a baseline.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np

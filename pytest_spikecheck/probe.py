@@ -25,7 +25,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

@@ -70,7 +70,6 @@ def _containment(run: Any) -> str:
 
 def summarise(run: Any, cached: bool) -> ScenarioRow:
     from pytest_spikecheck.analysis import EventSummary
-    from pytest_spikecheck.report import fmt
 
     bursts = run.declared_events
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)

@@ -215,7 +215,7 @@ def write_doc(summary: dict) -> str:
     lines = [
         "# Spike detectors, calibrated",
         "",
-        f"How well each named detector of `pytest_spikecheck.detectors` finds a declared burst, how often it",
+        "How well each named detector of `pytest_spikecheck.detectors` finds a declared burst, how often it",
         f"fires when nothing was declared, and how late. Measured {s['date']} on {s['machine']}: "
         f"**{s['clean_runs']} clean and {n_broken} broken Phase-19 runs** of {s['steps']} steps "
         f"({s['wall_seconds']:.0f} s wall clock with {s['jobs']} processes, on a machine shared with other jobs).",

@@ -323,3 +323,27 @@ class ClipKernelRunner:
             self._tables.popitem(last=False)
         self.table_builds += 1
         return table
+
+
+class KernelClipBackend:
+    """What the cupy and emulator backends share: a clip is a :class:`ClipKernelRunner` run.
+    Subclasses provide ``runner`` (how one kernel is launched) and ``unavailable_reason``."""
+
+    name = ""
+
+    @property
+    def runner(self) -> ClipKernelRunner:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def run(self, grads: list["torch.Tensor"], max_norm: float) -> KernelOutputs:
+        """Clip in place; return the norm, scale and the kernel's non-finite flag (no host sync)."""
+        return self.runner.run(grads, max_norm)
+
+    def clip_(self, grads: list["torch.Tensor"], max_norm: float) -> tuple["torch.Tensor", "torch.Tensor"]:
+        outputs = self.run(grads, max_norm)
+        return outputs.total_norm, outputs.scale
+
+    def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
+        """Multiply in place by a 0-d float32 tensor ``scale`` (k_grad_scale alone)."""
+        self.runner.scale_(grads, scale)
+

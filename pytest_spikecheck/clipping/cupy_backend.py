@@ -19,8 +19,8 @@ from pytest_spikecheck.clipping._kernel_runner import (
     KERNEL_NAMES,
     NVRTC_OPTIONS,
     ClipKernelRunner,
+    KernelClipBackend,
     KernelCompileError,
-    KernelOutputs,
     LaunchConfig,
     kernel_source,
 )
@@ -101,7 +101,7 @@ class CupyLauncher:
         self.kernels()[kernel]((grid,), (block,), args)
 
 
-class CupyClipBackend:
+class CupyClipBackend(KernelClipBackend):
     """Clips CUDA tensors with clip.cu through CuPy. ``config`` sets the launch parameters."""
 
     name = "cupy"
@@ -119,18 +119,6 @@ class CupyClipBackend:
         if self._runner is None:
             self._runner = ClipKernelRunner(CupyLauncher(), self.config)
         return self._runner
-
-    def run(self, grads: list["torch.Tensor"], max_norm: float) -> KernelOutputs:
-        """Clip in place; return the norm, scale and the kernel's non-finite flag (no host sync)."""
-        return self.runner.run(grads, max_norm)
-
-    def clip_(self, grads: list["torch.Tensor"], max_norm: float) -> tuple["torch.Tensor", "torch.Tensor"]:
-        outputs = self.run(grads, max_norm)
-        return outputs.total_norm, outputs.scale
-
-    def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
-        """Multiply in place by a 0-d float32 tensor ``scale`` (k_grad_scale alone)."""
-        self.runner.scale_(grads, scale)
 
 
 BACKEND = CupyClipBackend()

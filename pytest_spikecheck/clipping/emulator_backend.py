@@ -28,8 +28,8 @@ import numpy as np
 
 from pytest_spikecheck.clipping._kernel_runner import (
     ClipKernelRunner,
+    KernelClipBackend,
     KernelCompileError,
-    KernelOutputs,
     LaunchConfig,
     compile_defines,
     kernel_source,
@@ -167,7 +167,7 @@ class EmulatorLauncher:
             raise EmulatorLaunchError(f"{kernel}<<<{grid}, {block}>>>: {error.decode()}")
 
 
-class EmulatorClipBackend:
+class EmulatorClipBackend(KernelClipBackend):
     """Clips CPU tensors with the emulated kernels. ``config`` sets the launch parameters (the
     default is what the GPU runs); ``library`` a prebuilt emulator library (default: build)."""
 
@@ -190,18 +190,6 @@ class EmulatorClipBackend:
         if self._runner is None:
             self._runner = ClipKernelRunner(EmulatorLauncher(load_emulator(self._library)), self.config)
         return self._runner
-
-    def run(self, grads: list["torch.Tensor"], max_norm: float) -> KernelOutputs:
-        """Clip in place; return the norm, scale and the kernel's non-finite flag."""
-        return self.runner.run(grads, max_norm)
-
-    def clip_(self, grads: list["torch.Tensor"], max_norm: float) -> tuple["torch.Tensor", "torch.Tensor"]:
-        outputs = self.run(grads, max_norm)
-        return outputs.total_norm, outputs.scale
-
-    def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
-        """Multiply in place by a 0-d float32 tensor ``scale`` (k_grad_scale alone)."""
-        self.runner.scale_(grads, scale)
 
     def clip_arrays_(self, arrays: list[np.ndarray], max_norm: float) -> tuple[float, float]:
         """Clip float32 / float16 numpy arrays in place (zero-copy views); return (norm, scale)."""
