@@ -160,7 +160,7 @@ def find_worst_batch(
         from hypothesis import HealthCheck, Phase, given, settings, target
         from hypothesis import seed as hypothesis_seed
     except ImportError:
-        raise ImportError("the worst-batch search needs Hypothesis: pip install hypothesis") from None
+        raise ImportError("the worst-batch search needs Hypothesis: pip install 'pytest-spikecheck[fuzz]'") from None
 
     from pytest_spikecheck.probe import probe_at
     from pytest_spikecheck.strategies import blind_batch_compositions
