@@ -192,19 +192,7 @@ class ClipKernelRunner:
             max_norm_f32 = np.float32(max_norm)
 
         with self.launcher.activate(device):
-            if table.num_chunks:
-                self.launcher.launch(
-                    "k_grad_norm_partial",
-                    self._grid(table),
-                    config.threads_per_block,
-                    (
-                        np.uint64(table.rows.data_ptr()),
-                        np.int32(table.num_tensors),
-                        np.int64(table.num_chunks),
-                        np.int64(config.chunk_elements),
-                        np.uint64(scratch.data_ptr()),
-                    ),
-                )
+            self._launch_over_table("k_grad_norm_partial", table, scratch)
             self.launcher.launch(
                 "k_grad_norm_final",
                 1,
@@ -241,11 +229,16 @@ class ClipKernelRunner:
 
     def _launch_scale(self, table: _GradTable, scale: "torch.Tensor") -> None:
         """k_grad_scale over ``table``: ``g *= *scale`` (a no-op on the device when it is 1)."""
+        self._launch_over_table("k_grad_scale", table, scale)
+
+    def _launch_over_table(self, kernel: str, table: _GradTable, buffer: "torch.Tensor") -> None:
+        """Launch one of the two kernels that walk every chunk of ``table``; both take the table,
+        its sizes, the chunk size and one device pointer (the partial sums, or the scale)."""
         if not table.num_chunks:
             return
         config = self.config
         self.launcher.launch(
-            "k_grad_scale",
+            kernel,
             self._grid(table),
             config.threads_per_block,
             (
@@ -253,7 +246,7 @@ class ClipKernelRunner:
                 np.int32(table.num_tensors),
                 np.int64(table.num_chunks),
                 np.int64(config.chunk_elements),
-                np.uint64(scale.data_ptr()),
+                np.uint64(buffer.data_ptr()),
             ),
         )
 
