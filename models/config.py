@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from pytest_spikecheck.errors import ConfigError
 
@@ -42,10 +42,6 @@ class GPTConfig:
         for name, allowed in (("pos_embedding", POS_EMBEDDINGS), ("pad_embedding", PAD_EMBEDDINGS), ("dtype", DTYPES)):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, was {getattr(self, name)!r}")
-
-    @classmethod
-    def field_names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
 
 
 #: Named shapes. ``micro`` is Seed A's Phase-19 model. The ``andrea-*`` shapes are Seed B's
