@@ -32,6 +32,7 @@ demo: $(VENV)/.setup-base
 	$(BIN)/spikecheck diagnose experiments/19-break-no-clip
 
 test: $(VENV)/.setup-dev
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest --spikecheck
 
 clean:

@@ -6,6 +6,20 @@ almost nothing, and the assertions on plain arrays never import torch, cupy or m
 >>> from pytest_spikecheck import Scenario, NoClip, RareTokenBurst, train, assert_spike  # doctest: +SKIP
 >>> run = train(Scenario.preset("phase-19").with_breaks(NoClip(), RareTokenBurst(count=3, at_step=312)))  # doctest: +SKIP
 >>> assert_spike(run, at=312, min_ratio=10)  # doctest: +SKIP
+
+The layers, top to bottom (a module imports only from layers below it; ``lint-imports``
+enforces this in the test command, see ``[tool.importlinter]`` in pyproject.toml and
+docs/architecture.md):
+
+    cli | plugin                  the spikecheck command; the pytest plugin, its session and fixtures
+    fuzz | conformance            Hypothesis strategies and the worst-batch search; the kernel conformance kit
+    training | report             the engine, probes, N ranks (torch); panels and comparison tables (matplotlib)
+    judge                         detectors, analysis, diagnosis, assertions (numpy only)
+    records                       Run, Record, log readers (numpy only)
+    clipping | data               clipping backends (torch, cupy, emulator); corpus, tokenizer, samplers
+    scenario                      Scenario, breaks, presets, YAML (no torch)
+    models | kernels              the tiny GPT and its config; the CUDA sources
+    errors
 """
 
 from __future__ import annotations
@@ -13,45 +27,49 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from pytest_spikecheck import _moved
+
+__version__ = "0.2.0"
 
 #: public name -> module that defines it (imported on first access)
 _EXPORTS = {
     "Scenario": "pytest_spikecheck.scenario",
-    "Break": "pytest_spikecheck.breaks",
-    "NoClip": "pytest_spikecheck.breaks",
-    "ClipAt": "pytest_spikecheck.breaks",
-    "RareTokenBurst": "pytest_spikecheck.breaks",
-    "StratifiedBatches": "pytest_spikecheck.breaks",
-    "MixtureShift": "pytest_spikecheck.breaks",
-    "BlankDocument": "pytest_spikecheck.breaks",
-    "MaskPaddingKeys": "pytest_spikecheck.breaks",
-    "LeftPadding": "pytest_spikecheck.breaks",
-    "LayerNormEps0": "pytest_spikecheck.breaks",
-    "HalfPrecision": "pytest_spikecheck.breaks",
-    "NoWarmup": "pytest_spikecheck.breaks",
-    "NoWeightDecay": "pytest_spikecheck.breaks",
-    "SkipSpikes": "pytest_spikecheck.breaks",
-    "AdaptiveClip": "pytest_spikecheck.breaks",
-    "ShardLocalNorm": "pytest_spikecheck.breaks",
-    "Run": "pytest_spikecheck.run",
-    "train": "pytest_spikecheck.engine",
+    "Break": "pytest_spikecheck.scenario",
+    "NoClip": "pytest_spikecheck.scenario.breaks",
+    "ClipAt": "pytest_spikecheck.scenario.breaks",
+    "RareTokenBurst": "pytest_spikecheck.scenario.breaks",
+    "StratifiedBatches": "pytest_spikecheck.scenario.breaks",
+    "MixtureShift": "pytest_spikecheck.scenario.breaks",
+    "BlankDocument": "pytest_spikecheck.scenario.breaks",
+    "MaskPaddingKeys": "pytest_spikecheck.scenario.breaks",
+    "LeftPadding": "pytest_spikecheck.scenario.breaks",
+    "LayerNormEps0": "pytest_spikecheck.scenario.breaks",
+    "HalfPrecision": "pytest_spikecheck.scenario.breaks",
+    "NoWarmup": "pytest_spikecheck.scenario.breaks",
+    "NoWeightDecay": "pytest_spikecheck.scenario.breaks",
+    "SkipSpikes": "pytest_spikecheck.scenario.breaks",
+    "AdaptiveClip": "pytest_spikecheck.scenario.breaks",
+    "ShardLocalNorm": "pytest_spikecheck.scenario.breaks",
+    "Run": "pytest_spikecheck.records.run",
+    "train": "pytest_spikecheck.training.launch",
     "SpikeCheckError": "pytest_spikecheck.errors",
     "ConfigError": "pytest_spikecheck.errors",
-    "assert_spike": "pytest_spikecheck.assertions",
-    "assert_no_spike": "pytest_spikecheck.assertions",
-    "assert_clip_contains": "pytest_spikecheck.assertions",
-    "assert_recovers": "pytest_spikecheck.assertions",
-    "assert_diverges": "pytest_spikecheck.assertions",
-    "assert_finite": "pytest_spikecheck.assertions",
-    "assert_no_lockin": "pytest_spikecheck.assertions",
-    "diagnose": "pytest_spikecheck.diagnosis",
-    "get_detector": "pytest_spikecheck.detectors",
+    "assert_spike": "pytest_spikecheck.judge.assertions",
+    "assert_no_spike": "pytest_spikecheck.judge.assertions",
+    "assert_clip_contains": "pytest_spikecheck.judge.assertions",
+    "assert_recovers": "pytest_spikecheck.judge.assertions",
+    "assert_diverges": "pytest_spikecheck.judge.assertions",
+    "assert_finite": "pytest_spikecheck.judge.assertions",
+    "assert_no_lockin": "pytest_spikecheck.judge.assertions",
+    "diagnose": "pytest_spikecheck.judge.diagnosis",
+    "get_detector": "pytest_spikecheck.judge.detectors",
     "clip_grad_norm_": "pytest_spikecheck.clipping",
-    "spikecheck_scenario": "pytest_spikecheck.fixtures",
+    "spikecheck_scenario": "pytest_spikecheck.plugin.fixtures",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
+
+_moved.install()  # the 0.1.0 module paths, for one release
 
 
 def __getattr__(name: str) -> Any:

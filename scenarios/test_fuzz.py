@@ -1,7 +1,7 @@
 """Properties of Phase-19 over every batch composition, checked with one-step probes.
 
 One checkpoint serves the whole file: Phase-19 trained to just before step 312, once per
-process (:func:`pytest_spikecheck.probe.probe_at`). Its pool is the corpus plus rare content
+process (:func:`pytest_spikecheck.training.probe.probe_at`). Its pool is the corpus plus rare content
 the model has not seen at 312 — 8 sentences in Greek script, 8 in capitals, and the 5
 *written* sentences held out — declared as bursts at the last step, so that they are in the
 pool but never trained on before the probed step. Each Hypothesis example is then one probe
@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 from pytest_spikecheck import RareTokenBurst, Scenario, assert_clip_contains, assert_spike, train
 from pytest_spikecheck.cli import main
 from pytest_spikecheck.data.dataset import IGNORE_INDEX
-from pytest_spikecheck.presets import PHASE19_BURST_STEP
-from pytest_spikecheck.probe import probe_at
-from pytest_spikecheck.search import find_worst_batch
-from pytest_spikecheck.strategies import batch_compositions, scenario_perturbations
+from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP
+from pytest_spikecheck.training.probe import probe_at
+from pytest_spikecheck.fuzz.search import find_worst_batch
+from pytest_spikecheck.fuzz.strategies import batch_compositions, scenario_perturbations
 
 PROBED_STEP = PHASE19_BURST_STEP
 _PHASE19 = Scenario.preset("phase-19")

@@ -12,8 +12,8 @@ from pytest_spikecheck import (
     ClipAt, NoClip, RareTokenBurst, Scenario, StratifiedBatches, assert_clip_contains, assert_finite,
     assert_recovers, assert_spike, spikecheck_scenario,
 )
-from pytest_spikecheck.analysis import loss_jump, recovery_steps, spike_ratio
-from pytest_spikecheck.presets import PHASE19_BURST_STEP as BURST
+from pytest_spikecheck.judge.analysis import loss_jump, recovery_steps, spike_ratio
+from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP as BURST
 
 
 def _phase19(*breaks) -> Scenario:

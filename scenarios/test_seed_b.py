@@ -13,7 +13,7 @@ from pytest_spikecheck import (
     Scenario, SkipSpikes, SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_lockin,
     assert_spike, spikecheck_scenario,
 )
-from pytest_spikecheck.analysis import loss_jump, spike_ratio
+from pytest_spikecheck.judge.analysis import loss_jump, spike_ratio
 
 STEPS = 400  # shorter than Phase-19's 500 to keep the suite fast; the events sit at 312
 ENTRY = 312

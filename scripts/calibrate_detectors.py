@@ -70,7 +70,7 @@ RAW = Path("out/calibration/runs.json")  # per-run series, for inspection (not c
 
 
 def thresholds(name: str) -> list[float]:
-    from pytest_spikecheck.detectors import get_detector
+    from pytest_spikecheck.judge.detectors import get_detector
 
     detector = get_detector(name)
     lo, hi = SWEEPS[name]
@@ -101,7 +101,7 @@ def design(n_clean: int, n_broken: int) -> list[dict]:
 def measure(job: dict) -> dict:
     """Train one run and sweep every detector over its two series (runs in a worker process)."""
     from pytest_spikecheck import RareTokenBurst, Scenario, train
-    from pytest_spikecheck.detectors import DETECTORS, get_detector
+    from pytest_spikecheck.judge.detectors import DETECTORS, get_detector
 
     scenario = Scenario.preset("phase-19").replace(steps=STEPS, seed=job["seed"], optimizer__lr=job["lr"],
                                                    optimizer__grad_clip=job["clip"])
@@ -133,7 +133,7 @@ def measure(job: dict) -> dict:
 
 def summarise(records: list[dict], wall_seconds: float, jobs: int) -> dict:
     """Counts per detector, metric and threshold: everything the doc and the plot need."""
-    from pytest_spikecheck.detectors import DETECTORS
+    from pytest_spikecheck.judge.detectors import DETECTORS
 
     clean = [r for r in records if r["kind"] == "clean"]
     broken = [r for r in records if r["kind"] == "broken"]
@@ -168,7 +168,7 @@ def summarise(records: list[dict], wall_seconds: float, jobs: int) -> dict:
 
 
 def _default_threshold(name: str) -> float:
-    from pytest_spikecheck.detectors import get_detector
+    from pytest_spikecheck.judge.detectors import get_detector
 
     d = get_detector(name)
     return float(getattr(d, d.threshold_name))
@@ -207,7 +207,7 @@ def _count(row: dict, summary: dict, content: str) -> str:
 
 
 def write_doc(summary: dict) -> str:
-    from pytest_spikecheck.detectors import DETECTORS
+    from pytest_spikecheck.judge.detectors import DETECTORS
 
     s = summary
     n_broken = sum(s["broken_runs"].values())
@@ -215,7 +215,7 @@ def write_doc(summary: dict) -> str:
     lines = [
         "# Spike detectors, calibrated",
         "",
-        "How well each named detector of `pytest_spikecheck.detectors` finds a declared burst, how often it",
+        "How well each named detector of `pytest_spikecheck.judge.detectors` finds a declared burst, how often it",
         f"fires when nothing was declared, and how late. Measured {s['date']} on {s['machine']}: "
         f"**{s['clean_runs']} clean and {n_broken} broken Phase-19 runs** of {s['steps']} steps "
         f"({s['wall_seconds']:.0f} s wall clock with {s['jobs']} processes, on a machine shared with other jobs).",
@@ -293,7 +293,7 @@ def write_doc(summary: dict) -> str:
 
 
 def det_name(name: str) -> str:
-    from pytest_spikecheck.detectors import get_detector
+    from pytest_spikecheck.judge.detectors import get_detector
 
     return get_detector(name).threshold_name
 
@@ -309,7 +309,7 @@ WHY_NOT = {
 
 
 def _conclusions(s: dict, verdicts: dict[tuple[str, str], bool]) -> list[str]:
-    from pytest_spikecheck.detectors import DETECTORS
+    from pytest_spikecheck.judge.detectors import DETECTORS
 
     out = []
     at_default = []
@@ -360,7 +360,7 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pytest_spikecheck.detectors import DETECTORS
+    from pytest_spikecheck.judge.detectors import DETECTORS
 
     fig, axes = plt.subplots(2, 3, figsize=(13, 8), sharey=True)
     colors = {"grad_norm_pre": "tab:blue", "loss": "tab:orange"}

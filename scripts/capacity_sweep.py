@@ -26,7 +26,7 @@ SHAPES = [(32, 2, 2), (64, 2, 4), (128, 2, 4), (128, 4, 4), (256, 4, 8), (256, 6
 def measure(job: tuple[tuple[int, int, int], str, int]) -> dict:
     (width, layers, heads), clip, seed = job
     from pytest_spikecheck import NoClip, RareTokenBurst, Scenario, train
-    from pytest_spikecheck.analysis import final_value, loss_jump, recovery_steps, spike_ratio
+    from pytest_spikecheck.judge.analysis import final_value, loss_jump, recovery_steps, spike_ratio
 
     scenario = (Scenario.preset("phase-19").replace(seed=seed, model__n_embd=width, model__n_layer=layers, model__n_head=heads)
                 .with_breaks(RareTokenBurst(count=8, at_step=EVENT)))

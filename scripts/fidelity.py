@@ -32,7 +32,7 @@ CLIPS = {"clip-1.0": 1.0, "no-clip": None, "clip-0.5": 0.5}
 def measure(job: tuple[str, str, int]) -> dict:
     config, clip_name, seed = job
     from pytest_spikecheck import RareTokenBurst, Scenario, train
-    from pytest_spikecheck.analysis import baseline, loss_jump, recovery_steps, spike_ratio, value_at, final_value
+    from pytest_spikecheck.judge.analysis import baseline, loss_jump, recovery_steps, spike_ratio, value_at, final_value
 
     content, count = CONFIGS[config]
     scenario = (Scenario.preset("phase-19").replace(seed=seed, optimizer__grad_clip=CLIPS[clip_name])

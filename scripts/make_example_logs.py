@@ -88,7 +88,7 @@ def train_runs() -> dict:
 
 def check_runs(runs: dict) -> dict[str, str]:
     """Fail loudly if a run no longer shows what its files are documented to show."""
-    from pytest_spikecheck.analysis import first_nonfinite, largest_spike, spike_ratio
+    from pytest_spikecheck.judge.analysis import first_nonfinite, largest_spike, spike_ratio
 
     facts = {}
     ratio = spike_ratio(runs["break"].metrics, BURST_STEP)
@@ -249,7 +249,7 @@ def write_readme(out: Path, facts: dict[str, str]) -> None:
 
 
 def main() -> int:
-    from pytest_spikecheck.schedule import lr_at
+    from pytest_spikecheck.training.schedule import lr_at
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=ROOT / "tests" / "data" / "logs", help="Default: %(default)s")

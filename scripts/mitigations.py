@@ -46,7 +46,7 @@ def _breaks():
 def measure(job: tuple[str, str, int]) -> dict:
     brk, mitigation, seed = job
     from pytest_spikecheck import train
-    from pytest_spikecheck.analysis import final_value, loss_jump, recovery_steps, spike_ratio, value_at
+    from pytest_spikecheck.judge.analysis import final_value, loss_jump, recovery_steps, spike_ratio, value_at
 
     base, mitigations = _breaks()
     scenario = base[brk].with_breaks(*mitigations[mitigation]).replace(seed=seed)

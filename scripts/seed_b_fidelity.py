@@ -20,7 +20,7 @@ def measure(job: tuple[str, int]) -> dict:
     import numpy as np
 
     from pytest_spikecheck import MixtureShift, NoClip, NoWeightDecay, Scenario, train
-    from pytest_spikecheck.analysis import final_value, ratio_series
+    from pytest_spikecheck.judge.analysis import final_value, ratio_series
 
     base = Scenario.preset("seed-b").replace(seed=seed)
     scenario = {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spikecheck.cli import CHECK_DETECTORS, main
+from pytest_spikecheck.cli.commands import CHECK_DETECTORS, main
 
 LOGS = Path(__file__).parent / "data" / "logs"
 

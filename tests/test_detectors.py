@@ -3,7 +3,7 @@ import math
 import numpy as np
 import pytest
 
-from pytest_spikecheck.detectors import DETECTORS, OLMoCore, get_detector
+from pytest_spikecheck.judge.detectors import DETECTORS, OLMoCore, get_detector
 
 
 def _series(n=300, spike_at=None, size=20.0, seed=0, level=1.0, noise=0.05):

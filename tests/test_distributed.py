@@ -1,4 +1,4 @@
-"""Sharded gradients on several processes (pytest_spikecheck.distributed): the clip with a
+"""Sharded gradients on several processes (pytest_spikecheck.training.distributed): the clip with a
 process group, and training on 2 gloo ranks against one process.
 
 Every launch spawns fresh processes that import torch (a few seconds on a shared 2-core
@@ -20,8 +20,8 @@ import torch.distributed as dist
 
 from pytest_spikecheck import ClipAt, ConfigError, NoClip, RareTokenBurst, Scenario, ShardLocalNorm, train
 from pytest_spikecheck.clipping import clip_grads_
-from pytest_spikecheck.distributed import DistributedError, FlatShard, run_on_ranks, train_in_process_group
-from pytest_spikecheck.engine import train_with_sharding
+from pytest_spikecheck.training.distributed import DistributedError, FlatShard, run_on_ranks, train_in_process_group
+from pytest_spikecheck.training.engine import train_with_sharding
 
 BACKENDS = ("torch", "emulator")
 SHAPES = ((17, 8), (8,), (33, 5), (1,), (300,))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pytest_spikecheck import Scenario, train
-from pytest_spikecheck.run import METRIC_KEYS, Run
+from pytest_spikecheck.records.run import METRIC_KEYS, Run
 
 from short_runs import SHORT_BURST, short_scenario
 
@@ -146,7 +146,7 @@ def test_randomness_in_the_loop_is_seeded_and_the_callers_rng_untouched():
 
 def test_your_own_texts_are_a_corpus():
     from pytest_spikecheck import ConfigError, RareTokenBurst
-    from pytest_spikecheck.analysis import spike_ratio
+    from pytest_spikecheck.judge.analysis import spike_ratio
 
     texts = tuple(f"Order {i} ships from the {w} warehouse on day {i % 7}." for i, w in
                   zip(range(300), ["north", "south", "east", "west", "main"] * 60))

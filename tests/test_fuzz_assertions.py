@@ -15,8 +15,8 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pytest_spikecheck import assertions
-from pytest_spikecheck.detectors import DETECTORS, get_detector
+from pytest_spikecheck.judge import assertions
+from pytest_spikecheck.judge.detectors import DETECTORS, get_detector
 from pytest_spikecheck.errors import SpikeCheckError
 
 #: Longer than every detector's window (olmo-core: 128 steps) so that baselines fill up.

@@ -1,4 +1,4 @@
-"""Reading other tools' training logs (pytest_spikecheck.logs) and asserting on them.
+"""Reading other tools' training logs (pytest_spikecheck.records.logs) and asserting on them.
 
 The example logs in tests/data/logs/ are written by scripts/make_example_logs.py from the
 project's own runs; its docstring says what each shows. Edge cases use small inline logs.
@@ -18,8 +18,8 @@ import pytest
 from pytest_spikecheck import (
     ConfigError, SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_spike, assert_spike,
 )
-from pytest_spikecheck.detectors import get_detector
-from pytest_spikecheck.logs import TENSORBOARD_EXTRA, detect_format, read_log
+from pytest_spikecheck.judge.detectors import get_detector
+from pytest_spikecheck.records.logs import TENSORBOARD_EXTRA, detect_format, read_log
 from pytest_spikecheck.records import as_record
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -352,7 +352,7 @@ def test_our_run_folders_still_load_as_runs(tmp_path):
 
 
 def test_reading_logs_imports_numpy_only():
-    code = ("import sys, pytest_spikecheck.logs as logs; logs.read_log(sys.argv[1]); "
+    code = ("import sys, pytest_spikecheck.records.logs as logs; logs.read_log(sys.argv[1]); "
             "print(sorted(m for m in ('torch', 'pandas', 'tensorboard') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code, str(LOGS / "hf" / "trainer_state.json")],
                          capture_output=True, text=True, check=True)

@@ -3,7 +3,7 @@ import math
 import pytest
 
 from pytest_spikecheck import ClipAt, ConfigError, NoClip, RareTokenBurst, Scenario
-from pytest_spikecheck.breaks import MixtureShift, break_from_config
+from pytest_spikecheck.scenario import MixtureShift, break_from_config
 
 
 def test_preset_is_seed_a_control_without_breaks():

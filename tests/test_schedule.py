@@ -3,7 +3,7 @@ import math
 import pytest
 
 from pytest_spikecheck.scenario import ScheduleSpec
-from pytest_spikecheck.schedule import lr_at
+from pytest_spikecheck.training.schedule import lr_at
 
 
 def test_warmup_is_linear_then_cosine_reaches_the_floor():

@@ -11,7 +11,7 @@ from pytest_spikecheck import (
     AdaptiveClip, BlankDocument, HalfPrecision, LayerNormEps0, LeftPadding, MaskPaddingKeys, MixtureShift, NoClip,
     Scenario, SkipSpikes, SpikeCheckError, assert_finite, assert_no_lockin, train,
 )
-from pytest_spikecheck.clip_policy import AdaptiveLimit
+from pytest_spikecheck.training.clip_policy import AdaptiveLimit
 from pytest_spikecheck.data.samplers import mixture_weights
 from pytest_spikecheck.scenario import MixtureSpec
 

@@ -14,13 +14,13 @@ from pytest_spikecheck import NoClip, RareTokenBurst, Scenario
 from pytest_spikecheck.data.corpus import Sample
 from pytest_spikecheck.data.samplers import plan_batches
 from pytest_spikecheck.scenario import BurstSpec, SamplerSpec
-from pytest_spikecheck.strategies import (
+from pytest_spikecheck.fuzz.strategies import (
     Composition, batch_compositions, blind_batch_compositions, scenario_perturbations,
 )
 
 def test_only_the_strategies_module_imports_hypothesis():
-    code = ("import sys, pytest_spikecheck, pytest_spikecheck.plugin, pytest_spikecheck.search\n"
-            "from pytest_spikecheck.cli import build_parser\n"
+    code = ("import sys, pytest_spikecheck, pytest_spikecheck.plugin, pytest_spikecheck.fuzz.search\n"
+            "from pytest_spikecheck.cli.commands import build_parser\n"
             "build_parser()\n"
             "print('hypothesis' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -26,7 +26,7 @@ shard. The result equals the single-process clip of the concatenated gradients w
 rounding (~1e-7 relative), and the non-finite rule holds across ranks: a NaN on one rank makes
 the sum NaN, so every rank reports a non-finite norm and leaves its shard untouched. Without
 the group each rank would clip to its own shard's norm: the per-rank-norm bug that
-:class:`~pytest_spikecheck.breaks.ShardLocalNorm` reproduces.
+:class:`~pytest_spikecheck.scenario.breaks.ShardLocalNorm` reproduces.
 """
 
 from __future__ import annotations

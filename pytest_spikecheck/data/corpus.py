@@ -16,12 +16,10 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-#: Rare content a burst can inject. ``written`` is Seed A's own rare family (corpus
-#: sentences held out until the burst); ``caps`` and ``greek`` are fresh sentences the
-#: model has never seen: ALL-CAPS English and English transliterated into Greek script;
-#: ``blank`` is an empty document (a blank line in a data shard), which encodes to a row of
-#: padding only: harmless unless the model masks padding keys (then a numeric break).
-BURST_CONTENTS = ("written", "caps", "greek", "blank")
+from pytest_spikecheck.scenario.spec import BURST_CONTENTS
+
+# BURST_CONTENTS, the rare content a burst can inject, is named by the scenario layer;
+# this module builds each one.
 
 _SUBJECTS = (
     "the teacher", "my sister", "the old man", "a young girl", "the doctor", "our friend",

@@ -13,11 +13,9 @@ import random
 from functools import lru_cache
 
 from pytest_spikecheck.data.corpus import Sample, to_greek
+from pytest_spikecheck.scenario.spec import BASE_SOURCES, NEW_SOURCES
 
-#: The sources of the mixture corpus, in the order their weights are reported.
-BASE_SOURCES = ("docs", "prose", "qa")
-#: A source that can enter the mixture late (never in the tokenizer's training text).
-NEW_SOURCES = ("foreign",)
+# The source names (BASE_SOURCES, NEW_SOURCES) are the scenario layer's vocabulary; built here.
 
 _TOOLS = ("the package", "the tests", "the linter", "the server", "the docs", "the build", "the cache", "the config")
 _DOC_VERBS = ("install", "run", "update", "check", "open", "restart", "clean", "read")

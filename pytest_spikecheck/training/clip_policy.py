@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from pytest_spikecheck.detectors import EmaMoments
+from pytest_spikecheck.judge.detectors import EmaMoments
 from pytest_spikecheck.scenario import OptimizerSpec
 
 
@@ -28,7 +28,7 @@ class FixedLimit:
 
 class AdaptiveLimit:
     """ZClip-style adaptive clipping: the limit is EMA mean + z * EMA std of past pre-clip
-    norms (decay ``alpha``; :class:`~pytest_spikecheck.detectors.EmaMoments`). Until
+    norms (decay ``alpha``; :class:`~pytest_spikecheck.judge.detectors.EmaMoments`). Until
     ``warmup`` finite norms are seen, the fixed ``grad_clip`` applies. As in ZClip, a clipped
     norm enters the EMA at its clipped value, so one spike cannot raise the next limit."""
 

@@ -135,13 +135,25 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, Any]:
-    """Read a metrics.jsonl into columns, through :func:`pytest_spikecheck.logs.read_log` (the
+    """Read a metrics.jsonl into columns, through :func:`pytest_spikecheck.records.logs.read_log` (the
     one reader of JSONL logs): an int ``step`` column and float64 metrics.
 
     Missing values and ``null`` become NaN and are marked in the ``"__missing__"`` entry (a
     dict of boolean masks); ``NaN``/``Infinity`` stay real non-finite values.
     """
-    from pytest_spikecheck.logs import read_log
+    from pytest_spikecheck.records.logs import read_log
 
     record = read_log(path, format="jsonl")
     return {**record.metrics, "__missing__": record.missing}
+
+
+def resolve_run_dir(path: str | Path) -> Path:
+    """A run directory, or an experiment directory whose ``run/`` holds one."""
+    p = Path(path)
+    if (p / "metrics.jsonl").is_file():
+        return p
+    if (p / "run" / "metrics.jsonl").is_file():
+        return p / "run"
+    if not p.exists():
+        raise ConfigError(f"no such run or experiment directory: {p}")
+    raise ConfigError(f"{p} holds no run (no metrics.jsonl); train it first: spikecheck train {p}")

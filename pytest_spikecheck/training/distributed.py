@@ -2,7 +2,7 @@
 
 ``train(scenario, nproc=2)`` runs the engine's one training loop on N ranks of a
 ``torch.distributed`` process group (gloo on CPU, NCCL with one GPU per rank on CUDA), with
-:class:`FlatShard` as its :class:`~pytest_spikecheck.engine.Sharding`. A step on rank r:
+:class:`FlatShard` as its :class:`~pytest_spikecheck.training.engine.Sharding`. A step on rank r:
 
 1. forward/backward on rank r's contiguous part of the step's batch (the 8 samples split as
    evenly as they go), its loss weighted by its share of the batch's non-pad tokens, so the
@@ -13,7 +13,7 @@
    padded to a multiple of N);
 3. the clip, through :func:`~pytest_spikecheck.clipping.clip_grads_` with ``process_group``:
    each rank measures its shard, one float64 all-reduce adds the squares, every rank applies
-   the same scale (or, under :class:`~pytest_spikecheck.breaks.ShardLocalNorm`, the bug: each
+   the same scale (or, under :class:`~pytest_spikecheck.scenario.breaks.ShardLocalNorm`, the bug: each
    rank clips to its own shard's norm);
 4. AdamW on the rank's shard (its state is sharded too), then an all-gather of the flat
    parameters, which the model's weights are views of.
@@ -48,7 +48,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.data.dataset import IGNORE_INDEX
-from pytest_spikecheck.engine import (
+from pytest_spikecheck.training.engine import (
     EventView,
     build_optimizer,
     parameter_groups,
@@ -58,7 +58,7 @@ from pytest_spikecheck.engine import (
 from pytest_spikecheck.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from pytest_spikecheck.run import Run
+    from pytest_spikecheck.records.run import Run
     from pytest_spikecheck.scenario import Scenario
 
 #: How long a rank waits in a collective before it fails the run. A rank waits while rank 0
@@ -109,7 +109,7 @@ def process_group_backend(device: str, nproc: int) -> str:
 
 
 class FlatShard:
-    """The N-rank :class:`~pytest_spikecheck.engine.Sharding`: gradients and AdamW state split
+    """The N-rank :class:`~pytest_spikecheck.training.engine.Sharding`: gradients and AdamW state split
     into one contiguous shard per rank of ``group`` (default: the whole world).
 
     ``build_optimizer`` moves the model's weights into one flat buffer (each parameter becomes a

@@ -1,5 +1,5 @@
 """The training engine: builds data, sampler, model and optimizer from a scenario, trains,
-and records every step into a :class:`~pytest_spikecheck.run.Run`.
+and records every step into a :class:`~pytest_spikecheck.records.run.Run`.
 
 The loop is straight-line (nanoGPT style) and never forks on breaks: a break has already
 changed the scenario (a config switch, a sampler change) before the engine sees it. The
@@ -18,7 +18,7 @@ clip (the norm over every shard), the optimizer step (a rank updates its shard, 
 rank gathers the weights), the logged Σv of Adam, and the gradients and Adam moments the
 event records read. Only the recorder (rank 0) evaluates and writes records. The default,
 :class:`SingleProcess`, runs exactly the lines the loop ran before sharding existed;
-:class:`pytest_spikecheck.distributed.FlatShard` is the N-rank one.
+:class:`pytest_spikecheck.training.distributed.FlatShard` is the N-rank one.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ import torch.nn.functional as F
 from pytest_spikecheck import __version__
 from pytest_spikecheck.clipping import ClipResult, clip_grads_, resolve_backend
 from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset, build_dataset
-from pytest_spikecheck.clip_policy import clip_policy
+from pytest_spikecheck.training.clip_policy import clip_policy
 from pytest_spikecheck.data.samplers import batch_composition, mixture_weights, plan_batches
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.run import METRIC_KEYS, Run
+from pytest_spikecheck.records.run import METRIC_KEYS, Run
 from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.schedule import lr_at
+from pytest_spikecheck.training.schedule import lr_at
 
 @dataclass
 class StepContext:
@@ -293,34 +293,6 @@ def _adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn
         total += p.numel()
     return {"threshold": ADAM_SURPRISE_THRESHOLD, "share": surprised / total if total else 0.0,
             "by_param": dict(sorted(per_param.items(), key=lambda kv: -kv[1])[:8])}
-
-
-def train(
-    scenario: Scenario,
-    *,
-    backend: str = "auto",
-    device: str = "cpu",
-    threads: int = 1,
-    callbacks: Iterable[StepCallback] = (),
-    nproc: int = 1,
-) -> Run:
-    """Train ``scenario`` and return its :class:`Run`. Stops cleanly at the first non-finite
-    loss or gradient norm (the step is recorded, the optimizer is not stepped).
-
-    ``backend`` picks the clipping backend (``auto``: cupy for CUDA tensors when usable,
-    else torch); ``device`` is a torch device or ``auto`` (CUDA when available); ``threads``
-    pins torch's intra-op threads for the run (bit-identical reruns need the same count).
-    ``nproc`` > 1 trains on that many processes with ``torch.distributed`` (gloo on CPU, NCCL
-    with one GPU per rank on CUDA), the gradients and AdamW state sharded across them
-    (:mod:`pytest_spikecheck.distributed`); ``threads`` is then per rank, callbacks are not
-    accepted, and the returned run is rank 0's record of the whole model."""
-    if validate_nproc(nproc) > 1:
-        from pytest_spikecheck.distributed import train_distributed
-
-        return train_distributed(scenario, nproc=nproc, backend=backend, device=device, threads=threads,
-                                 callbacks=callbacks)
-    return train_with_sharding(scenario, SingleProcess(), backend=backend, device=device, threads=threads,
-                               callbacks=callbacks)
 
 
 def validate_nproc(nproc: Any) -> int:

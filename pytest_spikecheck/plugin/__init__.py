@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from pytest_spikecheck.session import Settings, SpikecheckSession
+from pytest_spikecheck.plugin.session import Settings, SpikecheckSession
 
 BACKEND_CHOICES = ("auto", "torch", "cupy", "emulator")
 SKIP_REASON = "needs --spikecheck"
@@ -132,7 +132,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from pytest_spikecheck.fixtures import SCENARIO_FIXTURES
+    from pytest_spikecheck.plugin.fixtures import SCENARIO_FIXTURES
 
     enabled = config.stash[_SESSION].settings.enabled
     skip = pytest.mark.skip(reason=SKIP_REASON)
@@ -173,7 +173,7 @@ def spikecheck(request: pytest.FixtureRequest) -> SpikecheckSession:
 
 
 def _ratio(value: float | None) -> str:
-    from pytest_spikecheck.report import fmt
+    from pytest_spikecheck.judge.text import fmt
 
     text = fmt(value, ".1f")
     return text if text == "—" else f"{text}×"
@@ -257,7 +257,7 @@ class _Recorder:
         rows = self.rows()
         if not rows:
             return
-        from pytest_spikecheck.report import fmt, table
+        from pytest_spikecheck.judge.text import fmt, table
 
         tr = terminalreporter
         tr.section("spikecheck")
@@ -276,7 +276,7 @@ class _Recorder:
 
 
 def _write_index(report_dir: Path, rows: dict[str, dict[str, Any]], outcomes: dict[str, list[str]]) -> None:
-    from pytest_spikecheck.report import fmt
+    from pytest_spikecheck.judge.text import fmt
 
     lines = ["# spikecheck report", "",
              "| scenario | steps | spike step | spike ratio | clip containment | recovery | verdict |",

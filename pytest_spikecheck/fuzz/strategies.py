@@ -8,16 +8,16 @@ dependency): importing the package or loading the pytest plugin never does.
   rare samples allowed, one source (the largest), the first samples of the pool.
 * :func:`blind_batch_compositions` draws positions in a list of candidates and knows
   nothing about rarity or sources: what a search uses when it must not be told what to
-  look for (:mod:`pytest_spikecheck.search`).
+  look for (:mod:`pytest_spikecheck.fuzz.search`).
 * :func:`scenario_perturbations` varies a scenario's seed, burst step and learning rate
   (log-uniform) within ranges; each shrinks toward the low end of its range.
 
 Pools are a :class:`~pytest_spikecheck.data.dataset.Dataset` (rarity = the sample holds a
-rare token), a :class:`~pytest_spikecheck.probe.Probe` (its dataset), or any sequence of
+rare token), a :class:`~pytest_spikecheck.training.probe.Probe` (its dataset), or any sequence of
 :class:`~pytest_spikecheck.data.corpus.Sample` (rarity = ``Sample.rare``; pass ``is_rare``
 to decide it yourself).
 
->>> from pytest_spikecheck.probe import probe_at  # doctest: +SKIP
+>>> from pytest_spikecheck.training.probe import probe_at  # doctest: +SKIP
 >>> probe = probe_at(scenario, at_step=312)  # doctest: +SKIP
 >>> @given(batch_compositions(probe, max_rare=3))  # doctest: +SKIP
 ... def test_the_clip_holds(batch):
@@ -46,7 +46,7 @@ class Composition:
     """One batch: the pool indices of its samples (sorted), with their ids, sources and rarity.
 
     Iterating yields the pool indices, so a Composition goes wherever a list of indices does
-    (a :class:`~pytest_spikecheck.probe.Probe`, ``dataset.train.inputs[list(c)]``).
+    (a :class:`~pytest_spikecheck.training.probe.Probe`, ``dataset.train.inputs[list(c)]``).
     """
 
     indices: tuple[int, ...]
@@ -262,10 +262,10 @@ def scenario_perturbations(
 
     Each argument is an inclusive ``(low, high)`` range, or None to keep the base's value;
     the learning rate is drawn log-uniformly.
-    ``burst_step`` moves the base's earliest :class:`~pytest_spikecheck.breaks.RareTokenBurst`
+    ``burst_step`` moves the base's earliest :class:`~pytest_spikecheck.scenario.breaks.RareTokenBurst`
     to the drawn step and the others with it (same offsets). Shrinks toward the low ends.
     """
-    from pytest_spikecheck.breaks import RareTokenBurst
+    from pytest_spikecheck.scenario.breaks import RareTokenBurst
 
     if not isinstance(base, Scenario):
         raise InvalidArgument(f"base must be a Scenario, was {type(base).__name__}")

@@ -55,18 +55,6 @@ def default_run_dir(config: Path) -> Path:
     return (config if config.is_dir() else config.parent) / "run"
 
 
-def resolve_run_dir(path: str | Path) -> Path:
-    """A run directory, or an experiment directory whose ``run/`` holds one."""
-    p = Path(path)
-    if (p / "metrics.jsonl").is_file():
-        return p
-    if (p / "run" / "metrics.jsonl").is_file():
-        return p / "run"
-    if not p.exists():
-        raise ConfigError(f"no such run or experiment directory: {p}")
-    raise ConfigError(f"{p} holds no run (no metrics.jsonl); train it first: spikecheck train {p}")
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from pytest_spikecheck.scenario import Scenario
 
@@ -82,7 +70,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     scenario = scenario.replace(**changes) if changes else scenario
     out = Path(args.out) if args.out else default_run_dir(config)
 
-    from pytest_spikecheck.engine import train
+    from pytest_spikecheck.training.launch import train
 
     callbacks = []
     bar = None
@@ -95,7 +83,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             bar.set_postfix(loss=f"{ctx.row['loss']:.3f}", gnorm=f"{ctx.row['grad_norm_pre']:.2f}", refresh=False)
 
         callbacks.append(progress)
-    from pytest_spikecheck.distributed import DistributedError
+    from pytest_spikecheck.training.distributed import DistributedError
 
     try:
         run = train(scenario, backend=args.backend, device=args.device, threads=args.threads, callbacks=callbacks,
@@ -111,8 +99,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     run.meta["reproduce"] = (f"spikecheck train {config} --seed {run.scenario.seed} --grad-clip {clip} "
                              f"--steps {run.scenario.steps}{nproc} --out {out}")
     run.save(out)
-    from pytest_spikecheck.analysis import EventSummary
-    from pytest_spikecheck.report import fmt
+    from pytest_spikecheck.judge.analysis import EventSummary
+    from pytest_spikecheck.judge.text import fmt
 
     bursts = run.declared_events
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
@@ -126,7 +114,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from pytest_spikecheck.report import write_comparison
-    from pytest_spikecheck.run import Run
+    from pytest_spikecheck.records.run import Run, resolve_run_dir
 
     run_a, run_b = Run.load(resolve_run_dir(args.run_a)), Run.load(resolve_run_dir(args.run_b))
     result, files = write_comparison(run_a, run_b, args.out, step=args.step)
@@ -136,8 +124,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from pytest_spikecheck.diagnosis import diagnose
-    from pytest_spikecheck.run import Run
+    from pytest_spikecheck.judge.diagnosis import diagnose
+    from pytest_spikecheck.records.run import Run, resolve_run_dir
 
     run = Run.load(resolve_run_dir(args.run))
     if args.step is not None and not (run.steps == args.step).any():
@@ -149,7 +137,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 def cmd_search(args: argparse.Namespace) -> int:
     from pytest_spikecheck.scenario import Scenario
-    from pytest_spikecheck.search import find_worst_batch
+    from pytest_spikecheck.fuzz.search import find_worst_batch
 
     scenario = Scenario.from_yaml(Path(args.config))
     if args.seed is not None:
@@ -200,11 +188,11 @@ def check_record(record: Record, detectors: Sequence[str], metrics: Sequence[str
     detectors that agree. ``ok`` is False for a spike, a non-finite value in any column, or
     (with ``max_norm``) a post-clip norm above it.
     """
-    from pytest_spikecheck.analysis import first_nonfinite, spike_ratio, value_at
-    from pytest_spikecheck.assertions import _pick_metric, assert_clip_contains
-    from pytest_spikecheck.detectors import get_detector
+    from pytest_spikecheck.judge.analysis import first_nonfinite, spike_ratio, value_at
+    from pytest_spikecheck.judge.assertions import _pick_metric, assert_clip_contains
+    from pytest_spikecheck.judge.detectors import get_detector
     from pytest_spikecheck.errors import SpikeCheckError
-    from pytest_spikecheck.report import sparkline
+    from pytest_spikecheck.judge.text import sparkline
 
     def resolve(name: str) -> str | None:
         try:
@@ -257,7 +245,7 @@ def check_record(record: Record, detectors: Sequence[str], metrics: Sequence[str
 
 
 def _check_text(report: dict) -> str:
-    from pytest_spikecheck.report import table
+    from pytest_spikecheck.judge.text import table
 
     steps = report["steps"]
     lines = [f"{report['log']}: {report['format']}, {steps['logged']} logged steps ({steps['first']}–{steps['last']})"]
@@ -300,7 +288,7 @@ def _json_safe(value):
 def cmd_check(args: argparse.Namespace) -> int:
     import json
 
-    from pytest_spikecheck.logs import read_log
+    from pytest_spikecheck.records.logs import read_log
 
     mapping = {k: v for part in args.map for k, v in part.items()}
     record = read_log(args.log, format=args.format, mapping=mapping)
@@ -346,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the step to diagnose. Default: the largest pre-clip grad-norm spike")
     p.set_defaults(func=cmd_diagnose)
 
-    from pytest_spikecheck.search import DEFAULT_MAX_EXAMPLES as DEFAULT_SEARCH_EXAMPLES
+    from pytest_spikecheck.fuzz.search import DEFAULT_MAX_EXAMPLES as DEFAULT_SEARCH_EXAMPLES
 
     p = sub.add_parser("search", help="find the batch composition that would spike a step the most (Hypothesis)",
                        description="Train the scenario to just before step S once, then search the pool for the batch "
@@ -361,8 +349,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the search itself (same seed, same result). Default: %(default)s")
     p.set_defaults(func=cmd_search)
 
-    from pytest_spikecheck.detectors import DETECTORS
-    from pytest_spikecheck.logs import FORMATS
+    from pytest_spikecheck.judge.detectors import DETECTORS
+    from pytest_spikecheck.records.logs import FORMATS
 
     p = sub.add_parser("check", help="find spikes and non-finite values in a training log (exit 1 if any)",
                        description="Read a trainer_state.json, Lightning metrics.csv, TensorBoard events, CSV or "
@@ -402,5 +390,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

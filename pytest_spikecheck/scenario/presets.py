@@ -3,14 +3,14 @@ YAML files start from ``preset: phase-19`` and add only their breaks)."""
 
 from __future__ import annotations
 
-from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.models.config import model_preset
-from pytest_spikecheck.scenario import DataSpec, OptimizerSpec, SamplerSpec, ScheduleSpec, Scenario
+from pytest_spikecheck.scenario.spec import DataSpec, OptimizerSpec, SamplerSpec, ScheduleSpec, Scenario, register_preset
 
 #: The step at which Seed A's break spikes; the Phase-19 bursts are placed there.
 PHASE19_BURST_STEP = 312
 
 
+@register_preset("phase-19")
 def _phase19() -> Scenario:
     return Scenario(
         name="phase-19",
@@ -24,22 +24,9 @@ def _phase19() -> Scenario:
     )
 
 
+@register_preset("seed-b")
 def _seed_b() -> Scenario:
     """Seed B's set-up at our scale: the three-source mixture (docs, prose, Q&A; 80 samples
     each) with fixed uniform weights, Seed A's model and optimizer. Add ``MixtureShift`` for
     the bandit."""
     return _phase19().replace(name="seed-b", data__corpus="mixture", sampler__kind="mixture")
-
-
-_PRESETS = {"phase-19": _phase19, "seed-b": _seed_b}
-
-
-def scenario_preset_names() -> list[str]:
-    return sorted(_PRESETS)
-
-
-def scenario_preset(name: str) -> Scenario:
-    try:
-        return _PRESETS[name]()
-    except KeyError:
-        raise ConfigError(f"unknown scenario preset {name!r}; choose one of {', '.join(scenario_preset_names())}") from None

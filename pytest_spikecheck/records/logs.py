@@ -46,7 +46,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.records import Record
+from pytest_spikecheck.records.series import Record
 
 #: format name -> what a file of that format is (the words of every "expected ..." error)
 FORMATS: dict[str, str] = {

@@ -21,7 +21,7 @@ SCENARIO_FIXTURES: set[str] = set()
 def spikecheck_scenario(factory: Callable[[], Any] | None = None, *, name: str | None = None) -> Any:
     """Turn a function returning a :class:`~pytest_spikecheck.scenario.Scenario` into a
     session-scoped fixture (named after the function, or ``name``) whose value is the
-    trained :class:`~pytest_spikecheck.run.Run`. Tests using it are skipped unless pytest
+    trained :class:`~pytest_spikecheck.records.run.Run`. Tests using it are skipped unless pytest
     runs with ``--spikecheck``; each scenario trains once per session however many tests use it.
     """
 

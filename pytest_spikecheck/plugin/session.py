@@ -52,7 +52,7 @@ def _containment(run: Any) -> str:
     """The summary's clip-containment cell: did the post-clip norm stay under the limit?"""
     import numpy as np
 
-    from pytest_spikecheck.report import fmt
+    from pytest_spikecheck.judge.text import fmt
 
     post = np.asarray(run.metrics["grad_norm_post"], dtype=float)
     finite = post[np.isfinite(post)]
@@ -69,7 +69,7 @@ def _containment(run: Any) -> str:
 
 
 def summarise(run: Any, cached: bool) -> ScenarioRow:
-    from pytest_spikecheck.analysis import EventSummary
+    from pytest_spikecheck.judge.analysis import EventSummary
 
     bursts = run.declared_events
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
@@ -159,14 +159,14 @@ class SpikecheckSession:
         return run
 
     def _load_or_train(self, scenario: Any) -> Any:
-        from pytest_spikecheck.run import Run
+        from pytest_spikecheck.records.run import Run
 
         cache = self._cache_dir(scenario)
         if cache is not None and (cache / "metrics.jsonl").is_file():
             run = Run.load(cache)
             run.meta["from_disk_cache"] = True
             return dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
-        from pytest_spikecheck.engine import train
+        from pytest_spikecheck.training.launch import train
 
         s = self.settings
         run = train(scenario, backend=self.backend, device=s.device, threads=s.threads)
@@ -181,7 +181,7 @@ class SpikecheckSession:
     def _write_report(self, run: Any) -> None:
         if self.settings.report_dir is None:
             return
-        from pytest_spikecheck.diagnosis import diagnose
+        from pytest_spikecheck.judge.diagnosis import diagnose
         from pytest_spikecheck.report import plot_grad_norm, plot_loss
 
         def write(folder: Path) -> None:

@@ -1,6 +1,6 @@
 """Assertions on training records, importable by any test suite.
 
-Each takes a :class:`~pytest_spikecheck.run.Run`, a mapping of arrays
+Each takes a :class:`~pytest_spikecheck.records.run.Run`, a mapping of arrays
 (``{"loss": [...], "grad_norm_pre": [...], "grad_norm_post": [...]}``) or a path to a log,
 and raises :class:`~pytest_spikecheck.errors.SpikeCheckError` (an ``AssertionError``) whose
 message carries the evidence: a capped table of the steps around the event, a sparkline,
@@ -13,14 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from pytest_spikecheck.analysis import (
+from pytest_spikecheck.judge.analysis import (
     BASELINE_WINDOW, RECOVERY_FACTOR, column, first_nonfinite, largest_spike,
     recovery_steps, spike_ratio, value_at,
 )
-from pytest_spikecheck.detectors import get_detector
+from pytest_spikecheck.judge.detectors import get_detector
 from pytest_spikecheck.errors import SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
-from pytest_spikecheck.report import fmt, sparkline, table
+from pytest_spikecheck.judge.text import fmt, sparkline, table
 
 __all__ = [
     "assert_clip_contains", "assert_diverges", "assert_finite", "assert_no_lockin", "assert_no_spike",
@@ -48,7 +48,7 @@ def _context(rec: Record, step: int | None, metric: str, *, diagnose_step: bool 
         _, values = column(m, metric) if np.isfinite(np.asarray(m[metric], dtype=float)).any() else (None, m[metric])
         parts.append(f"{metric}: {sparkline(values)}")
     if diagnose_step and step is not None:
-        from pytest_spikecheck.diagnosis import diagnose
+        from pytest_spikecheck.judge.diagnosis import diagnose
 
         try:
             parts.append(diagnose(rec, step).text())
@@ -108,7 +108,7 @@ def assert_spike(run: Any, at: int | None = None, min_ratio: float = 10.0, metri
 
 
 def assert_no_spike(run: Any, detector: Any = "ratio", metric: str = "grad_norm_pre", **params: Any) -> None:
-    """Assert that ``detector`` (a name from :mod:`pytest_spikecheck.detectors` or an
+    """Assert that ``detector`` (a name from :mod:`pytest_spikecheck.judge.detectors` or an
     instance; ``params`` configure it) flags no step of ``metric``."""
     __tracebackhide__ = True
     rec = as_record(run)

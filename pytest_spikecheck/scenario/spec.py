@@ -2,7 +2,7 @@
 
 A :class:`Scenario` names a model shape, the data, the batch sampler, the optimizer and
 clip, the LR schedule, what to record, the number of steps, the seed, and its *breaks*.
-Breaks (see :mod:`pytest_spikecheck.breaks`) are data too: each one is folded into the
+Breaks (see :mod:`pytest_spikecheck.scenario.breaks`) are data too: each one is folded into the
 scenario as a config switch or a sampler change by :meth:`Scenario.resolved`, so the
 training loop never forks. Two scenarios that resolve to the same config train the same
 run, whatever their names, and share a :meth:`content_hash`.
@@ -16,12 +16,25 @@ import dataclasses
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, ClassVar, Mapping
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.models.config import GPTConfig, model_preset
+
+
+#: Rare content a RareTokenBurst can inject (built by pytest_spikecheck.data.corpus). ``written``
+#: is Seed A's own rare family (corpus sentences held out until the burst); ``caps`` and
+#: ``greek`` are fresh sentences the model has never seen: ALL-CAPS English and English
+#: transliterated into Greek script; ``blank`` is an empty document (a blank line in a data
+#: shard), which encodes to a row of padding only: harmless unless the model masks padding
+#: keys (then a numeric break).
+BURST_CONTENTS = ("written", "caps", "greek", "blank")
+#: The three sources of Seed B's mixture corpus (pytest_spikecheck.data.sources builds them).
+BASE_SOURCES = ("docs", "prose", "qa")
+#: Sources that can enter the mixture late, never seen before (MixtureShift(new_source=...)).
+NEW_SOURCES = ("foreign",)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -199,15 +212,15 @@ class Scenario:
     def preset(cls, name: str) -> "Scenario":
         """A named starting point. ``phase-19``: Seed A's model, data, AdamW and clip 1.0,
         plain shuffled batching, no breaks (add them with :meth:`with_breaks`)."""
-        from pytest_spikecheck.presets import scenario_preset
-
-        return scenario_preset(name)
+        try:
+            factory = _PRESETS[name]
+        except KeyError:
+            raise ConfigError(f"unknown scenario preset {name!r}; choose one of {', '.join(sorted(_PRESETS))}") from None
+        return factory()
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> "Scenario":
         """Build from the YAML shape (see ``experiments/*/config.yaml``); unknown keys raise."""
-        from pytest_spikecheck.breaks import break_from_config
-
         if not isinstance(raw, Mapping):
             raise ConfigError(f"{where}: expected a mapping at the top level, was {type(raw).__name__}")
         raw = dict(raw)
@@ -255,8 +268,6 @@ class Scenario:
     # -- derivation -----------------------------------------------------------------------
     def with_breaks(self, *breaks: Any) -> "Scenario":
         """A copy with ``breaks`` appended (they apply in order when the scenario is resolved)."""
-        from pytest_spikecheck.breaks import Break
-
         for b in breaks:
             if not isinstance(b, Break):
                 raise ConfigError(f"with_breaks expects Break instances (NoClip(), RareTokenBurst(...)), was {b!r}")
@@ -297,8 +308,6 @@ class Scenario:
     # -- serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The YAML shape of this scenario (breaks listed by name, not folded in)."""
-        from pytest_spikecheck.breaks import break_to_config
-
         out: dict[str, Any] = {"name": self.name, "seed": self.seed, "steps": self.steps}
         for section in _SECTIONS:
             out[section] = _plain(dataclasses.asdict(getattr(self, section)))
@@ -432,3 +441,79 @@ def _section_from_dict(section: str, spec_type: type, base: Any, raw: Any, where
         return replace(base, **values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+# -- breaks and presets: the base class and the registries ---------------------------------
+# The concrete breaks (scenario/breaks.py) and presets (scenario/presets.py) register
+# themselves here when the package is imported, so this module never imports them.
+
+_REGISTRY: dict[str, type["Break"]] = {}
+
+
+@dataclass(frozen=True)
+class Break:
+    """Base class. Subclasses set ``config_name`` (their YAML name) and implement ``apply``."""
+
+    config_name: ClassVar[str] = ""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.config_name:
+            _REGISTRY[cls.config_name] = cls
+
+    def apply(self, scenario: "Scenario") -> "Scenario":  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in asdict(self).items())
+        return f"{type(self).__name__}({args})"
+
+
+def break_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def break_from_config(raw: Any, *, where: str = "config") -> Break:
+    """A break from its YAML form: ``no_clip`` or ``{rare_token_burst: {count: 3, at_step: 312}}``."""
+    if isinstance(raw, str):
+        name, params = raw, {}
+    elif isinstance(raw, Mapping) and len(raw) == 1:
+        name, params = next(iter(raw.items()))
+        params = params or {}
+    else:
+        raise ConfigError(f"{where}: a break is a name or a one-key mapping {{name: {{params}}}}, was {raw!r}")
+    if name not in _REGISTRY:
+        raise ConfigError(f"{where}: unknown break {name!r}; choose one of {', '.join(break_names())}")
+    cls = _REGISTRY[name]
+    if not isinstance(params, Mapping):
+        raise ConfigError(f"{where}: parameters of break {name!r} must be a mapping, was {params!r}")
+    allowed = [f.name for f in fields(cls)]
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{where}: unknown parameter {unknown[0]!r} for break {name!r}; expected {', '.join(allowed) or 'none'}")
+    values = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise ConfigError(f"{where}: break {name!r}: {exc}") from None
+
+
+def break_to_config(b: Break) -> Any:
+    params = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(b).items()}
+    return {b.config_name: params} if params else b.config_name
+
+
+#: preset name -> a function building it (filled by :func:`register_preset`).
+_PRESETS: dict[str, Callable[[], Scenario]] = {}
+
+
+def register_preset(name: str) -> Callable[[Callable[[], Scenario]], Callable[[], Scenario]]:
+    """Decorator: make ``Scenario.preset(name)`` build a scenario with the decorated function."""
+    def register(factory: Callable[[], Scenario]) -> Callable[[], Scenario]:
+        _PRESETS[name] = factory
+        return factory
+    return register
+
+
+def scenario_preset_names() -> list[str]:
+    return sorted(_PRESETS)

@@ -1,6 +1,6 @@
 """Worst-batch search: which composition of a batch would make step S spike the most?
 
-Three phases, all on the one-step probe of :mod:`pytest_spikecheck.probe`:
+Three phases, all on the one-step probe of :mod:`pytest_spikecheck.training.probe`:
 
 0. **Screen.** Each pool sample is probed once, swapped into the batch the sampler really
    serves at S, and the candidates are ordered by that measured ratio. This gives the
@@ -11,7 +11,7 @@ Three phases, all on the one-step probe of :mod:`pytest_spikecheck.probe`:
    35–43× after 1,000; eight Greek sentences, the worst batch we know of, give 48×. Costs
    one probe per pool sample.
 1. **Climb.** Hypothesis draws batches with
-   :func:`~pytest_spikecheck.strategies.blind_batch_compositions` over that order and
+   :func:`~pytest_spikecheck.fuzz.strategies.blind_batch_compositions` over that order and
    steers toward a larger grad-norm ratio with :func:`hypothesis.target` (the probe's
    pre-clip norm over the median of the 50 steps before S). The best batch seen is kept:
    the interactions between samples are what this phase searches, not the screen.
@@ -42,12 +42,12 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pytest_spikecheck.analysis import BASELINE_WINDOW
+from pytest_spikecheck.judge.analysis import BASELINE_WINDOW
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
 
 if TYPE_CHECKING:  # pragma: no cover - typing only; the probe imports torch
-    from pytest_spikecheck.probe import Probe, ProbeResult
+    from pytest_spikecheck.training.probe import Probe, ProbeResult
 
 __all__ = ["SearchResult", "find_worst_batch", "DEFAULT_MAX_EXAMPLES", "DEFAULT_KEEP_FRACTION"]
 
@@ -63,7 +63,7 @@ _TEXT_WIDTH = 60
 class SearchResult:
     """What :func:`find_worst_batch` found. ``minimal.indices`` is the real batch at S with
     the ``necessary`` samples swapped in; ``probes`` and ``seconds`` count every phase of the
-    search (not the checkpoint, which :func:`~pytest_spikecheck.probe.probe_at` caches)."""
+    search (not the checkpoint, which :func:`~pytest_spikecheck.training.probe.probe_at` caches)."""
 
     probe: Probe
     real: ProbeResult  # the batch the sampler serves at S
@@ -162,8 +162,8 @@ def find_worst_batch(
     except ImportError:
         raise ImportError("the worst-batch search needs Hypothesis: pip install 'pytest-spikecheck[fuzz]'") from None
 
-    from pytest_spikecheck.probe import probe_at
-    from pytest_spikecheck.strategies import blind_batch_compositions
+    from pytest_spikecheck.training.probe import probe_at
+    from pytest_spikecheck.fuzz.strategies import blind_batch_compositions
 
     if max_examples < 1:
         raise ConfigError(f"max_examples must be >= 1, was {max_examples}")

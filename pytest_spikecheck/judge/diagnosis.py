@@ -21,11 +21,11 @@ from typing import Any
 
 import numpy as np
 
-from pytest_spikecheck.analysis import (
+from pytest_spikecheck.judge.analysis import (
     baseline, largest_spike, loss_jump, recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.records import Record, as_record
-from pytest_spikecheck.report import fmt
+from pytest_spikecheck.judge.text import fmt
 
 
 @dataclass

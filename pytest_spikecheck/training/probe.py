@@ -28,13 +28,13 @@ from typing import Any, Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from pytest_spikecheck.analysis import BASELINE_WINDOW, baseline
+from pytest_spikecheck.judge.analysis import BASELINE_WINDOW, baseline
 from pytest_spikecheck.clipping import clip_grads_, resolve_backend, validate_max_norm
 from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset
 from pytest_spikecheck.data.samplers import plan_batches
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.schedule import lr_at
+from pytest_spikecheck.training.schedule import lr_at
 
 __all__ = ["SCENARIO_CLIP", "Probe", "ProbeResult", "TokenLoss", "measure_probe_rate", "probe_at"]
 
@@ -62,7 +62,7 @@ class ProbeResult:
     """What step S would do with one batch.
 
     ``ratio`` is ``grad_norm_pre`` over the median pre-clip norm of the ``BASELINE_WINDOW``
-    steps before S in the real run (the spike ratio of :mod:`pytest_spikecheck.analysis`).
+    steps before S in the real run (the spike ratio of :mod:`pytest_spikecheck.judge.analysis`).
     ``update_*`` measure ``θ_after − θ_before`` of the AdamW step (weight decay included);
     both are 0 when the step is skipped because the gradient norm is non-finite.
     """
@@ -102,7 +102,7 @@ class Probe:
     """Step S of ``scenario`` on any batch, from the state after step S-1.
 
     Build one with :func:`probe_at` (cached per process). Call it with a batch — a sequence
-    of pool indices of :attr:`dataset` or a :class:`~pytest_spikecheck.strategies.Composition`
+    of pool indices of :attr:`dataset` or a :class:`~pytest_spikecheck.fuzz.strategies.Composition`
     — to get a :class:`ProbeResult`. ``max_norm`` overrides the scenario's clip for that
     probe (``None`` or ``inf``: no clip).
 
@@ -113,7 +113,7 @@ class Probe:
 
     def __init__(self, scenario: Scenario, at_step: int, *, backend: str = "auto", device: str = "cpu",
                  threads: int = 1) -> None:
-        from pytest_spikecheck.engine import train
+        from pytest_spikecheck.training.launch import train
 
         resolved = scenario.resolved()
         if not 2 <= at_step <= resolved.steps:

@@ -8,34 +8,11 @@ break is ``preset + burst + NoClip()`` — the same batches, one safety net remo
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar, Mapping
+from dataclasses import dataclass
+from typing import ClassVar
 
-from pytest_spikecheck.data.corpus import BURST_CONTENTS
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.scenario import BurstSpec, MixtureSpec, Scenario
-
-_REGISTRY: dict[str, type["Break"]] = {}
-
-
-@dataclass(frozen=True)
-class Break:
-    """Base class. Subclasses set ``config_name`` (their YAML name) and implement ``apply``."""
-
-    config_name: ClassVar[str] = ""
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.config_name:
-            _REGISTRY[cls.config_name] = cls
-
-    def apply(self, scenario: Scenario) -> Scenario:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def describe(self) -> str:
-        args = ", ".join(f"{k}={v!r}" for k, v in asdict(self).items())
-        return f"{type(self).__name__}({args})"
-
+from pytest_spikecheck.scenario.spec import BURST_CONTENTS, BASE_SOURCES, NEW_SOURCES, Break, BurstSpec, MixtureSpec, Scenario
 
 @dataclass(frozen=True)
 class NoClip(Break):
@@ -112,8 +89,6 @@ class MixtureShift(Break):
     new_source_at: int = 312
 
     def __post_init__(self) -> None:
-        from pytest_spikecheck.data.sources import BASE_SOURCES, NEW_SOURCES
-
         if self.new_source is not None and self.new_source not in BASE_SOURCES + NEW_SOURCES:
             raise ConfigError(f"MixtureShift new_source must be one of {', '.join(BASE_SOURCES + NEW_SOURCES)}, "
                               f"was {self.new_source!r}")
@@ -245,37 +220,3 @@ class ShardLocalNorm(Break):
 
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(optimizer__clip_mode="shard_local")
-
-
-def break_names() -> list[str]:
-    return sorted(_REGISTRY)
-
-
-def break_from_config(raw: Any, *, where: str = "config") -> Break:
-    """A break from its YAML form: ``no_clip`` or ``{rare_token_burst: {count: 3, at_step: 312}}``."""
-    if isinstance(raw, str):
-        name, params = raw, {}
-    elif isinstance(raw, Mapping) and len(raw) == 1:
-        name, params = next(iter(raw.items()))
-        params = params or {}
-    else:
-        raise ConfigError(f"{where}: a break is a name or a one-key mapping {{name: {{params}}}}, was {raw!r}")
-    if name not in _REGISTRY:
-        raise ConfigError(f"{where}: unknown break {name!r}; choose one of {', '.join(break_names())}")
-    cls = _REGISTRY[name]
-    if not isinstance(params, Mapping):
-        raise ConfigError(f"{where}: parameters of break {name!r} must be a mapping, was {params!r}")
-    allowed = [f.name for f in fields(cls)]
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ConfigError(f"{where}: unknown parameter {unknown[0]!r} for break {name!r}; expected {', '.join(allowed) or 'none'}")
-    values = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        raise ConfigError(f"{where}: break {name!r}: {exc}") from None
-
-
-def break_to_config(b: Break) -> Any:
-    params = {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(b).items()}
-    return {b.config_name: params} if params else b.config_name

@@ -1,21 +1,15 @@
-"""Turn whatever a user has into the metrics mapping the assertions and detectors read.
+"""The metrics table every judgement reads: a :class:`Record` (numpy only).
 
-Accepted: a :class:`~pytest_spikecheck.run.Run`; a mapping of arrays
-(``{"loss": [...], "grad_norm_pre": [...]}``, with an optional ``"step"`` column); a path
-to a run folder, or to any training log :mod:`pytest_spikecheck.logs` reads (a
-``trainer_state.json``, a Lightning ``metrics.csv``, TensorBoard event files or their
-folder, a CSV or JSONL log). numpy only.
+A Record is built from a Run, a mapping of arrays, or a log file (:mod:`.convert`,
+:mod:`.logs`); the detectors, analysis, diagnosis and assertions read nothing else.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-
-from pytest_spikecheck.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -44,7 +38,7 @@ class Record:
         return None
 
 
-def _from_mapping(data: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def columns_from_mapping(data: Mapping[str, Any]) -> dict[str, np.ndarray]:
     cols: dict[str, np.ndarray] = {}
     length = None
     for key, value in data.items():
@@ -62,37 +56,3 @@ def _from_mapping(data: Mapping[str, Any]) -> dict[str, np.ndarray]:
             raise ValueError("the step column holds non-finite values")
         cols["step"] = steps.astype(np.int64)
     return cols
-
-
-def _from_run(run: Any, source: str) -> Record:
-    # The engine logs every metric at every step except the eval loss, which is NaN where
-    # it was not evaluated (a run stops before evaluating a non-finite model).
-    return Record(dict(run.metrics), run, source, missing={"eval_loss": np.isnan(run.metrics["eval_loss"])}
-                  if "eval_loss" in run.metrics else {})
-
-
-def as_record(obj: Any) -> Record:
-    """Normalise a Run, a mapping of arrays, or a path into a :class:`Record`."""
-    from pytest_spikecheck.run import Run
-
-    if isinstance(obj, Record):
-        return obj
-    if isinstance(obj, Run):
-        return _from_run(obj, f"run {obj.name}")
-    if isinstance(obj, (str, Path)):
-        path = Path(obj)
-        if path.is_dir():
-            from pytest_spikecheck.cli import resolve_run_dir
-
-            try:
-                run_dir = resolve_run_dir(path)
-            except ConfigError:
-                pass  # not one of our run folders: a folder holding another tool's log
-            else:
-                return _from_run(Run.load(run_dir), str(path))
-        from pytest_spikecheck.logs import read_log
-
-        return read_log(path)
-    if isinstance(obj, Mapping):
-        return Record(_from_mapping(obj), None, "arrays")
-    raise TypeError(f"expected a Run, a mapping of arrays or a path to a metrics log, was {type(obj).__name__}")

@@ -1,0 +1,55 @@
+"""Plain-text rendering of numbers and tables for messages, the CLI and reports (``—`` stands
+for a value that was not logged)."""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+_SPARK = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float], width: int = 60, log: bool = True) -> str:
+    """A one-line picture of a series (max per bucket; non-finite values drawn as '!')."""
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        return ""
+    buckets = np.array_split(v, min(width, v.size))
+    out = []
+    finite_all = v[np.isfinite(v)]
+    if finite_all.size == 0:
+        return "!" * len(buckets)
+    tr = (lambda x: np.log10(np.maximum(x, 1e-12))) if log and finite_all.min() > 0 else (lambda x: x)
+    lo, hi = tr(finite_all.min()), tr(finite_all.max())
+    for b in buckets:
+        if not np.isfinite(b).all():
+            out.append("!")
+            continue
+        # Halved before subtracting: hi - lo of values near float64's limit would overflow.
+        level = 0 if hi == lo else int((tr(b.max()) / 2 - lo / 2) / (hi / 2 - lo / 2) * (len(_SPARK) - 1))
+        out.append(_SPARK[max(0, min(level, len(_SPARK) - 1))])
+    return "".join(out)
+
+
+def fmt(value: float | int | None, spec: str = ".3g") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float) and math.isnan(value):
+        return "—"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
+    """A plain-text (or markdown) table with aligned columns."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    if markdown:
+        lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+                 "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    else:
+        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
+                 "  ".join("-" * w for w in widths)]
+        lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    return "\n".join(line.rstrip() for line in lines)

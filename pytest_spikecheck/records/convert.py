@@ -1,0 +1,48 @@
+"""Turn whatever a user has into the metrics mapping the assertions and detectors read.
+
+Accepted: a :class:`~pytest_spikecheck.records.run.Run`; a mapping of arrays
+(``{"loss": [...], "grad_norm_pre": [...]}``, with an optional ``"step"`` column); a path
+to a run folder, or to any training log :mod:`pytest_spikecheck.records.logs` reads (a
+``trainer_state.json``, a Lightning ``metrics.csv``, TensorBoard event files or their
+folder, a CSV or JSONL log). numpy only.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records.logs import read_log
+from pytest_spikecheck.records.run import Run, resolve_run_dir
+from pytest_spikecheck.records.series import Record, columns_from_mapping
+
+
+def _from_run(run: Any, source: str) -> Record:
+    # The engine logs every metric at every step except the eval loss, which is NaN where
+    # it was not evaluated (a run stops before evaluating a non-finite model).
+    return Record(dict(run.metrics), run, source, missing={"eval_loss": np.isnan(run.metrics["eval_loss"])}
+                  if "eval_loss" in run.metrics else {})
+
+
+def as_record(obj: Any) -> Record:
+    """Normalise a Run, a mapping of arrays, or a path into a :class:`Record`."""
+    if isinstance(obj, Record):
+        return obj
+    if isinstance(obj, Run):
+        return _from_run(obj, f"run {obj.name}")
+    if isinstance(obj, (str, Path)):
+        path = Path(obj)
+        if path.is_dir():
+            try:
+                run_dir = resolve_run_dir(path)
+            except ConfigError:
+                pass  # not one of our run folders: a folder holding another tool's log
+            else:
+                return _from_run(Run.load(run_dir), str(path))
+        return read_log(path)
+    if isinstance(obj, Mapping):
+        return Record(columns_from_mapping(obj), None, "arrays")
+    raise TypeError(f"expected a Run, a mapping of arrays or a path to a metrics log, was {type(obj).__name__}")

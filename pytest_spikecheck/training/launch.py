@@ -1,0 +1,38 @@
+"""``train``: the one entry point that trains a scenario, on one process (the engine's
+:class:`~pytest_spikecheck.training.engine.SingleProcess`) or on N ranks
+(:mod:`pytest_spikecheck.training.distributed`)."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from pytest_spikecheck.records.run import Run
+from pytest_spikecheck.scenario import Scenario
+from pytest_spikecheck.training.distributed import train_distributed
+from pytest_spikecheck.training.engine import SingleProcess, StepCallback, train_with_sharding, validate_nproc
+
+
+def train(
+    scenario: Scenario,
+    *,
+    backend: str = "auto",
+    device: str = "cpu",
+    threads: int = 1,
+    callbacks: Iterable[StepCallback] = (),
+    nproc: int = 1,
+) -> Run:
+    """Train ``scenario`` and return its :class:`Run`. Stops cleanly at the first non-finite
+    loss or gradient norm (the step is recorded, the optimizer is not stepped).
+
+    ``backend`` picks the clipping backend (``auto``: cupy for CUDA tensors when usable,
+    else torch); ``device`` is a torch device or ``auto`` (CUDA when available); ``threads``
+    pins torch's intra-op threads for the run (bit-identical reruns need the same count).
+    ``nproc`` > 1 trains on that many processes with ``torch.distributed`` (gloo on CPU, NCCL
+    with one GPU per rank on CUDA), the gradients and AdamW state sharded across them
+    (:mod:`pytest_spikecheck.training.distributed`); ``threads`` is then per rank, callbacks are not
+    accepted, and the returned run is rank 0's record of the whole model."""
+    if validate_nproc(nproc) > 1:
+        return train_distributed(scenario, nproc=nproc, backend=backend, device=device, threads=threads,
+                                 callbacks=callbacks)
+    return train_with_sharding(scenario, SingleProcess(), backend=backend, device=device, threads=threads,
+                               callbacks=callbacks)
