@@ -14,6 +14,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from pytest_spikecheck.judge.baseline import BASELINE_WINDOW, MIN_BASELINE_POINTS, spike_baseline
+
 Metrics = Mapping[str, np.ndarray]
 
 #: Composer's recovery criterion: back within 1.10x the pre-spike average.
@@ -21,7 +23,6 @@ RECOVERY_FACTOR = 1.10
 #: How long a recovered series must stay recovered (steps after the event).
 RECOVERY_HORIZON = 50
 #: The baseline of a spike ratio: the median over this many steps before the spike.
-BASELINE_WINDOW = 50
 
 #: Means, medians, differences and ratios of values near float64's limit overflow; inf is then
 #: the honest result (a ratio too large to represent is still a spike), so numpy need not warn
@@ -48,11 +49,12 @@ def value_at(metrics: Metrics, name: str, step: int) -> float:
 
 
 @_overflow_is_inf
-def baseline(metrics: Metrics, name: str, step: int, window: int = BASELINE_WINDOW) -> float:
-    """Median of ``name`` over the ``window`` steps before ``step`` (finite values only)."""
+def baseline(metrics: Metrics, name: str, step: int, window: int = BASELINE_WINDOW,
+             min_points: int = MIN_BASELINE_POINTS) -> float:
+    """Median of ``name`` over the ``window`` steps before ``step`` (finite values only; NaN
+    with fewer than ``min_points``): :func:`~pytest_spikecheck.judge.baseline.spike_baseline`."""
     steps, values = column(metrics, name)
-    sel = (steps >= step - window) & (steps < step) & np.isfinite(values)
-    return float(np.median(values[sel])) if sel.any() else math.nan
+    return spike_baseline(steps, values, step, window, min_points)
 
 
 def spike_ratio(metrics: Metrics, step: int, name: str = "grad_norm_pre", window: int = BASELINE_WINDOW) -> float:
@@ -64,18 +66,14 @@ def spike_ratio(metrics: Metrics, step: int, name: str = "grad_norm_pre", window
 
 @_overflow_is_inf
 def ratio_series(metrics: Metrics, name: str = "grad_norm_pre", window: int = BASELINE_WINDOW,
-                 min_history: int = 10) -> tuple[np.ndarray, np.ndarray]:
-    """(steps, value / median of the previous ``window`` steps) for every recorded step."""
+                 min_history: int = MIN_BASELINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, value / its spike baseline) for every recorded step (NaN where not judged)."""
     steps, values = column(metrics, name)
     out = np.full(values.shape, np.nan)
     for i, s in enumerate(steps):
-        lo = np.searchsorted(steps, s - window)
-        hist = values[lo:i]
-        hist = hist[np.isfinite(hist)]
-        if hist.size >= min_history:
-            med = np.median(hist)
-            if med > 0:
-                out[i] = values[i] / med
+        med = spike_baseline(steps[:i], values[:i], int(s), window, min_history)
+        if med > 0:
+            out[i] = values[i] / med
     return steps, out
 
 

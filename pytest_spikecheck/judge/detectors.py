@@ -25,6 +25,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from pytest_spikecheck.judge.baseline import BASELINE_WINDOW, MIN_BASELINE_POINTS, spike_baseline
+
 
 @dataclass(frozen=True)
 class Detection:
@@ -75,8 +77,8 @@ def _history(steps: np.ndarray, values: np.ndarray, ok: np.ndarray, i: int, wind
 class RatioToMedian(Detector):
     name: ClassVar[str] = "ratio"
     threshold: float = 5.0
-    window: int = 50
-    min_history: int = 10
+    window: int = BASELINE_WINDOW
+    min_history: int = MIN_BASELINE_POINTS
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
@@ -85,10 +87,7 @@ class RatioToMedian(Detector):
             if not ok[i]:
                 out.append(Detection(int(steps[i]), float(values[i]), math.nan, math.inf))
                 continue
-            hist = _history(steps, values, ok, i, self.window)
-            if hist.size < self.min_history:
-                continue
-            med = float(np.median(hist))
+            med = spike_baseline(steps[:i], values[:i], int(steps[i]), self.window, self.min_history)
             if med > 0 and values[i] / med >= self.threshold:
                 out.append(Detection(int(steps[i]), float(values[i]), med, float(values[i] / med)))
         return out
