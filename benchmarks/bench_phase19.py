@@ -43,7 +43,7 @@ def bare_loop_step_seconds(scenario) -> float:
 
     from pytest_spikecheck.data.dataset import build_dataset
     from pytest_spikecheck.data.samplers import plan_batches
-    from pytest_spikecheck.training.engine import build_model, build_optimizer
+    from pytest_spikecheck.training.build import build_model, build_optimizer
     from pytest_spikecheck.training.schedule import lr_at
 
     torch.set_num_threads(1)

@@ -7,6 +7,7 @@ Run with ``pytest --spikecheck scenarios/``. Each scenario trains once per sessi
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from pytest_spikecheck import (
     ClipAt, NoClip, RareTokenBurst, Scenario, StratifiedBatches, assert_clip_contains, assert_finite,
@@ -65,9 +66,11 @@ def test_control_clip_contains_every_step(phase19_control):
 
 
 def test_break_is_not_clipped(phase19_break):
-    # Seed A's smoking gun: without a clip the post-clip norm equals the pre-clip norm.
+    # Seed A's smoking gun: without a clip the post-clip norm equals the pre-clip norm. The
+    # post-clip norm is measured on the gradients AdamW receives (float64, independent of the
+    # clipping backend), so they agree to float32 rounding, not by construction.
     at = np.flatnonzero(phase19_break["step"] == BURST)[0]
-    assert phase19_break["grad_norm_post"][at] == phase19_break["grad_norm_pre"][at]
+    assert phase19_break["grad_norm_post"][at] == pytest.approx(phase19_break["grad_norm_pre"][at], rel=1e-6)
 
 
 def test_clip_shrinks_the_eval_loss_jump(phase19_control, phase19_break):

@@ -21,7 +21,9 @@ def test_records_every_step_and_the_burst_event(short_runs):
         assert event["token_losses"]["worst"] and event["param_grad_norms"]
         assert run.batch_at(SHORT_BURST)["burst_samples"] == 3
     assert np.all(control["grad_norm_post"] <= 1.0 + 1e-5)
-    assert broken["grad_norm_post"][SHORT_BURST - 1] == broken["grad_norm_pre"][SHORT_BURST - 1]
+    # measured independently of the backend (float64 over the gradients AdamW receives): equal
+    # to the backend's pre-clip norm up to float32 rounding, since nothing scaled them
+    assert broken["grad_norm_post"][SHORT_BURST - 1] == pytest.approx(broken["grad_norm_pre"][SHORT_BURST - 1], rel=1e-6)
 
 
 def test_control_and_break_share_batches(short_runs):

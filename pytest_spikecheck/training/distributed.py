@@ -2,7 +2,7 @@
 
 ``train(scenario, nproc=2)`` runs the engine's one training loop on N ranks of a
 ``torch.distributed`` process group (gloo on CPU, NCCL with one GPU per rank on CUDA), with
-:class:`FlatShard` as its :class:`~pytest_spikecheck.training.engine.Sharding`. A step on rank r:
+:class:`FlatShard` as its :class:`~pytest_spikecheck.training.sharding.Sharding`. A step on rank r:
 
 1. forward/backward on rank r's contiguous part of the step's batch (the 8 samples split as
    evenly as they go), its loss weighted by its share of the batch's non-pad tokens, so the
@@ -48,13 +48,9 @@ from torch.multiprocessing.spawn import ProcessException
 
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.data.dataset import IGNORE_INDEX
-from pytest_spikecheck.training.engine import (
-    EventView,
-    build_optimizer,
-    parameter_groups,
-    train_with_sharding,
-    validate_nproc,
-)
+from pytest_spikecheck.training.build import build_optimizer, parameter_groups
+from pytest_spikecheck.training.engine import train_with_sharding, validate_nproc
+from pytest_spikecheck.training.sharding import EventView
 from pytest_spikecheck.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -109,7 +105,7 @@ def process_group_backend(device: str, nproc: int) -> str:
 
 
 class FlatShard:
-    """The N-rank :class:`~pytest_spikecheck.training.engine.Sharding`: gradients and AdamW state split
+    """The N-rank :class:`~pytest_spikecheck.training.sharding.Sharding`: gradients and AdamW state split
     into one contiguous shard per rank of ``group`` (default: the whole world).
 
     ``build_optimizer`` moves the model's weights into one flat buffer (each parameter becomes a
@@ -226,6 +222,13 @@ class FlatShard:
         finite = pre.isfinite() & (pre > 0)
         scale = torch.where(finite, post / torch.where(finite, pre, 1.0), 1.0)  # the effective global factor
         return ClipResult(pre, scale, ~pre.isfinite())
+
+    def grad_norm(self) -> torch.Tensor:
+        # This rank's shard as AdamW will read it, squared in float64, summed over the ranks:
+        # the whole gradient's norm, measured apart from any clip (the ShardLocalNorm bug included).
+        local = torch.stack(torch._foreach_norm([self.shard_grads], 2, dtype=torch.float64)).square().sum()
+        dist.all_reduce(local, op=dist.ReduceOp.SUM, group=self.group)
+        return local.sqrt()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         optimizer.step()

@@ -9,7 +9,8 @@ from typing import Iterable
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.distributed import train_distributed
-from pytest_spikecheck.training.engine import SingleProcess, StepCallback, train_with_sharding, validate_nproc
+from pytest_spikecheck.training.engine import StepCallback, train_with_sharding, validate_nproc
+from pytest_spikecheck.training.sharding import SingleProcess
 
 
 def train(

@@ -29,12 +29,14 @@ import torch
 import torch.nn.functional as F
 
 from pytest_spikecheck.judge.analysis import BASELINE_WINDOW, baseline
-from pytest_spikecheck.clipping import clip_grads_, resolve_backend, validate_max_norm
+from pytest_spikecheck.clipping import resolve_backend, validate_max_norm
 from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset
 from pytest_spikecheck.data.samplers import plan_batches
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.schedule import lr_at
+from pytest_spikecheck.training.sharding import SingleProcess
+from pytest_spikecheck.training.step import TrainingStep
 
 __all__ = ["SCENARIO_CLIP", "Probe", "ProbeResult", "TokenLoss", "measure_probe_rate", "probe_at"]
 
@@ -153,6 +155,8 @@ class Probe:
         self.optimizer: torch.optim.Optimizer = captured["optimizer"]
         self.dataset: Dataset = captured["dataset"]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self._trainer = TrainingStep(self.model, self.optimizer, SingleProcess(self.params), backend=self.backend,
+                                     clip_mode=resolved.optimizer.clip_mode)
         self._saved_params = [p.detach().clone() for p in self.params]
         self._saved_state = [{k: v.clone() for k, v in self.optimizer.state[p].items()} for p in self.params]
         self._buffers = list(self.model.buffers())
@@ -192,39 +196,32 @@ class Probe:
                 self._restore()
 
     def _step(self, indices: tuple[int, ...], max_norm: float, want_token_losses: bool) -> ProbeResult:
-        # Step S as the engine runs it (engine._train): lr, forward, backward, clip, AdamW.
-        for group in self.optimizer.param_groups:
-            group["lr"] = self.lr
+        # Step S as the engine runs it: the one TrainingStep (lr, forward, backward, clip, measure, AdamW).
         index = torch.tensor(indices, device=self.device)
-        x, y = self._inputs[index], self._targets[index]
         self.model.train()
-        logits, loss = self.model(x, y)
-        loss.backward()
-        loss_value = float(loss.detach())
-        clip = clip_grads_(self.params, max_norm, backend=self.backend, mode=self.scenario.optimizer.clip_mode)
-        nonfinite = bool(clip.nonfinite) or not math.isfinite(loss_value)
-        if nonfinite:  # the engine stops here without stepping; so does the probe
+        s = self._trainer.forward_backward_clip(self.at_step, list(indices), self._inputs[index],
+                                                self._targets[index], lr=self.lr, max_norm=max_norm)
+        if s.nonfinite:  # the engine stops here without stepping; so does the probe
             update_max_abs = update_norm = 0.0
         else:
-            self.optimizer.step()
+            self._trainer.update()
             deltas = torch._foreach_sub([p.detach() for p in self.params], self._saved_params)
             update_max_abs = float(max(d.abs().max() for d in deltas))
             update_norm = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(deltas))))
         params_finite = all(bool(torch.isfinite(p).all()) for p in self.params)
-        norm_pre = float(clip.total_norm)
         base = self.baseline_grad_norm
         return ProbeResult(
             indices=indices,
-            loss=loss_value,
-            grad_norm_pre=norm_pre,
-            grad_norm_post=float(clip.total_norm * clip.scale),
-            clip_scale=float(clip.scale),
-            nonfinite=nonfinite,
-            ratio=norm_pre / base if base > 0 else math.nan,
+            loss=s.loss,
+            grad_norm_pre=s.grad_norm_pre,
+            grad_norm_post=s.grad_norm_post,
+            clip_scale=float(s.clip.scale),
+            nonfinite=s.nonfinite,
+            ratio=s.grad_norm_pre / base if base > 0 else math.nan,
             update_max_abs=update_max_abs,
             update_norm=update_norm,
             params_finite=params_finite,
-            token_losses=self._token_losses(logits.detach(), y, indices) if want_token_losses else (),
+            token_losses=self._token_losses(s.logits.detach(), s.y, indices) if want_token_losses else (),
         )
 
     def _token_losses(self, logits: torch.Tensor, targets: torch.Tensor, indices: tuple[int, ...]) -> tuple[TokenLoss, ...]:

@@ -1,0 +1,126 @@
+"""One training step, the one copy of it: the engine's loop and every probe run this.
+
+Order matters (Seed B): forward, backward, clip, measure, and only then AdamW touches ``m``,
+``v`` or any parameter. :meth:`TrainingStep.forward_backward_clip` stops before the update so
+that whoever runs the step can look at the clipped gradients and Adam's state first (the
+event records do), then :meth:`TrainingStep.update` applies it (or skips it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from pytest_spikecheck.clipping import ClipResult
+from pytest_spikecheck.judge.baseline import spike_baseline
+from pytest_spikecheck.training.sharding import Sharding
+
+
+@dataclass
+class StepOutcome:
+    """What one step did, up to (not including) the optimizer update."""
+
+    step: int
+    lr: float
+    batch: list[int]
+    x: torch.Tensor
+    y: torch.Tensor
+    logits: torch.Tensor
+    loss: float
+    clip: ClipResult
+    max_norm: float  # the limit the clip applied (inf: none)
+    grad_norm_pre: float  # the clipping backend's pre-clip global norm
+    #: The global L2 norm of the gradients as the optimizer will receive them, measured after the
+    #: clip in float64 by code independent of the backend (never computed from its scale).
+    grad_norm_post: float
+
+    @property
+    def nonfinite(self) -> bool:
+        return not math.isfinite(self.loss) or bool(self.clip.nonfinite)
+
+
+class TrainingStep:
+    """Runs steps of ``model`` with ``optimizer`` through ``sharding`` (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sharding: Sharding, *,
+                 backend: str, clip_mode: str) -> None:
+        self.model, self.optimizer, self.sharding = model, optimizer, sharding
+        self.backend = backend
+        # adaptive clipping is a global clip at a moving limit (the policy supplies the limit)
+        self.clip_mode = "global" if clip_mode == "adaptive" else clip_mode
+
+    def forward_backward_clip(self, step: int, batch: list[int], x: torch.Tensor, y: torch.Tensor, *,
+                              lr: float, max_norm: float) -> StepOutcome:
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        logits, loss = self.sharding.forward_backward(self.model, x, y)
+        clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_mode)
+        post = self.sharding.grad_norm()
+        return StepOutcome(step=step, lr=lr, batch=batch, x=x, y=y, logits=logits, loss=float(loss.detach()),
+                           clip=clip, max_norm=max_norm, grad_norm_pre=float(clip.total_norm),
+                           grad_norm_post=float(post))
+
+    def update(self, *, skip: bool = False) -> None:
+        """AdamW's step (unless ``skip``: then nothing reaches the weights or Adam's moments),
+        then the gradients are dropped."""
+        if not skip:
+            self.sharding.optimizer_step(self.optimizer)
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass
+class StepVerdict:
+    """How a step's pre-clip norm compares with the steps before it (the online detector)."""
+
+    baseline: float  # the spike baseline of the pre-clip norm (NaN before enough history)
+    ratio: float
+    is_spike: bool
+    skip: bool  # SkipSpikes drops this step
+    declared: str | None  # the declared event at this step ("burst", "new_source"), if any
+    nonfinite: bool
+
+    @property
+    def is_event(self) -> bool:
+        return self.declared is not None or self.is_spike or self.nonfinite
+
+    @property
+    def kinds(self) -> list[str]:
+        return [k for k, on in ((self.declared, self.declared is not None), ("spike", self.is_spike),
+                                ("nonfinite", self.nonfinite)) if on]
+
+
+@dataclass
+class SpikeWatch:
+    """The engine's online view of the pre-clip norm: each step's ratio to the spike baseline
+    (:func:`~pytest_spikecheck.judge.baseline.spike_baseline`, the same one every judgement
+    uses), whether it is a spike worth an event record, and whether ``SkipSpikes`` drops it."""
+
+    spike_ratio: float
+    window: int
+    skip_ratio: float | None
+    declared: dict[int, str]
+    _steps: deque = field(init=False)
+    _norms: deque = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._steps, self._norms = deque(maxlen=self.window), deque(maxlen=self.window)
+
+    def judge(self, outcome: StepOutcome) -> StepVerdict:
+        nonfinite = outcome.nonfinite
+        base = spike_baseline(np.fromiter(self._steps, np.int64, len(self._steps)),
+                              np.fromiter(self._norms, np.float64, len(self._norms)), outcome.step, self.window)
+        ratio = outcome.grad_norm_pre / base if base > 0 else math.nan
+        return StepVerdict(
+            baseline=base, ratio=ratio,
+            is_spike=not nonfinite and ratio >= self.spike_ratio,
+            skip=not nonfinite and self.skip_ratio is not None and ratio >= self.skip_ratio,
+            declared=self.declared.get(outcome.step), nonfinite=nonfinite)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Add a completed step's pre-clip norm to the history."""
+        self._steps.append(outcome.step)
+        self._norms.append(outcome.grad_norm_pre)
