@@ -2,7 +2,7 @@
 
     python benchmarks/clip_table.py bench.json [--output table.md]
 
-One row per benchmark: shape, case, implementation, device, parameters, median time, effective
+One row per benchmark: shape, dtype, case, implementation, device, parameters, median time, effective
 bandwidth (the bytes the case must move / median time) and the fraction of H200's 4.3 TB/s that
 is. The table is printed and, with --output, written to a file.
 """
@@ -16,12 +16,13 @@ from pathlib import Path
 
 #: Keep in step with benchmarks/bench_clip.py (not imported: that module imports torch).
 H200_BYTES_PER_SECOND = 4.3e12
-SHAPE_ORDER = ("tiny", "andrea-12m", "andrea-120m")
+SHAPE_ORDER = ("tiny", "andrea-12m", "andrea-120m", "gpt2-124m")
+DTYPE_ORDER = ("float32", "bfloat16")
 CASE_ORDER = ("clip", "no clip")
 
 HEADER = (
-    "| shape | case | implementation | device | parameters | median time | effective GB/s | "
-    "fraction of H200 bound |\n|---|---|---|---|---:|---:|---:|---:|"
+    "| shape | dtype | case | implementation | device | parameters | median time | effective GB/s | "
+    "fraction of H200 bound |\n|---|---|---|---|---|---:|---:|---:|---:|"
 )
 
 
@@ -41,13 +42,15 @@ def rows(report: dict) -> list[str]:
             continue
         median = bench["stats"]["median"]
         bandwidth = info["bytes_moved"] / median
+        dtype = info.get("dtype", "float32")  # results from before the dtype parameter are fp32
         key = (
             SHAPE_ORDER.index(info["shape"]) if info["shape"] in SHAPE_ORDER else len(SHAPE_ORDER),
+            DTYPE_ORDER.index(dtype) if dtype in DTYPE_ORDER else len(DTYPE_ORDER),
             CASE_ORDER.index(info["case"]) if info["case"] in CASE_ORDER else len(CASE_ORDER),
             info["implementation"],
         )
         line = (
-            f"| {info['shape']} | {info['case']} | {info['implementation']} | "
+            f"| {info['shape']} | {dtype} | {info['case']} | {info['implementation']} | "
             f"{info.get('device_name', info.get('device', '?'))} | {info['parameters']:,} | "
             f"{format_time(median)} | {bandwidth / 1e9:,.1f} | {bandwidth / H200_BYTES_PER_SECOND:.3f} |"
         )

@@ -11,9 +11,10 @@
 //
 // Launched by pytest_spikecheck/clipping/_kernel_runner.py (through CuPy on a GPU, through
 // cuda_emulator.h on the CPU). The same file compiles with NVRTC and with g++: it includes no
-// headers, and the only GPU-specific lines (fp16/bf16 conversion instructions) are guarded by
-// __CUDA_ARCH__. The dtype codes GRAD_DTYPE_* come from the host code as -D flags so they have one
-// definition (GRAD_DTYPE_CODES in _kernel_runner.py).
+// headers, and the only GPU-specific lines (inline PTX: fp16/bf16 conversions and the fp32
+// arithmetic that -ftz=true must not touch) are guarded by __CUDA_ARCH__, the bf16 instruction by
+// __CUDA_ARCH__ >= 800. The dtype codes GRAD_DTYPE_* come from the host code as -D flags so they
+// have one definition (GRAD_DTYPE_CODES in _kernel_runner.py).
 //
 // Design choices and their trade-offs (in the spirit of llm.c's dev/cuda/global_norm.cu):
 //
@@ -52,12 +53,21 @@
 //    kernel is always launched (a few microseconds) and returns at once when the scale is 1 --
 //    the common step, where gradients are below max_norm, costs no pass over memory.
 //
-// 7. fp16 / bf16 gradients are read as 16-bit words and converted with the cvt instruction on the
-//    GPU (exact, one instruction); the CPU build uses the bit-level conversions below, which are
-//    exact too (round to nearest even) and are checked against numpy for every fp16 / bf16 value.
+// 7. fp16 / bf16 gradients are read as 16-bit words. fp16 <-> fp32 uses the cvt instruction on
+//    every GPU (exact, one instruction). fp32 -> bf16 uses cvt.rn.bf16.f32 from sm_80 on; sm_75
+//    (T4) has no bf16 instruction, so there, and on the CPU, float_to_bfloat16_bits_rne does the
+//    same round to nearest even on the bit pattern (~4 integer instructions, exact). The CPU build
+//    uses bit-level conversions throughout; tests/test_emulator.py checks them against torch's
+//    rounding for every bf16 value with ties, subnormals, inf and NaN (and clip.cu against numpy
+//    for every fp16 / bf16 value through the conformance kit).
 //
-// 8. CuPy compiles with -ftz=true: fp32 subnormals (|x| < 1.2e-38) are flushed to zero in
-//    arithmetic on the GPU. That changes no norm that matters and only gradients already ~1e-38.
+// 8. No flush to zero. CuPy always compiles with -ftz=true (it appends the flag after ours), which
+//    would flush fp32 subnormals (|x| < 1.2e-38) in every fp32 add, multiply, fma, compare and
+//    conversion on the GPU only -- torch does not, and neither does the CPU emulator. So every
+//    fp32 operation on gradient data or the norm goes through the *_ieee helpers below: inline
+//    PTX without .ftz on the GPU, plain C++ on the CPU. tests/test_kernels_compile.py compiles
+//    with CuPy's options and fails on any .ftz instruction in the PTX. Subnormal gradients then
+//    count in the norm and are scaled exactly as torch scales them, on every device.
 
 #if !defined(GRAD_DTYPE_FLOAT32) || !defined(GRAD_DTYPE_FLOAT16) || !defined(GRAD_DTYPE_BFLOAT16)
 #error "compile with the -DGRAD_DTYPE_* flags from pytest_spikecheck.clipping._kernel_runner"
@@ -93,6 +103,65 @@ enum : unsigned int { kFullWarpMask = 0xffffffffu };
 struct alignas(16) Pack128 {
     unsigned int word[4];
 };
+
+// ---------------------------------------------------------------------------------------------
+// fp32 arithmetic that -ftz=true cannot change (design choice 8). IEEE round to nearest even,
+// subnormal inputs and results kept. double is never flushed, so its arithmetic stays plain C++.
+
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ float fma_ieee(float a, float b, float c)
+{
+    float r;
+    asm("fma.rn.f32 %0, %1, %2, %3;" : "=f"(r) : "f"(a), "f"(b), "f"(c));
+    return r;
+}
+__device__ __forceinline__ float add_ieee(float a, float b)
+{
+    float r;
+    asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float mul_ieee(float a, float b)
+{
+    float r;
+    asm("mul.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ float div_ieee(float a, float b)
+{
+    float r;
+    asm("div.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+__device__ __forceinline__ double widen_ieee(float a)
+{
+    double r;
+    asm("cvt.f64.f32 %0, %1;" : "=d"(r) : "f"(a));
+    return r;
+}
+__device__ __forceinline__ float narrow_ieee(double a)
+{
+    float r;
+    asm("cvt.rn.f32.f64 %0, %1;" : "=f"(r) : "d"(a));
+    return r;
+}
+#else
+inline float fma_ieee(float a, float b, float c) { return fmaf(a, b, c); }
+inline float add_ieee(float a, float b) { return a + b; }
+inline float mul_ieee(float a, float b) { return a * b; }
+inline float div_ieee(float a, float b) { return a / b; }
+inline double widen_ieee(float a) { return static_cast<double>(a); }
+inline float narrow_ieee(double a) { return static_cast<float>(a); }
+#endif
+__device__ __forceinline__ double add_ieee(double a, double b) { return a + b; }
+
+// x < 1.0f on the bit pattern (an fp32 compare would be setp.ftz under -ftz=true).
+__device__ __forceinline__ bool less_than_one(float x)
+{
+    const unsigned int bits = __float_as_uint(x);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return false;  // NaN
+    return (bits >> 31) != 0 || bits < 0x3f800000u;         // negative, or below 1.0f's pattern
+}
 
 // ---------------------------------------------------------------------------------------------
 // fp16 / bf16 <-> fp32 (bit patterns held in unsigned short)
@@ -154,16 +223,24 @@ __device__ __forceinline__ float bfloat16_bits_to_float(unsigned short bits)
     return __uint_as_float(static_cast<unsigned int>(bits) << 16);
 }
 
-__device__ __forceinline__ unsigned short float_to_bfloat16_bits(float value)
+// fp32 -> bf16, round to nearest even, on the bit pattern: exact on any architecture. NaN stays a
+// quiet NaN of the same sign (0x40: the quiet bit) instead of rounding into inf; every other
+// value, inf and subnormals included, gives the same bits as torch's and cvt.rn.bf16.f32's rounding.
+__device__ __forceinline__ unsigned short float_to_bfloat16_bits_rne(float value)
 {
-#if defined(__CUDA_ARCH__)
-    unsigned short bits;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(value));
-    return bits;
-#else
     const unsigned int u = __float_as_uint(value);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<unsigned short>((u >> 16) | 0x40u);
     return static_cast<unsigned short>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);  // nearest even
+}
+
+__device__ __forceinline__ unsigned short float_to_bfloat16_bits(float value)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    unsigned short bits;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(bits) : "f"(value));  // sm_80+: one instruction
+    return bits;
+#else
+    return float_to_bfloat16_bits_rne(value);  // sm_75 and the CPU
 #endif
 }
 
@@ -212,7 +289,7 @@ __device__ __forceinline__ T warp_reduce_sum(T value)
 {
     // Butterfly: every lane ends with the same sum, added in the same order on every run.
     for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
-        value += __shfl_xor_sync(kFullWarpMask, value, offset);
+        value = add_ieee(value, __shfl_xor_sync(kFullWarpMask, value, offset));
     }
     return value;
 }
@@ -275,14 +352,14 @@ __device__ float chunk_sum_of_squares(const GradTableRow& row, long long begin, 
 #pragma unroll
             for (int i = 0; i < Format::kPerPack; ++i) {
                 const float x = Format::unpack(pack, i);
-                sum = fmaf(x, x, sum);
+                sum = fma_ieee(x, x, sum);
             }
         }
         tail_begin = num_packs * Format::kPerPack;
     }
     for (int i = tail_begin + threadIdx.x; i < count; i += blockDim.x) {
         const float x = Format::load(chunk + i);
-        sum = fmaf(x, x, sum);
+        sum = fma_ieee(x, x, sum);
     }
     return sum;
 }
@@ -301,14 +378,14 @@ __device__ void scale_chunk(const GradTableRow& row, long long begin, int count,
             Pack128 pack = packs[p];
 #pragma unroll
             for (int i = 0; i < Format::kPerPack; ++i) {
-                Format::repack(pack, i, Format::unpack(pack, i) * scale);
+                Format::repack(pack, i, mul_ieee(Format::unpack(pack, i), scale));
             }
             packs[p] = pack;
         }
         tail_begin = num_packs * Format::kPerPack;
     }
     for (int i = tail_begin + threadIdx.x; i < count; i += blockDim.x) {
-        Format::store(chunk + i, Format::load(chunk + i) * scale);
+        Format::store(chunk + i, mul_ieee(Format::load(chunk + i), scale));
     }
 }
 
@@ -346,18 +423,18 @@ extern "C" __global__ void k_grad_norm_final(const float* partial_sums, long lon
 {
     double sum = 0.0;
     for (long long i = threadIdx.x; i < num_chunks; i += blockDim.x) {
-        sum += static_cast<double>(partial_sums[i]);
+        sum += widen_ieee(partial_sums[i]);
     }
     sum = block_reduce_sum(sum);
     if (threadIdx.x == 0) {
         const double norm = sqrt(sum);
         const bool nonfinite = !isfinite(norm);
-        const float norm32 = static_cast<float>(norm);
+        const float norm32 = narrow_ieee(norm);
         // torch computes max_norm / (norm + eps) as reciprocal(norm + eps) * max_norm in fp32;
         // the same operations give the same scale for the same norm.
-        const float coefficient = (1.0f / (norm32 + eps)) * max_norm;
+        const float coefficient = mul_ieee(div_ieee(1.0f, add_ieee(norm32, eps)), max_norm);
         *norm_out = norm32;
-        *scale_out = (nonfinite || !(coefficient < 1.0f)) ? 1.0f : coefficient;
+        *scale_out = (nonfinite || !less_than_one(coefficient)) ? 1.0f : coefficient;
         *nonfinite_out = nonfinite ? 1 : 0;
     }
 }
@@ -368,7 +445,7 @@ extern "C" __global__ void k_grad_scale(const GradTableRow* table, int num_tenso
                                         const float* scale)
 {
     const float factor = *scale;
-    if (factor == 1.0f) return;
+    if (__float_as_uint(factor) == 0x3f800000u) return;  // == 1.0f, without an fp32 compare
     for (long long chunk = blockIdx.x; chunk < num_chunks; chunk += gridDim.x) {
         const GradTableRow& row = find_row(table, num_tensors, chunk);
         const long long begin = (chunk - row.first_chunk) * chunk_elements;

@@ -97,3 +97,21 @@ extern "C" const char* emulator_launch(const char* kernel_name, unsigned int gri
     }
     return last_error.empty() ? nullptr : last_error.c_str();
 }
+
+// clip.cu's bit-level conversions, element by element, for the tests: fp32 -> bf16 is the routine
+// sm_75 GPUs run (float_to_bfloat16_bits_rne; sm_80+ use cvt.rn.bf16.f32), bf16 -> fp32 is the
+// one every GPU runs, and fp32 -> fp16 the CPU's (GPUs use cvt.rn.f16.f32).
+extern "C" void emulator_float_to_bfloat16(const float* values, unsigned short* bits, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) bits[i] = float_to_bfloat16_bits_rne(values[i]);
+}
+
+extern "C" void emulator_bfloat16_to_float(const unsigned short* bits, float* values, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) values[i] = bfloat16_bits_to_float(bits[i]);
+}
+
+extern "C" void emulator_float_to_half(const float* values, unsigned short* bits, std::size_t count)
+{
+    for (std::size_t i = 0; i < count; ++i) bits[i] = float_to_half_bits(values[i]);
+}

@@ -139,7 +139,7 @@ def test_launch_errors_are_clear(kernel, block, args_change, message):
     if args_change == "drop":
         args = args[:-1]
     with pytest.raises(EmulatorLaunchError, match=rf"^{kernel}<<<1, {block}>>>: {message}$"):
-        EmulatorLauncher(load_emulator()).launch(kernel, 1, block, args)
+        EmulatorLauncher(load_emulator()).launch(load_emulator(), kernel, 1, block, args)
 
 
 def test_launch_config_is_validated():
@@ -261,6 +261,62 @@ def test_pointer_table_is_rebuilt_only_when_an_address_changes():
     assert float(outputs.total_norm) == pytest.approx(float64_norm(grads), rel=2e-6)
 
 
+class TwoDeviceLauncher(EmulatorLauncher):
+    """The emulator pretending to drive two GPUs: ``current`` is the device id the next clip runs
+    on; each load returns a module tagged with its device id and every launch records which
+    module it used on which device."""
+
+    def __init__(self) -> None:
+        super().__init__(load_emulator())
+        self.current = 0
+        self.loads: list[int] = []
+        self.launches: list[tuple[int, int]] = []  # (device the clip ran on, device of the module)
+
+    def device_key(self, device):
+        return self.current
+
+    def load(self, device_key):
+        self.loads.append(device_key)
+        return (device_key, self.library)
+
+    def launch(self, module, kernel, grid, block, args):
+        module_device, library = module
+        self.launches.append((self.current, module_device))
+        super().launch(library, kernel, grid, block, args)
+
+
+def test_modules_and_tables_are_cached_per_device():
+    from pytest_spikecheck.clipping._kernel_runner import ClipKernelRunner
+
+    launcher = TwoDeviceLauncher()
+    runner = ClipKernelRunner(launcher)
+    grads = random_grads([(100,), (50,)], seed=3)
+    norms = []
+    for device_id in (0, 1, 0, 1):
+        launcher.current = device_id
+        norms.append(float(runner.run(grads, math.inf).total_norm))
+    assert launcher.loads == [0, 1] and runner.module_loads == 2  # one module per device, loaded once
+    assert runner.table_builds == 2  # the same tensors get one table per device
+    assert all(ran_on == module_of for ran_on, module_of in launcher.launches), launcher.launches
+    assert len(launcher.launches) == 8 and len(set(norms)) == 1
+
+
+def test_a_module_that_cannot_load_fails_the_same_way_every_time():
+    from pytest_spikecheck.clipping._kernel_runner import ClipKernelRunner
+
+    class Broken(TwoDeviceLauncher):
+        def load(self, device_key):
+            self.loads.append(device_key)
+            raise RuntimeError(f"no kernel image for device {device_key}")
+
+    launcher = Broken()
+    runner = ClipKernelRunner(launcher)
+    for _ in range(2):
+        with pytest.raises(RuntimeError, match="no kernel image for device 0"):
+            runner.run(random_grads([(10,)]), 1.0)
+    assert launcher.loads == [0]  # not recompiled at every step
+
+
 @pytest.mark.parametrize("max_norm, expected", [
     (1.0, ["k_grad_norm_partial", "k_grad_norm_final", "k_grad_scale"]),
     (math.inf, ["k_grad_norm_partial", "k_grad_norm_final"]),  # measure only: no scale pass
@@ -270,7 +326,8 @@ def test_at_most_three_launches_whatever_the_number_of_tensors(monkeypatch, max_
     launcher = backend.runner.launcher
     launched = []
     real_launch = launcher.launch
-    monkeypatch.setattr(launcher, "launch", lambda kernel, *args: (launched.append(kernel), real_launch(kernel, *args)))
+    monkeypatch.setattr(launcher, "launch",
+                        lambda module, kernel, *args: (launched.append(kernel), real_launch(module, kernel, *args)))
     backend.run(random_grads([(3,)] * 40 + [(CHUNK_ELEMENTS * 2 + 1,)], seed=9), max_norm)
     assert launched == expected
 
@@ -298,3 +355,52 @@ def test_public_api_runs_the_emulator():
     assert float(result.total_norm) == pytest.approx(float64_norm(original), rel=2e-6)
     assert not bool(result.nonfinite)
     assert_scaled_exactly([p.grad for p in params], original, result.scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# clip.cu's bit-level conversions (the fp32 -> bf16 one is what sm_75 GPUs run)
+
+
+def float32_patterns() -> np.ndarray:
+    """Every high half (so every bf16 value, every exponent: zeros, subnormals, normals, inf, NaN)
+    with the low halves that decide rounding (exact, just above 0, just below / at / just above the
+    tie, all ones), and 2**20 random patterns: ~1.4M float32 bit patterns."""
+    high = np.arange(2**16, dtype=np.uint32) << 16
+    lows = np.array([0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001, 0xffff], dtype=np.uint32)
+    random = np.random.default_rng(0).integers(0, 2**32, size=2**20, dtype=np.uint32)
+    return np.concatenate([(high[:, None] | lows[None, :]).ravel(), random]).view(np.float32)
+
+
+def assert_same_bits_except_nan(ours: np.ndarray, theirs: np.ndarray, inputs: np.ndarray, what: str) -> None:
+    """Bit-identical results for every non-NaN input (NaN payloads are checked by the callers)."""
+    differ = np.flatnonzero((ours != theirs) & ~np.isnan(inputs))
+    assert differ.size == 0, (
+        f"{what}: {differ.size} of {inputs.size} differ, first input 0x{inputs.view(np.uint32)[differ[0]]:08x}: "
+        f"ours 0x{int(ours[differ[0]]):04x}, torch 0x{int(theirs[differ[0]]):04x}"
+    )
+
+
+def test_float_to_bfloat16_rounds_like_torch_for_every_kind_of_float():
+    values = float32_patterns()
+    ours = emulator_backend.convert("emulator_float_to_bfloat16", values)
+    theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert_same_bits_except_nan(ours, theirs, values, "fp32 -> bf16")
+    nan = np.isnan(values)
+    assert nan.sum() > 1000 and np.all(ours[nan] == ((values[nan].view(np.uint32) >> 16) | 0x40)), \
+        "a NaN must stay a quiet NaN with its sign and top payload bits"
+
+
+def test_bfloat16_to_float_is_exact_for_every_bf16_value():
+    bits = np.arange(2**16, dtype=np.uint16)
+    ours = emulator_backend.convert("emulator_bfloat16_to_float", bits)
+    theirs = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16).float().numpy()
+    assert np.array_equal(ours.view(np.uint32), theirs.view(np.uint32))
+
+
+def test_float_to_half_rounds_like_torch_for_every_kind_of_float():
+    values = float32_patterns()
+    ours = emulator_backend.convert("emulator_float_to_half", values)
+    theirs = torch.from_numpy(values).half().view(torch.int16).numpy().view(np.uint16)
+    assert_same_bits_except_nan(ours, theirs, values, "fp32 -> fp16")
+    nan = np.isnan(values)
+    assert np.all((ours[nan] & 0x7e00) == 0x7e00), "a NaN must stay a quiet NaN"

@@ -1,5 +1,6 @@
-"""Every kernel in kernels/clip.cu compiles with NVRTC for sm_90, with the options the cupy backend
-uses, and spills no registers. Needs no GPU: cupy-cuda13x imports without one and the
+"""Every kernel in kernels/clip.cu compiles with NVRTC for every architecture of ARCHITECTURES
+(sm_75 ... sm_120), with the options the cupy backend uses, spills no registers, uses the bf16
+instruction only where it exists (sm_80+) and no flush-to-zero instruction anywhere. Needs no GPU: cupy-cuda13x imports without one and the
 nvidia-cuda-nvrtc wheel supplies NVRTC.
 
 CI installs the gpu extra, so a missing NVRTC fails these tests. Set SPIKECHECK_ALLOW_NO_NVRTC=1
@@ -14,10 +15,12 @@ import re
 import pytest
 
 from pytest_spikecheck.clipping._kernel_runner import (
+    ARCHITECTURES,
     CUPY_IMPLICIT_NVRTC_OPTIONS,
     KERNEL_NAMES,
     NVRTC_OPTIONS,
     KernelCompileError,
+    cupy_implicit_nvrtc_options,
     kernel_source,
 )
 
@@ -48,21 +51,33 @@ def compile_program(nvrtc, source: str, options: tuple[str, ...]) -> tuple[str, 
     return nvrtc.getProgramLog(program).replace("\x00", ""), program
 
 
-@pytest.fixture(scope="module")
-def sm90(nvrtc):
-    """clip.cu compiled to an sm_90 cubin exactly as cupy.RawModule would, plus ptxas's report."""
-    options = NVRTC_OPTIONS + CUPY_IMPLICIT_NVRTC_OPTIONS + ("--ptxas-options=-v",)
+def test_nvrtc_supports_every_architecture(nvrtc):
+    supported = set(nvrtc.getSupportedArchs())
+    missing = [arch for arch in ARCHITECTURES if arch not in supported]
+    assert not missing, f"NVRTC {nvrtc.getVersion()} cannot target sm_{missing}; it supports {sorted(supported)}"
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES, ids=lambda arch: f"sm_{arch}")
+def cubin(nvrtc, request):
+    """(arch, ptxas's report, cubin): clip.cu compiled exactly as cupy.RawModule would on that GPU."""
+    arch = request.param
+    options = NVRTC_OPTIONS + cupy_implicit_nvrtc_options(arch) + ("--ptxas-options=-v",)
     log, program = compile_program(nvrtc, kernel_source(), options)
-    return log, nvrtc.getCUBIN(program)
+    return arch, log, nvrtc.getCUBIN(program)
+
+
+def ptx_for(nvrtc, arch: int) -> str:
+    """The PTX of clip.cu for compute_<arch>, with CuPy's options (-ftz=true included)."""
+    options = NVRTC_OPTIONS + (f"-arch=compute_{arch}", "--device-as-default-execution-space", "-ftz=true")
+    _, program = compile_program(nvrtc, kernel_source(), options)
+    text = nvrtc.getPTX(program)
+    return text.decode() if isinstance(text, bytes) else text
 
 
 @pytest.fixture(scope="module")
 def ptx(nvrtc):
     """The PTX of clip.cu for compute_90, to read the instructions the kernels use."""
-    options = NVRTC_OPTIONS + ("-arch=compute_90", "-ftz=true", "--device-as-default-execution-space")
-    _, program = compile_program(nvrtc, kernel_source(), options)
-    text = nvrtc.getPTX(program)
-    return text.decode() if isinstance(text, bytes) else text
+    return ptx_for(nvrtc, 90)
 
 
 def resource_usage(log: str) -> dict[str, dict[str, int]]:
@@ -80,18 +95,36 @@ def resource_usage(log: str) -> dict[str, dict[str, int]]:
     return usage
 
 
-def test_cubin_is_an_sm90_elf(sm90):
-    _, cubin = sm90
-    assert cubin[:4] == b"\x7fELF"
+def test_cubin_is_an_elf(cubin):
+    _, _, binary = cubin
+    assert binary[:4] == b"\x7fELF"
 
 
 @pytest.mark.parametrize("kernel", KERNEL_NAMES)
-def test_kernel_compiles_for_sm90_without_spills(sm90, kernel):
-    log, _ = sm90
+def test_kernel_compiles_without_spills(cubin, kernel):
+    arch, log, _ = cubin
     usage = resource_usage(log)
-    assert kernel in usage, f"ptxas compiled no entry function {kernel}:\n{log}"
-    assert usage[kernel]["spill_stores"] == 0 and usage[kernel]["spill_loads"] == 0, usage[kernel]
-    assert usage[kernel]["stack"] == 0, f"{kernel} uses local memory: {usage[kernel]}"
+    assert kernel in usage, f"ptxas compiled no entry function {kernel} for sm_{arch}:\n{log}"
+    assert usage[kernel]["spill_stores"] == 0 and usage[kernel]["spill_loads"] == 0, (arch, usage[kernel])
+    assert usage[kernel]["stack"] == 0, f"{kernel} uses local memory on sm_{arch}: {usage[kernel]}"
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES, ids=lambda arch: f"sm_{arch}")
+def test_bf16_instruction_only_where_the_gpu_has_it(nvrtc, arch):
+    """sm_75 has no bf16 instruction: there clip.cu rounds on the bit pattern (integer PTX only)."""
+    instructions = [line.strip() for line in ptx_for(nvrtc, arch).splitlines() if ".bf16" in line]
+    if arch < 80:
+        assert not instructions, f"sm_{arch} cannot run {instructions[:3]}"
+    else:
+        assert any(line.startswith("cvt.rn.bf16.f32") for line in instructions), f"sm_{arch}: no cvt.rn.bf16.f32"
+
+
+@pytest.mark.parametrize("arch", [75, 90], ids=lambda arch: f"sm_{arch}")
+def test_no_flush_to_zero_under_cupys_ftz_flag(nvrtc, arch):
+    """CuPy appends -ftz=true; clip.cu's fp32 arithmetic is inline PTX without .ftz, so subnormal
+    gradients are summed and scaled on the GPU as torch and the emulator do (design choice 8)."""
+    flushing = [line.strip() for line in ptx_for(nvrtc, arch).splitlines() if ".ftz" in line]
+    assert not flushing, f"sm_{arch}: {len(flushing)} flush-to-zero instructions, e.g. {flushing[:3]}"
 
 
 def kernel_body(ptx: str, kernel: str) -> str:

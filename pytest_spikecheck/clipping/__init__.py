@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from pytest_spikecheck.clipping._registry import (
     BACKEND_NAMES,
+    BackendUnavailableError,
+    SpikecheckBackendWarning,
     available_backends,
     get_backend,
     resolve_backend,
@@ -48,9 +50,11 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "BACKEND_NAMES",
+    "BackendUnavailableError",
     "CLIP_EPS",
     "ClipResult",
     "NonFiniteGradientError",
+    "SpikecheckBackendWarning",
     "available_backends",
     "clip_grad_norm_",
     "clip_grads_",

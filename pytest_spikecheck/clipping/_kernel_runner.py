@@ -63,13 +63,26 @@ def compile_defines() -> tuple[str, ...]:
     return tuple(f"-DGRAD_DTYPE_{name.upper()}={code}" for name, code in GRAD_DTYPE_CODES.items())
 
 
-#: Options for NVRTC besides the ones CuPy adds itself (``-arch=sm_XX``, ``-ftz=true``,
-#: ``--device-as-default-execution-space``; see :data:`CUPY_IMPLICIT_NVRTC_OPTIONS`).
+#: Options for NVRTC besides the ones CuPy adds itself (``-arch=sm_XX``,
+#: ``--device-as-default-execution-space``, and ``-ftz=true`` last, so it cannot be overridden;
+#: see :func:`cupy_implicit_nvrtc_options`). clip.cu does its fp32 arithmetic in inline PTX that
+#: -ftz cannot change (design choice 8 in clip.cu).
 NVRTC_OPTIONS = ("-std=c++17",) + compile_defines()
 
-#: What ``cupy.RawModule`` (CuPy 14) adds to the options for a device of compute capability 9.0.
-#: The compile test uses these so it compiles exactly what the cupy backend will.
-CUPY_IMPLICIT_NVRTC_OPTIONS = ("-arch=sm_90", "-ftz=true", "--device-as-default-execution-space")
+#: The GPU architectures clip.cu must compile for (NVRTC, no device needed; tests/test_kernels_compile.py):
+#: T4 (7.5), A100 (8.0), A10/RTX 30 (8.6), L4/RTX 40 (8.9), H100/H200 (9.0), B200 (10.0), RTX 50 (12.0).
+#: NVRTC 13.0 supports every one of them (and drops everything below sm_75).
+ARCHITECTURES = (75, 80, 86, 89, 90, 100, 120)
+
+
+def cupy_implicit_nvrtc_options(arch: int) -> tuple[str, ...]:
+    """What ``cupy.RawModule`` (CuPy 14) adds to our options for a device of compute capability
+    ``arch`` (e.g. 90): the compile test uses these so it compiles exactly what the cupy backend will."""
+    return (f"-arch=sm_{arch}", "--device-as-default-execution-space", "-ftz=true")
+
+
+#: :func:`cupy_implicit_nvrtc_options` for an H100 / H200.
+CUPY_IMPLICIT_NVRTC_OPTIONS = cupy_implicit_nvrtc_options(90)
 
 
 def kernel_source(name: str = "clip.cu") -> str:
@@ -95,16 +108,23 @@ class KernelCompileError(ValueError):
 
 
 class KernelLauncher(Protocol):
-    """How a backend launches one kernel of clip.cu."""
+    """How a backend loads and launches the kernels of clip.cu."""
 
     #: Device type the gradients must be on ("cuda" or "cpu").
     device_type: str
 
+    def device_key(self, device: "torch.device") -> int:
+        """The id of the device whose module runs for gradients on ``device`` (a CUDA ordinal)."""
+
+    def load(self, device_key: int) -> Any:
+        """Compile / load clip.cu for that device; what ``launch`` gets back as ``module``.
+        Raises (with a one-line message) when the module cannot compile or load there."""
+
     def activate(self, device: "torch.device") -> AbstractContextManager[Any]:
         """A context in which launches run on ``device`` (for CUDA: on torch's current stream)."""
 
-    def launch(self, kernel: str, grid: int, block: int, args: tuple[np.generic, ...]) -> None:
-        """Launch ``kernel<<<grid, block>>>(*args)``. Pointers are np.uint64 addresses."""
+    def launch(self, module: Any, kernel: str, grid: int, block: int, args: tuple[np.generic, ...]) -> None:
+        """Launch ``module``'s ``kernel<<<grid, block>>>(*args)``. Pointers are np.uint64 addresses."""
 
 
 @dataclass(frozen=True)
@@ -170,8 +190,29 @@ class ClipKernelRunner:
     def __init__(self, launcher: KernelLauncher, config: LaunchConfig = LaunchConfig()) -> None:
         self.launcher = launcher
         self.config = config
+        # Both caches are keyed by the launcher's device id: a module loaded on one GPU, or a table
+        # copied to it, is never used on another.
+        self._modules: dict[int, Any] = {}
+        self._load_errors: dict[int, Exception] = {}
         self._tables: OrderedDict[tuple[Any, ...], _GradTable] = OrderedDict()
         self.table_builds = 0  # how many tables were built (tests check the cache with it)
+        self.module_loads = 0  # how many modules were loaded (one per device)
+
+    def module(self, device: "torch.device") -> Any:
+        """clip.cu loaded for ``device`` (compiled on first use; a failure is cached and re-raised)."""
+        key = self.launcher.device_key(device)
+        module = self._modules.get(key)
+        if module is None:
+            if key in self._load_errors:
+                raise self._load_errors[key]
+            try:
+                module = self.launcher.load(key)
+            except Exception as exc:
+                self._load_errors[key] = exc
+                raise
+            self._modules[key] = module
+            self.module_loads += 1
+        return module
 
     def run(self, grads: list["torch.Tensor"], max_norm: float) -> KernelOutputs:
         """Clip ``grads`` in place to global L2 norm ``max_norm`` (inf: measure only).
@@ -182,6 +223,7 @@ class ClipKernelRunner:
         import torch
 
         device = self._check_grads(grads)
+        module = self.module(device)
         table = self._table(grads, device)
         config = self.config
         scratch = torch.empty(max(table.num_chunks, 1), dtype=torch.float32, device=device)
@@ -192,8 +234,9 @@ class ClipKernelRunner:
             max_norm_f32 = np.float32(max_norm)
 
         with self.launcher.activate(device):
-            self._launch_over_table("k_grad_norm_partial", table, scratch)
+            self._launch_over_table(module, "k_grad_norm_partial", table, scratch)
             self.launcher.launch(
+                module,
                 "k_grad_norm_final",
                 1,
                 config.final_threads,
@@ -208,7 +251,7 @@ class ClipKernelRunner:
                 ),
             )
             if not math.isinf(max_norm):
-                self._launch_scale(table, scale)
+                self._launch_scale(module, table, scale)
         return KernelOutputs(total_norm, scale, nonfinite_flag)
 
     def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
@@ -223,21 +266,23 @@ class ClipKernelRunner:
                 f"expected the scale as one float32 value on {device}, "
                 f"was {scale.dtype} of shape {tuple(scale.shape)} on {scale.device}"
             )
+        module = self.module(device)
         table = self._table(grads, device)
         with self.launcher.activate(device):
-            self._launch_scale(table, scale.reshape(()))
+            self._launch_scale(module, table, scale.reshape(()))
 
-    def _launch_scale(self, table: _GradTable, scale: "torch.Tensor") -> None:
+    def _launch_scale(self, module: Any, table: _GradTable, scale: "torch.Tensor") -> None:
         """k_grad_scale over ``table``: ``g *= *scale`` (a no-op on the device when it is 1)."""
-        self._launch_over_table("k_grad_scale", table, scale)
+        self._launch_over_table(module, "k_grad_scale", table, scale)
 
-    def _launch_over_table(self, kernel: str, table: _GradTable, buffer: "torch.Tensor") -> None:
+    def _launch_over_table(self, module: Any, kernel: str, table: _GradTable, buffer: "torch.Tensor") -> None:
         """Launch one of the two kernels that walk every chunk of ``table``; both take the table,
         its sizes, the chunk size and one device pointer (the partial sums, or the scale)."""
         if not table.num_chunks:
             return
         config = self.config
         self.launcher.launch(
+            module,
             kernel,
             self._grid(table),
             config.threads_per_block,
@@ -283,13 +328,14 @@ class ClipKernelRunner:
     def _table(self, grads: list["torch.Tensor"], device: "torch.device") -> _GradTable:
         """The table for these gradients, rebuilt only when an address, size or dtype changes.
 
-        The key is exactly the table's content plus the stream (a table is allocated on the
-        stream that uses it), so a cached table can never be stale.
+        The key is exactly the table's content plus the device id and the stream (a table is
+        allocated on the stream that uses it), so a cached table can never be stale or belong to
+        another GPU.
         """
         import torch
 
         stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-        key = (device, stream, tuple((g.data_ptr(), g.numel(), g.dtype) for g in grads))
+        key = (self.launcher.device_key(device), stream, tuple((g.data_ptr(), g.numel(), g.dtype) for g in grads))
         table = self._tables.get(key)
         if table is not None:
             self._tables.move_to_end(key)
@@ -307,6 +353,11 @@ class ClipKernelRunner:
         host_rows = torch.tensor(rows, dtype=torch.int64).reshape(len(rows), len(TABLE_COLUMNS))
         if device.type == "cuda":
             # Pinned memory makes the copy asynchronous: building a table never syncs the host.
+            # pin_memory() draws from torch's caching host allocator, which reuses a block once the
+            # event it recorded for the previous copy from it has completed; a page-locked
+            # allocation (which serialises streams) happens only while that pool grows, i.e. in the
+            # first steps. Tables are cached per (device, stream, tensor set), so steady training
+            # rebuilds none (docs/kernels.md, "Caches").
             host_rows = host_rows.pin_memory()
         device_rows = host_rows.to(device, non_blocking=True)
 
@@ -339,4 +390,13 @@ class KernelClipBackend:
     def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
         """Multiply in place by a 0-d float32 tensor ``scale`` (k_grad_scale alone)."""
         self.runner.scale_(grads, scale)
+
+    def device_problem(self, device: "torch.device") -> str | None:
+        """``None`` when clip.cu compiles and loads for ``device`` (it is then cached), else the
+        one-line reason. ``auto`` asks this before it picks the backend."""
+        try:
+            self.runner.module(device)
+        except Exception as exc:
+            return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return None
 

@@ -14,6 +14,7 @@ importing this module imports neither torch nor cupy.
 from __future__ import annotations
 
 import importlib
+import warnings
 from functools import lru_cache
 from typing import Any
 
@@ -30,6 +31,16 @@ _MODULES = {
 
 class BackendUnavailableError(RuntimeError):
     """The requested clipping backend cannot run on this machine (the message says why)."""
+
+
+class SpikecheckBackendWarning(UserWarning):
+    """``backend="auto"`` fell back to the torch backend because the cupy backend cannot run on
+    the gradients' GPU (clip.cu does not compile or load there); the message names the GPU and the
+    reason. Issued once per GPU and process. Silence it with ``backend="torch"``, or turn it into
+    an error with ``-W error::pytest_spikecheck.clipping.SpikecheckBackendWarning``."""
+
+
+_warned: set[str] = set()
 
 
 @lru_cache(maxsize=None)
@@ -56,11 +67,21 @@ def available_backends() -> list[str]:
 
 
 def resolve_backend(name: str, device: Any = None) -> str:
-    """Turn ``"auto"`` into a concrete backend name: cupy when a CUDA device is usable (and,
-    if ``device`` is given, the gradients live on a CUDA device), else torch."""
+    """Turn ``"auto"`` into a concrete backend name: cupy when a CUDA device is usable, clip.cu
+    compiles and loads on it (and, if ``device`` is given, the gradients live on a CUDA device),
+    else torch. When only the compile or load fails, warn once (SpikecheckBackendWarning)."""
     if name == "auto":
         on_cuda = device is None or str(device).startswith("cuda")
-        return "cupy" if on_cuda and unavailable_reason("cupy") is None else "torch"
+        if not on_cuda or unavailable_reason("cupy") is not None:
+            return "torch"
+        problem = _load("cupy").device_problem(device)  # compiles clip.cu for the GPU (cached)
+        if problem is None:
+            return "cupy"
+        if problem not in _warned:
+            _warned.add(problem)
+            warnings.warn(f"{problem}; clipping with the torch backend instead", SpikecheckBackendWarning,
+                          stacklevel=2)
+        return "torch"
     _load(name)  # unknown names raise ValueError here
     return name
 

@@ -139,7 +139,28 @@ def load_emulator(library: Path | None = None) -> ctypes.CDLL:
     lib.emulator_launch.restype = ctypes.c_char_p
     lib.emulator_kernel_names.argtypes = []
     lib.emulator_kernel_names.restype = ctypes.c_char_p
+    for name in CONVERSIONS:
+        getattr(lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+        getattr(lib, name).restype = None
     return lib
+
+
+#: clip.cu's bit-level conversions exported by emulator_driver.cpp: name -> (input dtype, output dtype).
+CONVERSIONS = {
+    "emulator_float_to_bfloat16": (np.float32, np.uint16),  # what sm_75 GPUs run
+    "emulator_bfloat16_to_float": (np.uint16, np.float32),  # what every GPU runs
+    "emulator_float_to_half": (np.float32, np.uint16),      # the CPU's (GPUs use cvt.rn.f16.f32)
+}
+
+
+def convert(name: str, values: np.ndarray, library: Path | None = None) -> np.ndarray:
+    """Apply clip.cu's conversion ``name`` (a key of :data:`CONVERSIONS`) to every element of
+    ``values``: float32 values or uint16 bit patterns in, the same shape out."""
+    source, target = CONVERSIONS[name]
+    values = np.ascontiguousarray(values, dtype=source)
+    out = np.empty(values.shape, dtype=target)
+    getattr(load_emulator(library), name)(values.ctypes.data, out.ctypes.data, values.size)
+    return out
 
 
 class EmulatorLauncher:
@@ -153,16 +174,20 @@ class EmulatorLauncher:
     def kernel_names(self) -> list[str]:
         return self.library.emulator_kernel_names().decode().split()
 
+    def device_key(self, device: "torch.device") -> int:
+        return 0  # the CPU: one "device" (tests pretend there are more to check the caches' keys)
+
+    def load(self, device_key: int) -> ctypes.CDLL:
+        return self.library  # built (or loaded from the cache) when the backend made this launcher
+
     def activate(self, device: "torch.device") -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # CPU: no device or stream to select
 
-    def launch(self, kernel: str, grid: int, block: int, args: tuple[np.generic, ...]) -> None:
+    def launch(self, module: ctypes.CDLL, kernel: str, grid: int, block: int, args: tuple[np.generic, ...]) -> None:
         values = [np.asarray(arg) for arg in args]  # 0-d arrays: each owns its argument's bytes
         pointers = (ctypes.c_void_p * len(values))(*(value.ctypes.data for value in values))
         sizes = (ctypes.c_size_t * len(values))(*(value.nbytes for value in values))
-        error = self.library.emulator_launch(
-            kernel.encode(), grid, block, pointers, sizes, len(values)
-        )
+        error = module.emulator_launch(kernel.encode(), grid, block, pointers, sizes, len(values))
         if error is not None:
             raise EmulatorLaunchError(f"{kernel}<<<{grid}, {block}>>>: {error.decode()}")
 
