@@ -162,3 +162,34 @@ def test_your_own_texts_are_a_corpus():
         Scenario.preset("phase-19").replace(data__corpus="texts", data__texts=texts[:10])
     with pytest.raises(ConfigError, match="'written' burst needs the phase19 corpus"):
         scenario.with_breaks(RareTokenBurst(content="written")).resolved()
+
+
+class _WithDeadBranches(torch.nn.Module):
+    """A user model with a trainable module its forward never uses and a frozen one."""
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab_size, vocab_size)
+        self.unused = torch.nn.Linear(4, 4)  # trainable, never called: its .grad stays None
+        self.frozen = torch.nn.Linear(4, 4).requires_grad_(False)
+
+    def forward(self, idx, targets=None):
+        logits = self.table(idx)
+        loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100)
+        return logits, loss
+
+
+@pytest.mark.parametrize("mode", ["global", "per_tensor"])
+def test_parameters_without_a_gradient_are_skipped_like_torch_skips_them(mode):
+    from pytest_spikecheck import ClipAt, diagnose
+
+    scenario = short_scenario(ClipAt(max_norm=1.0, mode=mode), steps=SHORT_BURST + 5).replace(
+        model_factory=_WithDeadBranches)
+    run = train(scenario)
+    assert len(run) == SHORT_BURST + 5 and not run.stopped_early
+    event = run.event_at(SHORT_BURST)
+    # the event view names only the tensors that received a gradient
+    assert set(event["param_grad_norms"]) == {"table.weight"}
+    assert np.isfinite(run["grad_norm_post"]).all() and (run["grad_norm_post"] <= 1.0 + 1e-5).all()
+    text = diagnose(run, SHORT_BURST).text()
+    assert "table.weight" in text and f"at step {SHORT_BURST}" in text
