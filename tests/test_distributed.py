@@ -200,10 +200,12 @@ def test_every_step_measures_the_single_process_norm_of_its_weights(two_ranks, n
 
 
 #: Whole-run tolerance on the grad norm. Measured on the CI machine type (max over 60 steps):
-#: 7.6e-7 (clip), 6.0e-7 (clip at 1.6), 2.8e-6 (no clip, at step 53). Per step, on the same
-#: weights, every scenario is within 1.7e-7 (the previous test): what grows along a run is
-#: drift, float32 rounding of a batch summed in another order, amplified by AdamW without a clip.
-WHOLE_RUN_RTOL = {"clip": 1e-6, "clip_at_1.6": 1e-6, "no_clip": 1e-5}
+#: 7.6e-7 (clip), 6.0e-7 (clip at 1.6), 2.8e-6 (no clip, at step 53) on one 2-core EPYC VM;
+#: 1.6e-6 (clip) on another of the same type on 2026-11-30 (the float32 kernels torch picks
+#: differ with the host CPU). Per step, on the same weights, every scenario is within 1.7e-7
+#: (the previous test): that is the equivalence check; what grows along a run is drift, float32
+#: rounding of a batch summed in another order, amplified by AdamW (most without a clip).
+WHOLE_RUN_RTOL = {"clip": 1e-5, "clip_at_1.6": 1e-5, "no_clip": 1e-5}
 
 
 @pytest.mark.parametrize("name", SCENARIOS)

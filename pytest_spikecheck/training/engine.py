@@ -102,94 +102,124 @@ def train_with_sharding(scenario: Scenario, sharding: Sharding, *, backend: str 
         torch.set_num_threads(previous_threads)
 
 
+@dataclass
+class _Training:
+    """Everything one run trains and records with, built from the resolved scenario."""
+
+    dataset: Dataset
+    plan: list[list[int]]
+    declared: dict[int, str]
+    model: torch.nn.Module
+    named: list[tuple[str, torch.nn.Parameter]]
+    optimizer: torch.optim.Optimizer
+    trainer: TrainingStep
+    watch: SpikeWatch
+    inputs: torch.Tensor
+    targets: torch.Tensor
+    metrics: MetricsRecorder
+    compositions: CompositionRecorder
+    events: EventRecorder
+    evals: EvalRecorder
+
+    @classmethod
+    def build(cls, resolved: Scenario, device: torch.device, sharding: Sharding, backend: str) -> "_Training":
+        dataset = build_dataset(resolved)
+        sources = [s.source for s in dataset.pool]
+        plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=dataset.n_corpus,
+                            burst_members=dataset.burst_members, is_rare=dataset.is_rare, sources=sources)
+        mixture = (mixture_weights(resolved.sampler.mixture, sources[: dataset.n_corpus], steps=resolved.steps,
+                                   seed=resolved.seed) if resolved.sampler.kind == "mixture" else None)
+        declared = _declared_events(resolved, plan, sources, mixture is not None)
+        torch.manual_seed(resolved.seed)  # inside train_with_sharding's fork_rng: the caller's RNG is untouched
+        model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
+        model = model.to(device=device, dtype=DTYPES[resolved.model.dtype])
+        model.train()
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        if not named:
+            raise ValueError("the model has no trainable parameters")
+        optimizer = sharding.build_optimizer(model, resolved)
+        burst_ids = {i for members in dataset.burst_members.values() for i in members}
+        to_device = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
+        return cls(
+            dataset, plan, declared, model, named, optimizer,
+            trainer=TrainingStep(model, optimizer, sharding, backend=backend, clip_mode=resolved.optimizer.clip_mode),
+            watch=SpikeWatch(resolved.record.spike_ratio, resolved.record.spike_window,
+                             resolved.optimizer.skip_spike_ratio, declared),
+            inputs=to_device(dataset.train.inputs), targets=to_device(dataset.train.targets),
+            metrics=MetricsRecorder(), compositions=CompositionRecorder(dataset, burst_ids, mixture),
+            events=EventRecorder(resolved, dataset, plan, model, optimizer, sharding, named),
+            evals=EvalRecorder(resolved, declared, model, to_device(dataset.eval.inputs),
+                               to_device(dataset.eval.targets), active=sharding.is_recorder))
+
+
 def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
            callbacks: list[StepCallback], sharding: Sharding) -> Run:
     started = time.perf_counter()
-    dataset = build_dataset(resolved)
-    sources = [s.source for s in dataset.pool]
-    plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=dataset.n_corpus,
-                        burst_members=dataset.burst_members, is_rare=dataset.is_rare, sources=sources)
-    mixture = (mixture_weights(resolved.sampler.mixture, sources[: dataset.n_corpus], steps=resolved.steps,
-                               seed=resolved.seed) if resolved.sampler.kind == "mixture" else None)
-    declared = _declared_events(resolved, plan, sources, mixture is not None)
-
-    torch.manual_seed(resolved.seed)  # inside train_with_sharding's fork_rng: the caller's RNG is untouched
-    model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
-    model = model.to(device=device, dtype=DTYPES[resolved.model.dtype])
-    model.train()
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    if not named:
-        raise ValueError("the model has no trainable parameters")
-    optimizer = sharding.build_optimizer(model, resolved)
-    trainer = TrainingStep(model, optimizer, sharding, backend=backend, clip_mode=resolved.optimizer.clip_mode)
+    t = _Training.build(resolved, device, sharding, backend)
     policy = clip_policy(resolved.optimizer, resolved.max_norm)
-    watch = SpikeWatch(resolved.record.spike_ratio, resolved.record.spike_window,
-                       resolved.optimizer.skip_spike_ratio, declared)
-    inputs, targets = (torch.from_numpy(a).to(device) for a in (dataset.train.inputs, dataset.train.targets))
-
-    metrics, compositions = MetricsRecorder(), CompositionRecorder(
-        dataset, {i for members in dataset.burst_members.values() for i in members}, mixture)
-    events = EventRecorder(resolved, dataset, plan, model, optimizer, sharding, named)
-    evals = EvalRecorder(resolved, declared, model, *(torch.from_numpy(a).to(device) for a in
-                                                      (dataset.eval.inputs, dataset.eval.targets)),
-                         active=sharding.is_recorder)
-    first_nonfinite, stop_reason, skipped_steps, stopped_by_callback, train_seconds = None, None, [], False, 0.0
-
+    stop: dict[str, Any] = {"first_nonfinite": None, "stop_reason": None, "stopped_by": None}
+    skipped_steps: list[int] = []
+    train_seconds = 0.0
     for step in range(1, resolved.steps + 1):
         t0 = time.perf_counter()
         lr = lr_at(step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
-        index = torch.tensor(plan[step - 1], device=device)
-        s = trainer.forward_backward_clip(step, plan[step - 1], inputs[index], targets[index],
-                                          lr=lr, max_norm=policy.limit())
+        index = torch.tensor(t.plan[step - 1], device=device)
+        s = t.trainer.forward_backward_clip(step, t.plan[step - 1], t.inputs[index], t.targets[index],
+                                            lr=lr, max_norm=policy.limit())
         policy.observe(s.grad_norm_pre)
-        compositions.add(s)
-        verdict = watch.judge(s)
-        if events.after_clip(s, verdict) is not None and verdict.is_spike:
-            evals.spike_at(step)
+        t.compositions.add(s)
+        verdict = t.watch.judge(s)
+        if t.events.after_clip(s, verdict) is not None and verdict.is_spike:
+            t.evals.spike_at(step)
         if verdict.nonfinite:  # recorded, not stepped: the run stops here
-            first_nonfinite = {"step": step, **locate_nonfinite(model, s.x, s.y, named)}
-            stop_reason = "non-finite loss" if not math.isfinite(s.loss) else "non-finite gradient norm"
-            metrics.add(s, clip_factor=float(s.clip.scale), grad_norm_post=s.grad_norm_post,
-                        eval_loss=float("nan"), adam_v_norm=float("nan"))
+            stop.update(first_nonfinite={"step": step, **locate_nonfinite(t.model, s.x, s.y, t.named)},
+                        stop_reason="non-finite loss" if not math.isfinite(s.loss) else "non-finite gradient norm")
+            t.metrics.add(s, clip_factor=float(s.clip.scale), grad_norm_post=s.grad_norm_post,
+                          eval_loss=math.nan, adam_v_norm=math.nan)
             train_seconds += time.perf_counter() - t0
             break
-        events.before_update(s, verdict)
-        trainer.update(skip=verdict.skip)
-        events.after_update(s)
-        if verdict.skip:
-            skipped_steps.append(step)
-        v_sum = sharding.adam_v_sum(optimizer)
+        t.events.before_update(s, verdict)
+        t.trainer.update(skip=verdict.skip)
+        t.events.after_update(s)
+        skipped_steps += [step] if verdict.skip else []
+        v_sum = sharding.adam_v_sum(t.optimizer)
         train_seconds += time.perf_counter() - t0
-        watch.observe(s)
-        row = metrics.add(s, clip_factor=0.0 if verdict.skip else float(s.clip.scale),
-                          # a skipped step hands the optimizer nothing
-                          grad_norm_post=0.0 if verdict.skip else s.grad_norm_post,
-                          eval_loss=evals.after_update(step), adam_v_norm=math.sqrt(v_sum))
-        if callbacks:
-            ctx = StepContext(step, row, plan[step - 1], resolved, model, optimizer, dataset)
-            for cb in callbacks:
-                cb(ctx)
-            if ctx.stop_requested:
-                stopped_by_callback = True
-                break
+        t.watch.observe(s)
+        row = t.metrics.add(s, clip_factor=0.0 if verdict.skip else float(s.clip.scale),
+                            grad_norm_post=0.0 if verdict.skip else s.grad_norm_post,  # a skipped step hands AdamW nothing
+                            eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum))
+        if callbacks and _stop_requested(callbacks, StepContext(step, row, t.plan[step - 1], resolved, t.model,
+                                                                t.optimizer, t.dataset)):
+            stop["stopped_by"] = "callback"
+            break
+    meta = _meta(t, original, backend, device, threads, sharding, stop, skipped_steps,
+                 seconds=time.perf_counter() - started, train_seconds=train_seconds)
+    return Run(scenario=resolved.replace(name=original.name), metrics=t.metrics.arrays(),
+               batches=t.compositions.batches, events=t.events.events, meta=meta)
 
+
+def _stop_requested(callbacks: list[StepCallback], ctx: StepContext) -> bool:
+    for cb in callbacks:
+        cb(ctx)
+    return ctx.stop_requested
+
+
+def _meta(t: _Training, original: Scenario, backend: str, device: torch.device, threads: int, sharding: Sharding,
+          stop: dict[str, Any], skipped_steps: list[int], *, seconds: float, train_seconds: float) -> dict[str, Any]:
+    first_nonfinite = stop["first_nonfinite"]
     stopped_at = first_nonfinite["step"] if first_nonfinite else None
-    meta = {
+    return {
         "package_version": __version__, "torch_version": torch.__version__, "python": platform.python_version(),
         "backend": backend, "device": str(device), "threads": threads, "distributed": sharding.describe(),
         "content_hash": original.content_hash(), "breaks": [b.describe() for b in original.breaks],
-        "parameters": sum(p.numel() for _, p in named), "vocab_size": dataset.tokenizer.vocab_size,
-        "seconds": time.perf_counter() - started, "train_seconds": train_seconds,
-        "stopped_at": stopped_at,
-        "stop_reason": stop_reason,
-        "stopped_by": "callback" if stopped_by_callback else None,
-        "declared_events": sorted(declared), "first_nonfinite": first_nonfinite,
-        "first_step_update": events.first_step_update, "skipped_steps": skipped_steps,
-        "lockin": (lockin_stats(model, dataset, device)
-                   if sharding.is_recorder and stopped_at is None and hasattr(model, "config") else None),
+        "parameters": sum(p.numel() for _, p in t.named), "vocab_size": t.dataset.tokenizer.vocab_size,
+        "seconds": seconds, "train_seconds": train_seconds,
+        "stopped_at": stopped_at, "stop_reason": stop["stop_reason"], "stopped_by": stop["stopped_by"],
+        "declared_events": sorted(t.declared), "first_nonfinite": first_nonfinite,
+        "first_step_update": t.events.first_step_update, "skipped_steps": skipped_steps,
+        "lockin": (lockin_stats(t.model, t.dataset, device)
+                   if sharding.is_recorder and stopped_at is None and hasattr(t.model, "config") else None),
     }
-    return Run(scenario=resolved.replace(name=original.name), metrics=metrics.arrays(), batches=compositions.batches,
-               events=events.events, meta=meta)
 
 
 def _declared_events(resolved: Scenario, plan: list[list[int]], sources: list[str], mixture: bool) -> dict[int, str]:
