@@ -64,6 +64,7 @@ _EXPORTS = {
     "diagnose": "pytest_spikecheck.judge.diagnosis",
     "get_detector": "pytest_spikecheck.judge.detectors",
     "clip_grad_norm_": "pytest_spikecheck.clipping",
+    "SpikecheckBackendWarning": "pytest_spikecheck.clipping",
     "spikecheck_scenario": "pytest_spikecheck.plugin.fixtures",
 }
 

@@ -73,3 +73,14 @@ def test_models_import_nothing_above_errors() -> None:
             for name in names:
                 if name.startswith("pytest_spikecheck"):
                     assert name.startswith(allowed), f"{path.name} imports {name}: models sit below every layer but errors"
+
+
+def test_every_subpackage_is_installed() -> None:
+    # pyproject lists the packages explicitly (models/ and kernels/ come from top-level folders);
+    # a new layer package missing from that list would import here and be absent from the wheel.
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    on_disk = {".".join(init.parent.relative_to(ROOT).parts)
+               for init in (ROOT / "pytest_spikecheck").rglob("__init__.py") if "__pycache__" not in init.parts}
+    assert on_disk - listed == set(), f"add these to [tool.setuptools] packages in pyproject.toml: {sorted(on_disk - listed)}"
