@@ -1,8 +1,11 @@
 """Spike detectors: the rules the field uses, named, configurable, and testable on any series.
 
-Each detector walks a series on its real step axis (windows are measured in steps, so a
-log written every k steps or with gaps works) and returns the steps it flags. Defaults are
-the published ones:
+Each detector walks a series on its real step axis and returns the steps it flags. Windows
+and minimum histories are measured in steps *and* in logged points: a window of W steps is
+widened back to the detector's minimum number of logged values when the log is sparser (a
+log written every 500 steps still gets judged), and :meth:`Detector.judge` says how many
+values could be judged and what a value needs, so a series too short to judge is reported
+as such, never as "no spike". The published detectors keep their published defaults:
 
 ========== ===============================================================================
 ratio       value >= ``threshold`` x the median of the previous ``window`` steps (ours; default)
@@ -12,6 +15,15 @@ olmo-core   value > mean + 6 sigma over the last 128 steps
 zclip       EMA z-score > 2.5 with alpha 0.97 (ZClip); spikes are not folded into the EMA
 megatron    loss >= 10 x the max of the first 100 steps
 ========== ===============================================================================
+
+and the rules of the default CI policy (:mod:`pytest_spikecheck.judge.policy`), calibrated
+on real public training logs (``tests/data/reallogs``, ``docs/detectors.md``):
+
+============== ===========================================================================
+loss-jump       loss >= median + max(ln 2 nats, 6 x 1.4826 MAD) of the previous points
+loss-sustained  the loss rises ln 2 nats (and 3 robust sigmas) above its median and stays there
+grad-ratio      norm >= 10 x the median of the previous points and 6 robust sigmas above it
+============== ===========================================================================
 
 numpy only. A detector never raises on empty, short or non-finite series: non-finite
 values are flagged (a NaN loss is the worst spike) and never enter a baseline.
@@ -25,7 +37,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from pytest_spikecheck.judge.baseline import BASELINE_WINDOW, MIN_BASELINE_POINTS, spike_baseline
+from pytest_spikecheck.judge.baseline import BASELINE_WINDOW, MIN_BASELINE_POINTS, baseline_history, spike_baseline
 
 
 @dataclass(frozen=True)
@@ -36,12 +48,46 @@ class Detection:
     score: float  # ratio or z-score, in the detector's own unit
 
 
+def log_interval(steps: Any) -> int | None:
+    """The step spacing a log was written at: the median gap between logged steps (None
+    for fewer than two)."""
+    s = np.asarray(steps, dtype=np.int64).reshape(-1)
+    return int(np.median(np.diff(s))) if s.size > 1 else None
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """What one detector made of one series: its flags, and how much of the series it could
+    judge (a value is judged when the detector had the history it needs for it; a
+    non-finite value is always judged, and flagged)."""
+
+    detector: str
+    points: int  # finite or not, every logged value
+    judged: int
+    interval: int | None  # the log's step spacing (median gap), None below two points
+    needs: str  # what a value needs to be judged, in words
+    detections: tuple[Detection, ...] = ()
+
+    @property
+    def blind(self) -> bool:
+        """Not a single value judged: "no spike" would be a guess."""
+        return self.judged == 0
+
+    def not_judged_text(self) -> str:
+        every = "" if self.interval is None else f", interval {self.interval} step{'s' if self.interval != 1 else ''}"
+        return f"not judged: {self.points} point{'s' if self.points != 1 else ''}{every}, needs {self.needs}"
+
+
 @dataclass(frozen=True)
 class Detector:
     name: ClassVar[str] = ""
     unit: ClassVar[str] = "×"
 
     def detect(self, steps: Any, values: Any) -> list[Detection]:
+        return list(self.judge(steps, values).detections)
+
+    def judge(self, steps: Any, values: Any) -> Judgement:
+        """The flags on a series, with how many of its values could be judged."""
         s = np.asarray(steps, dtype=np.int64).reshape(-1)
         v = np.asarray(values, dtype=np.float64).reshape(-1)
         if s.shape != v.shape:
@@ -49,9 +95,19 @@ class Detector:
         # Means, variances and ratios of values near float64's limit overflow to inf; the rules
         # then compare against inf, which is the honest answer, so numpy need not warn about it.
         with np.errstate(over="ignore"):
-            return self._detect(s, v) if v.size else []
+            found, judged = self._detect(s, v) if v.size else ([], 0)
+        return Judgement(self.name, int(v.size), int(judged), log_interval(s), self.needs(), tuple(found))
 
-    def _detect(self, steps: np.ndarray, values: np.ndarray) -> list[Detection]:  # pragma: no cover
+    def needs(self) -> str:
+        """What a value needs before it can be judged, in words (the "not judged" line)."""
+        window, points = getattr(self, "window", None), getattr(self, "min_history", None)
+        if points is None:
+            return "nothing"
+        return f"{points} earlier logged point{'s' if points != 1 else ''}" + (
+            f" (over at least {window} steps)" if window else "")
+
+    def _detect(self, steps: np.ndarray, values: np.ndarray) -> tuple[list[Detection], int]:  # pragma: no cover
+        """(flags, number of values judged)."""
         raise NotImplementedError
 
     @property
@@ -67,10 +123,15 @@ class Detector:
         return f"{self.name}({params})"
 
 
-def _history(steps: np.ndarray, values: np.ndarray, ok: np.ndarray, i: int, window: int) -> np.ndarray:
-    lo = np.searchsorted(steps, steps[i] - window)
-    hist = values[lo:i]
-    return hist[ok[lo:i]]
+def _history(steps: np.ndarray, values: np.ndarray, i: int, window: int, min_points: int) -> np.ndarray:
+    """The finite values before index ``i`` a detector compares it with: the ``window`` steps
+    before, widened to ``min_points`` logged values on a sparse log (empty when fewer were
+    logged). The same rule as the spike baseline, so every detector reads a log alike."""
+    return baseline_history(steps[:i], values[:i], int(steps[i]), window, min_points)
+
+
+def _nonfinite(steps: np.ndarray, values: np.ndarray, i: int, baseline: float = math.nan) -> Detection:
+    return Detection(int(steps[i]), float(values[i]), baseline, math.inf)
 
 
 @dataclass(frozen=True)
@@ -82,15 +143,19 @@ class RatioToMedian(Detector):
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        out = []
+        out, judged = [], 0
         for i in range(values.size):
             if not ok[i]:
-                out.append(Detection(int(steps[i]), float(values[i]), math.nan, math.inf))
+                out.append(_nonfinite(steps, values, i))
+                judged += 1
                 continue
             med = spike_baseline(steps[:i], values[:i], int(steps[i]), self.window, self.min_history)
+            if math.isnan(med):
+                continue
+            judged += 1
             if med > 0 and values[i] / med >= self.threshold:
                 out.append(Detection(int(steps[i]), float(values[i]), med, float(values[i] / med)))
-        return out
+        return out, judged
 
 
 @dataclass(frozen=True)
@@ -106,15 +171,17 @@ class LLMFoundry(Detector):
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        out, streak = [], 0
+        out, streak, judged = [], 0, 0
         for i in range(values.size):
             if not ok[i]:
-                out.append(Detection(int(steps[i]), float(values[i]), math.nan, math.inf))
+                out.append(_nonfinite(steps, values, i))
                 streak = 0
+                judged += 1
                 continue
-            hist = _history(steps, values, ok, i, self.window)
-            if hist.size < self.min_history:
+            hist = _history(steps, values, i, self.window, self.min_history)
+            if hist.size == 0:
                 continue
+            judged += 1
             mean = float(np.mean(hist))
             if mean > 0 and values[i] >= self.threshold * mean:
                 streak += 1
@@ -122,7 +189,7 @@ class LLMFoundry(Detector):
                     out.append(Detection(int(steps[i]), float(values[i]), mean, float(values[i] / mean)))
             else:
                 streak = 0
-        return out
+        return out, judged
 
 
 @dataclass(frozen=True)
@@ -131,20 +198,26 @@ class Lightning(Detector):
     threshold: float = 2.0
     window: int = 10
 
+    def needs(self) -> str:
+        return f"{max(1, self.window // 2)} earlier logged points (over at least {self.window} steps)"
+
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        out = []
+        out, judged = [], 0
         for i in range(values.size):
             if not ok[i]:
-                out.append(Detection(int(steps[i]), float(values[i]), math.nan, math.inf))
+                out.append(_nonfinite(steps, values, i))
+                judged += 1
                 continue
-            hist = _history(steps, values, ok, i, self.window)
-            if hist.size < self.window // 2 or hist.size == 0:
+            # Lightning needs half its window filled: on a sparse log, that many logged values.
+            hist = _history(steps, values, i, self.window, max(1, self.window // 2))
+            if hist.size == 0:
                 continue
+            judged += 1
             mean = float(np.mean(hist))
             if mean != 0 and abs(values[i] - mean) >= self.threshold * abs(mean):
                 out.append(Detection(int(steps[i]), float(values[i]), mean, float(abs(values[i] - mean) / abs(mean))))
-        return out
+        return out, judged
 
 
 @dataclass(frozen=True)
@@ -165,21 +238,23 @@ class OLMoCore(Detector):
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        out = []
+        out, judged = [], 0
         for i in range(values.size):
             if not ok[i]:
-                out.append(Detection(int(steps[i]), float(values[i]), math.nan, math.inf))
+                out.append(_nonfinite(steps, values, i))
+                judged += 1
                 continue
-            hist = _history(steps, values, ok, i, self.window)
-            if hist.size < self.min_history:
+            hist = _history(steps, values, i, self.window, self.min_history)
+            if hist.size == 0:
                 continue
             mean, std = float(np.mean(hist)), float(np.std(hist))
             if not (math.isfinite(mean) and math.isfinite(std)):
                 continue  # the window's moments overflow float64: no baseline to judge against
+            judged += 1
             z = (values[i] - mean) / std if std > 0 else (math.inf if values[i] > mean else 0.0)
             if z > self.sigmas:
                 out.append(Detection(int(steps[i]), float(values[i]), mean, float(z)))
-        return out
+        return out, judged
 
 
 class EmaMoments:
@@ -223,21 +298,27 @@ class ZClip(Detector):
     alpha: float = 0.97
     warmup: int = 25
 
+    def needs(self) -> str:
+        return f"{self.warmup} earlier logged points (the EMA's warm-up)"
+
     def _detect(self, steps, values):
-        out = []
+        out, judged = [], 0
         ema = EmaMoments(self.alpha, self.warmup)
         for i in range(values.size):
             x = float(values[i])
             if not math.isfinite(x):
                 out.append(Detection(int(steps[i]), x, ema.mean if ema.ready else math.nan, math.inf))
+                judged += 1
                 continue
-            if ema.ready and ema.std > 0:
-                z = (x - ema.mean) / ema.std
-                if z > self.threshold:
-                    out.append(Detection(int(steps[i]), x, ema.mean, z))
-                    x = ema.mean + self.threshold * ema.std
+            if ema.ready:
+                judged += 1
+                if ema.std > 0:
+                    z = (x - ema.mean) / ema.std
+                    if z > self.threshold:
+                        out.append(Detection(int(steps[i]), x, ema.mean, z))
+                        x = ema.mean + self.threshold * ema.std
             ema.update(x)
-        return out
+        return out, judged
 
 
 @dataclass(frozen=True)
@@ -246,24 +327,175 @@ class Megatron(Detector):
     threshold: float = 10.0
     reference_steps: int = 100
 
+    def needs(self) -> str:
+        return f"a finite value in the first {self.reference_steps} steps and a value after them"
+
     def _detect(self, steps, values):
         ok = np.isfinite(values)
         first = steps[0]
         ref_sel = (steps < first + self.reference_steps) & ok
         out = []
         if not ref_sel.any():
-            return [Detection(int(s), float(v), math.nan, math.inf) for s, v in zip(steps, values) if not math.isfinite(v)]
+            return [Detection(int(s), float(v), math.nan, math.inf) for s, v in zip(steps, values) if not math.isfinite(v)], int((~ok).sum())
         ref = float(np.max(values[ref_sel]))
+        judged = 0
         for s, v, good in zip(steps, values, ok):
             if not good:
                 out.append(Detection(int(s), float(v), ref, math.inf))
-            elif s >= first + self.reference_steps and ref > 0 and v >= self.threshold * ref:
-                out.append(Detection(int(s), float(v), ref, float(v / ref)))
-        return out
+                judged += 1
+            elif s >= first + self.reference_steps:
+                judged += 1
+                if ref > 0 and v >= self.threshold * ref:
+                    out.append(Detection(int(s), float(v), ref, float(v / ref)))
+        return out, judged
+
+
+#: 1.4826 x the median absolute deviation estimates a normal spread's σ, robustly: one wild
+#: value in the history moves neither the median nor the MAD much.
+MAD_TO_SIGMA = 1.4826
+
+
+def _median_and_spread(hist: np.ndarray) -> tuple[float, float]:
+    med = float(np.median(hist))
+    return med, MAD_TO_SIGMA * float(np.median(np.abs(hist - med)))
+
+
+@dataclass(frozen=True)
+class LossJump(Detector):
+    """The loss is a log-likelihood, so a spike is an *additive* event: a jump of ``nats``
+    above the median of the previous points means the same thing at any baseline (ln 2: the
+    model's perplexity doubled). On a noisy per-batch loss the bar rises to ``sigmas``
+    robust standard deviations (1.4826 MAD) of the history, so ordinary batch-to-batch noise
+    does not fire it."""
+
+    name: ClassVar[str] = "loss-jump"
+    unit: ClassVar[str] = "nats"
+    nats: float = math.log(2)
+    sigmas: float = 6.0
+    window: int = BASELINE_WINDOW
+    min_history: int = 5
+
+    @property
+    def threshold_name(self) -> str:
+        return "nats"
+
+    def _detect(self, steps, values):
+        ok = np.isfinite(values)
+        out, judged = [], 0
+        for i in range(values.size):
+            if not ok[i]:
+                out.append(_nonfinite(steps, values, i))
+                judged += 1
+                continue
+            hist = _history(steps, values, i, self.window, self.min_history)
+            if hist.size == 0:
+                continue
+            judged += 1
+            med, spread = _median_and_spread(hist)
+            jump = float(values[i]) - med
+            if jump >= max(self.nats, self.sigmas * spread):
+                out.append(Detection(int(steps[i]), float(values[i]), med, jump))
+        return out, judged
+
+
+@dataclass(frozen=True)
+class SustainedLoss(Detector):
+    """A loss that rises and *stays* high is worse than a one-point spike, and a log written
+    every 500 steps shows nothing else: flagged where the loss first rises ``nats`` (and
+    ``sigmas`` robust standard deviations of the history: a median of ``hold`` points carries
+    less noise than one point, hence a lower bar than the jump's) above the median of the
+    points before it and the median of it and the next ``hold - 1`` points is still that high. Needs only ``min_history`` earlier points, because the level that follows
+    is the evidence; flagged once per episode, at its onset. The baseline is the median of the
+    last ``history_points`` logged points (over at least ``window`` steps); before a log has
+    that many, of every earlier point (at least ``min_history``)."""
+
+    name: ClassVar[str] = "loss-sustained"
+    unit: ClassVar[str] = "nats"
+    nats: float = math.log(2)
+    sigmas: float = 3.0
+    hold: int = 3
+    window: int = BASELINE_WINDOW
+    min_history: int = 1
+    history_points: int = 5  # the baseline's usual size; a log's first points have fewer
+
+    @property
+    def threshold_name(self) -> str:
+        return "nats"
+
+    def needs(self) -> str:
+        return (f"{self.min_history} earlier logged point{'s' if self.min_history != 1 else ''} and "
+                f"{self.hold - 1} later one{'s' if self.hold != 2 else ''}")
+
+    def _detect(self, steps, values):
+        ok = np.isfinite(values)
+        out, judged, elevated = [], 0, False
+        for i in range(values.size):
+            if not ok[i]:
+                out.append(_nonfinite(steps, values, i))
+                judged += 1
+                continue
+            later = values[i:i + self.hold]
+            hist = _history(steps, values, i, self.window, self.history_points)
+            if hist.size == 0:  # early in the log: every earlier point, if there are enough
+                earlier = values[:i][ok[:i]]
+                hist = earlier if earlier.size >= self.min_history else hist
+            if hist.size == 0 or later.size < self.hold:
+                continue
+            judged += 1
+            med, spread = _median_and_spread(hist)
+            bar = max(self.nats, self.sigmas * spread)
+            level = float(np.median(later))  # NaN in the next points: np.median is NaN, not elevated
+            now = float(values[i]) - med >= bar and level - med >= bar
+            if now and not elevated:
+                out.append(Detection(int(steps[i]), float(values[i]), med, level - med))
+            elevated = now
+        return out, judged
+
+
+@dataclass(frozen=True)
+class GradRatio(Detector):
+    """A gradient norm ``threshold`` x its recent level *and* ``sigmas`` robust standard
+    deviations (1.4826 MAD) above it in log space (a norm is a scale: its noise is
+    multiplicative; 2.5 is ZClip's published z threshold). The recent level is the median of the last
+    ``min_history`` logged points (at least ``window`` steps), but never less than
+    ``floor`` x the median of every earlier point: a norm that collapses towards 0 (a
+    memorised data set, an RL group with no reward variance) would otherwise make its next
+    ordinary value a "spike" of 1000x. Zero norms (no gradient at all) are no level and are
+    left out of both medians. Never raw σ: one spike in the history inflates it for the
+    whole window."""
+
+    name: ClassVar[str] = "grad-ratio"
+    threshold: float = 10.0
+    sigmas: float = 2.5
+    floor: float = 0.5
+    window: int = 10
+    min_history: int = MIN_BASELINE_POINTS
+
+    def _detect(self, steps, values):
+        ok = np.isfinite(values)
+        level = ok & (values > 0)
+        out, judged = [], 0
+        for i in range(values.size):
+            if not ok[i]:
+                out.append(_nonfinite(steps, values, i))
+                judged += 1
+                continue
+            before = level[:i]
+            hist = baseline_history(steps[:i][before], values[:i][before], int(steps[i]), self.window, self.min_history)
+            if hist.size == 0:
+                continue
+            judged += 1
+            log_med, log_spread = _median_and_spread(np.log(hist))
+            base = max(math.exp(log_med), self.floor * float(np.median(values[:i][before])))
+            x = float(values[i])
+            if x >= self.threshold * base and math.log(x) - log_med >= self.sigmas * log_spread:
+                out.append(Detection(int(steps[i]), x, base, x / base))
+        return out, judged
 
 
 DETECTORS: dict[str, type[Detector]] = {
-    cls.name: cls for cls in (RatioToMedian, LLMFoundry, Lightning, OLMoCore, ZClip, Megatron)
+    cls.name: cls for cls in (RatioToMedian, LLMFoundry, Lightning, OLMoCore, ZClip, Megatron,
+                               LossJump, SustainedLoss, GradRatio)
 }
 
 
