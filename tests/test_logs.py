@@ -180,9 +180,12 @@ def test_gaps_keep_the_real_step_axis(tmp_path):
     steps = [*range(1, 51), *range(60, 301, 10)]
     rows = [{"step": s, "grad_norm": 10.0 if s == 250 else 1.0 + 0.01 * (s % 3)} for s in steps]
     record = read_log(write(tmp_path, "log.jsonl", jsonl(rows)))
-    # Windows are steps, not rows: 100 steps before 250 hold 10 logged values, 30 steps hold 3.
+    # Windows are steps, not rows: 100 steps before 250 hold 10 logged values; 30 steps hold 3,
+    # so that window widens to the 5 logged values min_history asks for (steps 200-240).
     assert flagged(record, "grad_norm", get_detector("ratio", window=100, min_history=5)) == [250]
-    assert flagged(record, "grad_norm", get_detector("ratio", window=30, min_history=5)) == []
+    assert flagged(record, "grad_norm", get_detector("ratio", window=30, min_history=5)) == [250]
+    judgement = get_detector("ratio", window=30, min_history=30).judge(*record.series("grad_norm"))
+    assert [h.step for h in judgement.detections] == [250] and judgement.judged == record.series("grad_norm")[0].size - 30
     assert assert_spike(record, at=250, min_ratio=5) == pytest.approx(10 / 1.01, rel=0.02)
 
 
@@ -221,8 +224,8 @@ def test_text_and_bookkeeping_columns_are_not_metrics(tmp_path):
 @pytest.mark.parametrize(("name", "content", "message"), [
     ("empty.json", "  \n", "empty file; expected"),
     ("trainer_state.json", '{\n  "log_history": [\n    {"step": 1, "loss": 2.0},\n', "not valid JSON .* expected a Hugging Face trainer_state.json"),
-    ("config.json", '{\n  "lr": 0.1\n}\n', "no log_history list; expected a Hugging Face trainer_state.json"),
-    ("trainer_state.json", '{"log_history": [{"loss": 2.0}]}', r"log_history\[0\]: 'step' holds nothing, expected a step number"),
+    ("config.json", '{\n  "lr": 0.1\n}\n', r"no log_history list \(it has lr\); expected a Hugging Face trainer_state.json"),
+    ("trainer_state.json", '{"log_history": [{"loss": 2.0}]}', r"log_history\[0\] has no step, and no other entry does"),
     ("log.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "loss": \n', "line 2 is not valid JSON"),
     ("log.jsonl", '{"step": 1, "loss": 2}\n[1, 2]\n', "line 2 is a JSON list, not an object"),
     ("log.csv", "step,loss\n1,2.0\n2,2.0,7\n", "line 3 has 3 cells but the header has 2"),

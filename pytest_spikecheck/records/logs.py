@@ -73,12 +73,21 @@ KNOWN_NAMES: dict[str, tuple[str, ...]] = {
 
 #: Columns that can hold the training step, most trustworthy first. W&B's ``_step`` counts
 #: ``wandb.log`` calls (a train row and an eval row are two), so a real step column wins.
-STEP_COLUMNS = ("step", "global_step", "train/global_step", "trainer/global_step", "_step")
+#: ``current_steps`` is LLaMA-Factory's ``trainer_log.jsonl``.
+STEP_COLUMNS = ("step", "global_step", "train/global_step", "trainer/global_step", "current_steps", "_step")
 
 # One row of a log as the readers yield it: (step, {column: raw value}, where it is in the file).
 _Entry = tuple[int, dict[str, Any], str]
 
 _TEXT = object()  # a value that is not a number (a run name, a flag): its column is no metric
+
+#: The first line of every Git LFS pointer file (the public spec, v1): a repository cloned
+#: without ``git lfs pull`` holds these ~130-byte stand-ins in place of its large files.
+LFS_POINTER = b"version https://git-lfs.github.com/spec/v1"
+
+
+def _lfs_pointer_error(path: Path) -> ConfigError:
+    return ConfigError(f"{path}: a Git LFS pointer, not the log: run `git lfs pull` (in the repository that holds it)")
 
 
 def read_log(path: str | Path, format: str | None = None, mapping: Mapping[str, str] | None = None) -> Record:
@@ -108,7 +117,9 @@ def read_log(path: str | Path, format: str | None = None, mapping: Mapping[str, 
     elif fmt == "hf-trainer":
         if "step" in mapping:
             raise ConfigError(f"{path}: trainer_state.json entries carry their own step; mapping step= applies to CSV and JSONL logs")
-        entries, notes = _read_hf_trainer(path, _text(path, fmt)), []
+        notes = []
+        # A list, not a generator: the notes about skipped rows exist once every row was read.
+        entries = list(_read_hf_trainer(path, _text(path, fmt), notes))
     elif fmt == "jsonl":
         entries, notes = _rows_with_steps(path, fmt, _jsonl_rows(path, _text(path, fmt)), mapping.pop("step", None))
     else:
@@ -125,6 +136,8 @@ def detect_format(path: str | Path) -> str:
         head = f.read(65536)
     if not head.strip():
         raise ConfigError(f"{path}: empty file; expected {_ANY_FORMAT}")
+    if head.startswith(LFS_POINTER):
+        raise _lfs_pointer_error(path)
     if _is_event_file(head):
         return "tensorboard"
     if b"\0" in head:
@@ -138,7 +151,10 @@ def detect_format(path: str | Path) -> str:
             first = json.loads(first_line)
         except ValueError:
             return "hf-trainer"
-        return "hf-trainer" if isinstance(first, dict) and "log_history" in first else "jsonl"
+        # A compact trainer state that lost its log_history (``{"global_step": 10}``) is still a
+        # trainer state: read as one, it is told it has no log_history, not that it is bad JSONL.
+        state_keys = {"log_history", "global_step", "max_steps", "logging_steps"}
+        return "hf-trainer" if isinstance(first, dict) and (state_keys & set(first) or path.name == "trainer_state.json") else "jsonl"
     header = next(csv.reader([head.split(b"\n", 1)[0].decode("utf-8", "replace").strip("\r\ufeff")]), [])
     return "lightning" if {"step", "epoch"} <= set(header) else "csv"
 
@@ -205,11 +221,11 @@ def _number(raw: Any) -> float | None | object:
 
 
 def _is_bookkeeping(name: str) -> bool:
-    # Wall-clock, throughput and FLOP counters (HF's eval_runtime, *_samples_per_second,
+    # Wall-clock, throughput, FLOP and progress counters (HF's eval_runtime, *_samples_per_second,
     # total_flos; W&B's _runtime, _timestamp) and the step columns themselves: no training
     # signal, and they would crowd every listing and error message.
     return (name in STEP_COLUMNS or name.startswith("_") or name.endswith(("_runtime", "_per_second"))
-            or name == "total_flos")
+            or name in ("total_flos", "total_steps", "percentage"))  # the last two: LLaMA-Factory's progress
 
 
 def _rename(path: Path, columns: list[str], mapping: Mapping[str, str]) -> dict[str, str]:
@@ -280,7 +296,7 @@ def _text(path: Path, fmt: str) -> str:
 
 # -- Hugging Face trainer_state.json -----------------------------------------------------------
 
-def _read_hf_trainer(path: Path, text: str) -> Iterator[_Entry]:
+def _read_hf_trainer(path: Path, text: str, notes: list[str]) -> Iterator[_Entry]:
     expected = FORMATS["hf-trainer"]
     try:
         state = json.loads(text)  # Python's json reads NaN, Infinity and -Infinity as HF writes them
@@ -289,14 +305,34 @@ def _read_hf_trainer(path: Path, text: str) -> Iterator[_Entry]:
                           f"expected {expected}") from None
     history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
-        raise ConfigError(f"{path}: no log_history list; expected {expected}")
+        keys = _listing(state) if isinstance(state, dict) else f"a JSON {type(state).__name__}"
+        raise ConfigError(f"{path}: no log_history list (it has {keys}); expected {expected}")
+    if not history:
+        counters = ", ".join(f"{k} {state[k]}" for k in ("global_step", "logging_steps", "max_steps") if k in state)
+        raise ConfigError(f"{path}: log_history is empty: the trainer logged nothing"
+                          f"{f' ({counters})' if counters else ''}; expected {expected}")
+    stepless: list[str] = []
+    read = 0
     for i, entry in enumerate(history):
         where = f"log_history[{i}]"
         if not isinstance(entry, dict):
             raise ConfigError(f"{path}: {where} is not an object; expected {expected}")
         if "train_runtime" in entry:
             continue  # the end-of-training summary: its train_loss is the mean over the whole run
+        if entry.get("step") is None:
+            # trainer.predict() / evaluate() outside training append rows with no step: they
+            # belong to no point of the training curve.
+            stepless.append(where)
+            continue
+        read += 1
         yield _step(entry.get("step"), path, where), {k: v for k, v in entry.items() if k != "step"}, where
+    if stepless and not read:
+        raise ConfigError(f"{path}: no log_history entry has a step ({stepless[0]} and {len(stepless) - 1} more); "
+                          f"expected {expected}" if len(stepless) > 1 else
+                          f"{path}: {stepless[0]} has no step, and no other entry does; expected {expected}")
+    if stepless:
+        notes.append(f"{len(stepless)} log_history entr{'ies' if len(stepless) > 1 else 'y'} without a step skipped "
+                     f"({', '.join(stepless[:3])}{', ...' if len(stepless) > 3 else ''})")
 
 
 # -- CSV (Lightning, W&B exports, anything with a header) and JSONL -----------------------------
@@ -372,6 +408,8 @@ def _read_tensorboard(path: Path) -> tuple[list[_Entry], list[str]]:
     files = _event_files(path)
     contents = {file: file.read_bytes() for file in files}
     for file, data in contents.items():
+        if data.startswith(LFS_POINTER):
+            raise _lfs_pointer_error(file)
         if not _is_event_file(data[:2048]):
             raise ConfigError(f"{file}: not a TensorBoard event file; expected {FORMATS['tensorboard']}")
     try:
@@ -424,15 +462,51 @@ def _read_tensorboard(path: Path) -> tuple[list[_Entry], list[str]]:
 _FOLDER_LOGS = (("trainer_state.json", "hf-trainer"), ("metrics.csv", "lightning"), ("metrics.jsonl", "jsonl"))
 
 
-def _log_in_folder(folder: Path) -> tuple[str, Path]:
-    """The one log a folder holds: TensorBoard event files (read together), an HF checkpoint's
-    trainer_state.json, a Lightning version folder's metrics.csv, or a metrics.jsonl."""
+def _logs_here(folder: Path) -> list[tuple[str, Path]]:
     found = [("tensorboard", folder)] if any("tfevents" in p.name for p in folder.iterdir() if p.is_file()) else []
-    found += [(fmt, folder / name) for name, fmt in _FOLDER_LOGS if (folder / name).is_file()]
+    return found + [(fmt, folder / name) for name, fmt in _FOLDER_LOGS if (folder / name).is_file()]
+
+
+def _checkpoint_number(folder: Path) -> int | None:
+    number = folder.name.removeprefix("checkpoint-")
+    return int(number) if folder.name.startswith("checkpoint-") and number.isdigit() else None
+
+
+def find_logs(folder: str | Path) -> list[Path]:
+    """The logs a folder holds: its own (TensorBoard event files, read together; a
+    trainer_state.json; a metrics.csv; a metrics.jsonl), else those one level down in the
+    usual layouts: an HF ``output_dir``'s latest ``checkpoint-N/trainer_state.json`` (each
+    checkpoint's state holds the whole history up to it), every ``lightning_logs/version_*``
+    and every ``runs/*`` run. A path per log (a folder for TensorBoard event files)."""
+    folder = Path(folder)
+    here = _logs_here(folder)
+    if here:
+        if len(here) > 1:
+            raise ConfigError(f"{folder}: holds several logs ({', '.join(f'{fmt}: {p.name}' for fmt, p in here)}); name the file")
+        return [here[0][1]]
+    subfolders = sorted((p for p in folder.iterdir() if p.is_dir()), key=lambda p: p.name)
+    checkpoints = [p for p in subfolders if _checkpoint_number(p) is not None and (p / "trainer_state.json").is_file()]
+    found = [max(checkpoints, key=_checkpoint_number) / "trainer_state.json"] if checkpoints else []
+    for sub in subfolders:
+        if _checkpoint_number(sub) is None:
+            logs = _logs_here(sub)
+            if len(logs) == 1:
+                found.append(logs[0][1])
     if not found:
         raise ConfigError(f"{folder}: a folder with no training log; expected TensorBoard event files, "
-                          f"trainer_state.json, metrics.csv or metrics.jsonl in it")
-    if len(found) > 1:
-        raise ConfigError(f"{folder}: holds several logs ({', '.join(f'{fmt}: {p.name}' for fmt, p in found)}); name the file")
-    fmt, log = found[0]
+                          f"trainer_state.json, metrics.csv or metrics.jsonl in it or one level down "
+                          f"(checkpoint-*/, version_*/, runs/*/)")
+    return found
+
+
+def _log_in_folder(folder: Path) -> tuple[str, Path]:
+    """The one log a folder holds (:func:`find_logs`); several: name one."""
+    logs = find_logs(folder)
+    if len(logs) > 1:
+        shown = ", ".join(str(p.relative_to(folder)) for p in logs[:6]) + (", ..." if len(logs) > 6 else "")
+        raise ConfigError(f"{folder}: holds {len(logs)} logs ({shown}); name one (`spikecheck check` checks each)")
+    log = logs[0]
+    if log.is_dir():
+        return "tensorboard", log
+    fmt = dict((name, fmt) for name, fmt in _FOLDER_LOGS)[log.name]
     return ("csv" if fmt == "lightning" and detect_format(log) == "csv" else fmt), log
