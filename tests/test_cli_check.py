@@ -1,5 +1,5 @@
 """``spikecheck check LOG``: exit 0 clean, 1 on a spike / non-finite value / uncontained clip,
-2 on a wrong log or option; ``--json`` for machines."""
+2 on a wrong log or option, 3 with --strict on a series too short to judge; ``--json`` for machines."""
 
 import csv
 import json
@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_spikecheck.cli.commands import CHECK_DETECTORS, main
+from pytest_spikecheck.cli.commands import main
+from pytest_spikecheck.judge.policy import POLICY
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
@@ -33,7 +34,7 @@ def check_json(capsys, *argv):
 def test_healthy_log_exits_0(capsys):
     code, out, _ = check(capsys, LOGS / "hf" / "trainer_state_healthy.json")
     assert code == 0
-    assert out.splitlines()[-1] == "OK: no spike, every value finite"
+    assert out.splitlines()[-1] == "OK: no spike in grad_norm, loss, every value finite"
     assert "hf-trainer, 24 logged steps (5–120)" in out.splitlines()[0]
 
 
@@ -41,14 +42,16 @@ def test_spike_exits_1_with_the_step_value_and_ratio(capsys):
     code, out, _ = check(capsys, LOGS / "hf" / "trainer_state.json")
     assert code == 1
     row = next(line.split() for line in out.splitlines() if line.strip().startswith("90 "))
-    assert row[0] == "90" and float(row[1]) > 50 and float(row[2].rstrip("×")) > 30 and row[3] == "ratio"
-    assert out.splitlines()[-1] == "FOUND spikes in grad_norm (exit 1)"
+    # step, value, baseline, then the rule and its score
+    assert row[0] == "90" and float(row[1]) > 50 and float(row[1]) / float(row[2]) > 30 and row[3] == "grad-ratio"
+    # The loss goes 1.02 -> 3.64 there: +2.6 nats, a spike in nats though only 3.6x (the ratio rule missed it).
+    assert out.splitlines()[-1] == "FOUND spikes in grad_norm, loss (exit 1)"
 
 
 def test_non_finite_value_exits_1(capsys):
     code, out, _ = check(capsys, LOGS / "hf" / "trainer_state_diverged.json", "--metric", "eval_loss")
     assert code == 1  # eval_loss (one value, at step 20) is clean: the exit comes from grad_norm = inf
-    assert "eval_loss  ▁\n  no spike" in out
+    assert "eval_loss  ▁\n  not judged: 1 point, needs loss-jump" in out
     assert "non-finite values: grad_norm = inf at step 28 (the first)" in out
     assert out.splitlines()[-1] == "FOUND a non-finite value (exit 1)"
 
@@ -83,12 +86,14 @@ def test_json_report(capsys):
     code, report = check_json(capsys, LOGS / "hf" / "trainer_state.json")
     assert code == 1 and report["ok"] is False
     assert (report["format"], report["steps"]) == ("hf-trainer", {"logged": 24, "first": 5, "last": 120})
-    assert [d["name"] for d in report["detectors"]] == list(CHECK_DETECTORS)
+    assert report["policy"] == "default" and report["detectors"] == sorted(POLICY["loss"] + POLICY["grad_norm"])
     grad_norm, loss = report["series"]
     assert (grad_norm["metric"], loss["metric"]) == ("grad_norm", "loss")
+    assert grad_norm["status"] == loss["status"] == "judged" and report["not_judged"] == []
     (spike,) = grad_norm["spikes"]
-    assert spike["step"] == 90 and spike["detectors"] == ["ratio"] and spike["ratio"] > 30
-    assert loss["spikes"] == [] and report["nonfinite"] is None and report["clip"] is None
+    assert spike["step"] == 90 and spike["detectors"] == ["grad-ratio"] and spike["ratio"] > 30
+    assert [(h["step"], h["detectors"]) for h in loss["spikes"]] == [(90, ["loss-jump"])]
+    assert report["nonfinite"] is None and report["clip"] is None
 
 
 def test_json_spells_non_finite_values_as_strings(capsys):
@@ -109,7 +114,7 @@ def test_detectors_that_agree_are_listed_together(capsys):
         # Megatron compares with the max of the first 100 steps, which include the early high values.
         assert spike["step"] == 90 and spike["detectors"] == ["ratio", "olmo-core", "zclip"]
     code, out, _ = check(capsys, LOGS / "wandb" / "history.csv", "--detector", "megatron")
-    assert code == 0 and "detectors: megatron" in out
+    assert code == 0 and "policy: named detectors (megatron)" in out
 
 
 def test_max_norm_checks_the_post_clip_series(capsys):
@@ -133,7 +138,7 @@ def test_map_and_format_flags(tmp_path, capsys):
     renamed = tmp_path / "export.txt"
     shutil.copy(LOGS / "lightning" / "metrics.csv", renamed)
     _, report = check_json(capsys, renamed, "--format", "csv")
-    assert report["format"] == "csv" and report["series"][0]["spikes"][0]["step"] == 89
+    assert report["format"] == "csv" and report["series"][-1]["spikes"][0]["step"] == 89
 
 
 def test_restart_note_is_printed(capsys):

@@ -150,151 +150,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
-#: ``check`` exits with this when it finds a spike, a non-finite value or an uncontained clip.
-EXIT_FOUND = 1
-#: ``check``'s detectors unless --detector names others: the published rules that stay quiet
-#: on healthy runs. ZClip's z > 2.5 is a clipping rule meant to fire on ~1% of ordinary
-#: steps, so it would fail CI on noise; name it to see it.
-CHECK_DETECTORS = ("ratio", "llm-foundry", "lightning", "olmo-core", "megatron")
-_CHECK_MAX_ROWS = 20  # spike rows printed per metric; --json lists them all
-
-
-def _max_norm(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, was {text!r}") from None
-    if not (0 < value < math.inf):
-        raise argparse.ArgumentTypeError(f"max_norm must be a finite number > 0, was {text!r}")
-    return value
-
-
-def _column_mapping(text: str) -> dict[str, str]:
-    """``loss=train/loss,grad_norm_pre=grad_norm`` -> ``{"loss": "train/loss", ...}`` (ours=theirs)."""
-    mapping = {}
-    for pair in text.split(","):
-        ours, sep, theirs = (part.strip() for part in pair.partition("="))
-        if not (sep and ours and theirs):
-            raise argparse.ArgumentTypeError(f"expected OURS=THEIRS[,OURS=THEIRS...] such as loss=train/loss, was {text!r}")
-        mapping[ours] = theirs
-    return mapping
-
-
-def check_record(record: Record, detectors: Sequence[str], metrics: Sequence[str] = (), max_norm: float | None = None) -> dict:
-    """What ``spikecheck check`` finds in a record, as plain data (``--json`` prints it).
-
-    Every detector runs on every metric (default: the pre-clip grad norm and the loss, those
-    the record has); a step flagged by any of them is a spike, listed once with the
-    detectors that agree. ``ok`` is False for a spike, a non-finite value in any column, or
-    (with ``max_norm``) a post-clip norm above it.
-    """
-    from pytest_spikecheck.judge.analysis import first_nonfinite, spike_ratio, value_at
-    from pytest_spikecheck.judge.assertions import _pick_metric, assert_clip_contains
-    from pytest_spikecheck.judge.detectors import get_detector
-    from pytest_spikecheck.errors import SpikeCheckError
-    from pytest_spikecheck.judge.text import sparkline
-
-    def resolve(name: str) -> str | None:
-        try:
-            return _pick_metric(record, name)  # the one rule for "grad_norm" standing in for the pre-clip norm
-        except SpikeCheckError as exc:
-            if metrics:
-                raise ConfigError(f"{record.source}: {exc}") from None
-            return None
-
-    names = [n for n in (resolve(m) for m in (metrics or ("grad_norm_pre", "loss"))) if n is not None]
-    if not names:
-        have = ", ".join(k for k in record.metrics if k != "step")
-        raise ConfigError(f"{record.source}: no loss or gradient-norm series (it has {have}); "
-                          f"name one with --metric or map one with --map loss=COLUMN")
-    rules = [get_detector(d) for d in detectors]
-    series = []
-    for name in dict.fromkeys(names):
-        steps, values = record.series(name)
-        agreeing: dict[int, list[str]] = {}
-        for rule in rules:
-            for hit in rule.detect(steps, values):
-                agreeing.setdefault(hit.step, []).append(rule.name)
-        series.append({"metric": name, "logged": int(steps.size), "sparkline": sparkline(values), "spikes": [
-            {"step": step, "value": value_at(record.metrics, name, step),
-             "ratio": spike_ratio(record.metrics, step, name), "detectors": found}
-            for step, found in sorted(agreeing.items())]})
-    first = first_nonfinite(record.metrics, [k for k in record.metrics if k != "step"], record.missing)
-    clip = None
-    if max_norm is not None:
-        clip = {"max_norm": max_norm, "checked": "grad_norm_post" in record.metrics, "ok": True,
-                "message": f"post-clip grad norm <= {max_norm:g} at every logged step"}
-        if not clip["checked"]:
-            clip["message"] = "not checked: the log has no grad_norm_post series"
-        else:
-            try:
-                assert_clip_contains(record, max_norm)
-            except SpikeCheckError as exc:
-                clip.update(ok=False, message=str(exc).splitlines()[0])
-    steps = record.metrics["step"]
-    return {
-        "log": record.source, "format": record.log_format, "notes": list(record.notes),
-        "steps": {"logged": int(steps.size), "first": int(steps[0]), "last": int(steps[-1])},
-        "detectors": [{"name": rule.name, "rule": rule.describe()} for rule in rules],
-        "series": series,
-        "nonfinite": None if first is None else {"step": first[0], "metric": first[1],
-                                                 "value": value_at(record.metrics, first[1], first[0])},
-        "clip": clip,
-        "ok": not any(s["spikes"] for s in series) and first is None and (clip is None or clip["ok"]),
-    }
-
-
-def _check_text(report: dict) -> str:
-    from pytest_spikecheck.judge.text import table
-
-    steps = report["steps"]
-    lines = [f"{report['log']}: {report['format']}, {steps['logged']} logged steps ({steps['first']}–{steps['last']})"]
-    lines += [f"note: {note}" for note in report["notes"]]
-    lines.append("detectors: " + ", ".join(d["name"] for d in report["detectors"]))
-    for s in report["series"]:
-        lines += ["", f"{s['metric']}  {s['sparkline']}"]
-        if not s["spikes"]:
-            lines.append("  no spike")
-            continue
-        # A flagged value was logged, so NaN here is a real NaN: printed as such, not as "—".
-        rows = [[str(h["step"]), format(h["value"], ".4g"), f"{h['ratio']:.3g}×" if math.isfinite(h["ratio"]) else "—",
-                 ", ".join(h["detectors"])]
-                for h in s["spikes"][:_CHECK_MAX_ROWS]]
-        lines += ["  " + line for line in table(["step", "value", "× baseline", "flagged by"], rows).splitlines()]
-        if len(s["spikes"]) > _CHECK_MAX_ROWS:
-            lines.append(f"  … and {len(s['spikes']) - _CHECK_MAX_ROWS} more (--json lists them all)")
-    bad = report["nonfinite"]
-    lines += ["", "non-finite values: " + ("none" if bad is None else f"{bad['metric']} = {bad['value']} at step {bad['step']} (the first)")]
-    if report["clip"] is not None:
-        lines.append(f"clip containment: {report['clip']['message']}")
-    spiky = [s["metric"] for s in report["series"] if s["spikes"]]
-    found = ([f"spikes in {', '.join(spiky)}"] if spiky else []) + (["a non-finite value"] if bad else []) + (
-        ["an uncontained clip"] if report["clip"] and not report["clip"]["ok"] else [])
-    lines.append(f"FOUND {' and '.join(found)} (exit {EXIT_FOUND})" if found else "OK: no spike, every value finite")
-    return "\n".join(lines)
-
-
-def _json_safe(value):
-    """Strict JSON: non-finite floats become the strings "NaN", "Infinity", "-Infinity"."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_safe(v) for v in value]
-    return value
-
-
-def cmd_check(args: argparse.Namespace) -> int:
-    import json
-
-    from pytest_spikecheck.records.logs import read_log
-
-    mapping = {k: v for part in args.map for k, v in part.items()}
-    record = read_log(args.log, format=args.format, mapping=mapping)
-    report = check_record(record, args.detector or CHECK_DETECTORS, args.metric, args.max_norm)
-    print(json.dumps(_json_safe(report), indent=2, allow_nan=False, ensure_ascii=False) if args.json else _check_text(report))
-    return 0 if report["ok"] else EXIT_FOUND
+# ``check`` lives in its own module (cli/check.py); its names stay importable from here.
+from pytest_spikecheck.cli.check import EXIT_FOUND, EXIT_NOT_JUDGED, check_record, cmd_check  # noqa: E402,F401
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -349,25 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seed of the search itself (same seed, same result). Default: %(default)s")
     p.set_defaults(func=cmd_search)
 
-    from pytest_spikecheck.judge.detectors import DETECTORS
-    from pytest_spikecheck.records.logs import FORMATS
+    from pytest_spikecheck.cli.check import add_parser as add_check_parser
 
-    p = sub.add_parser("check", help="find spikes and non-finite values in a training log (exit 1 if any)",
-                       description="Read a trainer_state.json, Lightning metrics.csv, TensorBoard events, CSV or "
-                                   "JSONL log; print the spikes each detector finds. Exit 0: clean; 1: a spike, a "
-                                   "non-finite value or an uncontained clip; 2: the log or an option is wrong.")
-    p.add_argument("log", metavar="LOG", help="a log file, or a folder holding one (TensorBoard event files, a run)")
-    p.add_argument("--detector", action="append", choices=list(DETECTORS), metavar="NAME",
-                   help=f"a detector to run (repeatable): {', '.join(DETECTORS)}. Default: {', '.join(CHECK_DETECTORS)}")
-    p.add_argument("--metric", action="append", default=[], metavar="M",
-                   help="a series to check (repeatable). Default: the pre-clip grad norm and the loss")
-    p.add_argument("--max-norm", type=_max_norm, default=None, metavar="X",
-                   help="also check that the post-clip grad norm (grad_norm_post) never exceeds X")
-    p.add_argument("--map", action="append", type=_column_mapping, default=[], metavar="OURS=THEIRS,...",
-                   help="read a column under our name, e.g. loss=train/loss,grad_norm_pre=grad_norm,step=_step")
-    p.add_argument("--format", choices=list(FORMATS), default=None, help="the log's format. Default: detected from the content")
-    p.add_argument("--json", action="store_true", help="print a machine-readable report (strict JSON)")
-    p.set_defaults(func=cmd_check)
+    add_check_parser(sub)
     return parser
 
 

@@ -18,6 +18,7 @@ from pytest_spikecheck.judge.analysis import (
     recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.judge.detectors import get_detector
+from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
 from pytest_spikecheck.judge.text import fmt, sparkline, table
@@ -66,13 +67,31 @@ def _fail(headline: str, rec: Record, step: int | None, metric: str, **kwargs: A
     raise SpikeCheckError(f"{headline}\n\n{_context(rec, step, metric, **kwargs)}")
 
 
-def _pick_metric(rec: Record, metric: str) -> str:
-    if metric in rec.metrics:
-        return metric
-    if metric == "grad_norm_pre" and "grad_norm" in rec.metrics:  # logs name the pre-clip norm "grad_norm"
-        return "grad_norm"
-    have = ", ".join(sorted(k for k in rec.metrics if k != "step")) or "nothing"
-    raise SpikeCheckError(f"the record has no {metric!r} series (it has {have})")
+_pick_metric = pick_metric  # the one rule for "grad_norm" standing in for the pre-clip norm
+
+
+def _default_metric(rec: Record) -> str:
+    """The pre-clip gradient norm, else the loss: the fallback ``spikecheck check`` uses."""
+    try:
+        return pick_metric(rec, "grad_norm_pre")
+    except SpikeCheckError:
+        return pick_metric(rec, "loss")
+
+
+def _log_policy_failure(rec: Record, report: dict) -> tuple[str, int | None, str] | None:
+    """(headline, step, metric) of what fails the default policy on a log, else None."""
+    for s in report["series"]:
+        if s["spikes"]:
+            first = s["spikes"][0]
+            more = f" (and {len(s['spikes']) - 1} more)" if len(s["spikes"]) > 1 else ""
+            return (f"the default policy flagged a {s['metric']} spike at step {first['step']}: "
+                    f"{fmt(first['value'], '.4g')} vs baseline {fmt(first['baseline'], '.4g')} "
+                    f"({', '.join(f'{d} {sc}' for d, sc in zip(first['detectors'], first['scores']))}){more}",
+                    first["step"], s["metric"])
+    bad = report["nonfinite"]
+    if bad is not None:
+        return f"non-finite {bad['metric']} at step {bad['step']} ({fmt(bad['value'])})", bad["step"], bad["metric"]
+    return None
 
 
 def _event_step(rec: Record, at: int | None, metric: str) -> int | None:
@@ -83,15 +102,33 @@ def _event_step(rec: Record, at: int | None, metric: str) -> int | None:
     return largest_spike(rec.metrics, metric)[0]
 
 
-def assert_spike(run: Any, at: int | None = None, min_ratio: float = 10.0, metric: str = "grad_norm_pre",
-                 window: int = BASELINE_WINDOW) -> float:
-    """Assert a spike of at least ``min_ratio`` x the median of the ``window`` steps before.
+def assert_spike(run: Any, at: int | None = None, min_ratio: float | None = None, metric: str | None = None,
+                 window: int = BASELINE_WINDOW, kind: str | None = None) -> float:
+    """Assert a spike of at least ``min_ratio`` (default 10) x the median of the ``window``
+    steps before (widened to 10 logged points on a sparse log).
 
     With ``at``, the spike must be at that step; without, anywhere. Returns the ratio.
+
+    On a training log (a path, or a record read from one) with neither ``min_ratio`` nor
+    ``metric`` given, the spike is what ``spikecheck check`` finds: the default policy on the
+    pre-clip grad norm and the loss (``kind`` as ``--kind``). Returns the spike's ratio to
+    the spike baseline (NaN where it has none).
     """
     __tracebackhide__ = True
     rec = as_record(run)
-    metric = _pick_metric(rec, metric)
+    if rec.log_format is not None and min_ratio is None and metric is None:
+        report = judge_log(rec, kind=kind)
+        hits = [(h["step"], h["ratio"], s["metric"]) for s in report["series"] for h in s["spikes"]
+                if at is None or h["step"] == at]
+        if not hits:
+            where = f"at step {at}" if at is not None else "anywhere"
+            status = "; ".join(f"{s['metric']}: {s['message']}" for s in report["series"])
+            _fail(f"expected the default policy to flag a spike {where}, but it flagged "
+                  f"{'none' if not any(s['spikes'] for s in report['series']) else 'other steps'} ({status})",
+                  rec, at, _default_metric(rec))
+        return float(hits[0][1])
+    min_ratio = 10.0 if min_ratio is None else min_ratio
+    metric = _pick_metric(rec, metric or "grad_norm_pre")
     if at is None:
         step, ratio = largest_spike(rec.metrics, metric, window)
     else:
@@ -100,6 +137,9 @@ def assert_spike(run: Any, at: int | None = None, min_ratio: float = 10.0, metri
             _fail(f"no spike at step {at}: the record has no step {at} "
                   f"(it covers {int(rec.metrics['step'][0]) if len(rec.metrics['step']) else '-'}"
                   f"–{int(rec.metrics['step'][-1]) if len(rec.metrics['step']) else '-'})", rec, None, metric)
+    if step is None and at is None:
+        _fail(f"expected a {metric} spike of ≥ {min_ratio:g}×, but no value has a baseline: "
+              f"{rec.series(metric)[0].size} logged, fewer than the 10 earlier points a baseline needs", rec, None, metric)
     if step is None or not (ratio >= min_ratio):
         where = f"at step {at}" if at is not None else f"anywhere (largest: step {fmt(step)})"
         _fail(f"expected a {metric} spike of ≥ {min_ratio:g}× {where}, got {fmt(ratio, '.2f')}× "
@@ -107,13 +147,30 @@ def assert_spike(run: Any, at: int | None = None, min_ratio: float = 10.0, metri
     return ratio
 
 
-def assert_no_spike(run: Any, detector: Any = "ratio", metric: str = "grad_norm_pre", **params: Any) -> None:
+def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, strict: bool = False,
+                    kind: str | None = None, **params: Any) -> None:
     """Assert that ``detector`` (a name from :mod:`pytest_spikecheck.judge.detectors` or an
-    instance; ``params`` configure it) flags no step of ``metric``."""
+    instance; ``params`` configure it; default ``ratio``) flags no step of ``metric``
+    (default: the pre-clip grad norm, else the loss).
+
+    On a training log (a path, or a record read from one) with neither ``detector`` nor
+    ``metric`` given, this is ``spikecheck check``'s judgement: the default policy on the
+    pre-clip grad norm and the loss, and no non-finite value in any column (``kind`` as
+    ``--kind``). With ``strict``, as ``--strict``, a series too short to be judged fails too.
+    """
     __tracebackhide__ = True
     rec = as_record(run)
-    metric = _pick_metric(rec, metric)
-    det = get_detector(detector, **params)
+    if rec.log_format is not None and detector is None and metric is None and not params:
+        report = judge_log(rec, kind=kind)
+        failure = _log_policy_failure(rec, report)
+        if failure is not None:
+            _fail(failure[0], rec, failure[1], failure[2])
+        if strict and report["not_judged"]:
+            status = "; ".join(f"{s['metric']}: {s['message']}" for s in report["series"] if s["status"] == "not judged")
+            _fail(f"not judged (strict): {status}", rec, None, _default_metric(rec))
+        return
+    metric = _pick_metric(rec, metric) if metric is not None else _default_metric(rec)
+    det = get_detector(detector or "ratio", **params)
     hits = det.detect(*rec.series(metric))
     if hits:
         first = hits[0]

@@ -1,0 +1,158 @@
+"""One judgement of a training log, behind both doors: ``spikecheck check`` and the assertions.
+
+The default CI policy (calibrated on real public training logs, ``tests/data/reallogs``;
+the measurements are in ``docs/detectors.md``):
+
+- **loss** (nats): ``loss-jump`` (a jump of ln 2 nats, or 6 robust σ on a noisy loss, above
+  the median of the previous points) and ``loss-sustained`` (a rise of ln 2 nats that the
+  next points keep);
+- **gradient norm** (robust ratio): ``grad-ratio`` (10x the recent median and 2.5 robust σ
+  above it in log space, against a baseline never below half the run's long-run median);
+- **non-finite values** in any column.
+
+The series checked are the pre-clip gradient norm (``grad_norm`` in other tools' logs) and
+the loss, those the log has. On an RL or preference log (:func:`detect_kind`) the loss is a
+surrogate (near 0, negative, ~ln 2 for DPO): the loss rules step aside, the grad-norm rule
+still runs. A series is *judged* when at least one of its rules had the history it needs
+for at least one value; otherwise it is "not judged" and the report says what was missing,
+never "no spike". numpy only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from pytest_spikecheck.errors import ConfigError, SpikeCheckError
+from pytest_spikecheck.judge.analysis import first_nonfinite, spike_ratio, value_at
+from pytest_spikecheck.judge.detectors import Detector, get_detector, log_interval
+from pytest_spikecheck.judge.text import sparkline
+from pytest_spikecheck.records import Record
+
+#: The rules of the default policy, per role of a series.
+POLICY: dict[str, tuple[str, ...]] = {"loss": ("loss-jump", "loss-sustained"), "grad_norm": ("grad-ratio",)}
+#: What ``--kind`` accepts: ``rl`` covers RL and preference (DPO) training.
+KINDS = ("sft", "pretrain", "rl")
+#: Series checked unless others are named: the pre-clip gradient norm, then the loss.
+DEFAULT_METRICS = ("grad_norm_pre", "loss")
+
+#: Keys an RL or preference trainer logs (TRL GRPO/PPO/DPO/KTO, OpenRLHF, LLaMA-Factory DPO).
+_RL_KEYS = ("reward", "reward_std", "kl", "frac_reward_zero_std", "entropy", "clip_ratio")
+_RL_PREFIXES = ("rewards/", "objective/", "logps/", "logits/", "policy/", "val/", "clip_ratio/")
+#: A surrogate loss: more than this share of the logged losses exactly 0, or any negative.
+_ZERO_LOSS_SHARE = 0.2
+
+
+def pick_metric(rec: Record, metric: str) -> str:
+    """The series that stands for ``metric``: itself, or ``grad_norm`` (what other tools call
+    the pre-clip norm) for ``grad_norm_pre``."""
+    if metric in rec.metrics:
+        return metric
+    if metric == "grad_norm_pre" and "grad_norm" in rec.metrics:
+        return "grad_norm"
+    have = ", ".join(sorted(k for k in rec.metrics if k != "step")) or "nothing"
+    raise SpikeCheckError(f"the record has no {metric!r} series (it has {have})")
+
+
+def detect_kind(rec: Record) -> tuple[str | None, str]:
+    """("rl", why) for an RL or preference log, else (None, ""): recognised by its keys, or
+    by a loss that is a surrogate (negative values, or many exactly 0)."""
+    keys = [k for k in rec.metrics if k in _RL_KEYS or k.startswith(_RL_PREFIXES)]
+    if keys:
+        shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
+        return "rl", f"an RL/preference log (it logs {shown})"
+    if "loss" in rec.metrics:
+        _, loss = rec.series("loss")
+        loss = loss[np.isfinite(loss)]
+        if loss.size and (np.any(loss < 0) or np.mean(loss == 0) > _ZERO_LOSS_SHARE):
+            return "rl", "its loss is a surrogate (negative or mostly exactly 0), as RL objectives are"
+    return None, ""
+
+
+def _role(metric: str) -> str:
+    return "loss" if "loss" in metric else "grad_norm"
+
+
+def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Sequence[str] = (),
+              kind: str | None = None) -> dict:
+    """The judgement of a record, as plain data (``spikecheck check --json`` prints it).
+
+    ``detectors`` (names) replace the default policy and run on every series; ``metrics``
+    replace the default series; ``kind`` overrides the RL recognition. ``ok`` is False for a
+    spike or a non-finite value in any column; ``judged`` is False when no series could be
+    judged, and ``not_judged`` names the series that could not.
+    """
+    if kind is not None and kind not in KINDS:
+        raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
+
+    def resolve(name: str) -> str | None:
+        try:
+            return pick_metric(rec, name)
+        except SpikeCheckError as exc:
+            if metrics:
+                raise ConfigError(f"{rec.source}: {exc}") from None
+            return None
+
+    names = list(dict.fromkeys(n for n in (resolve(m) for m in (metrics or DEFAULT_METRICS)) if n is not None))
+    if not names:
+        have = ", ".join(k for k in rec.metrics if k != "step")
+        raise ConfigError(f"{rec.source}: no loss or gradient-norm series (it has {have}); "
+                          f"name one with --metric or map one with --map loss=COLUMN")
+    found_kind, why = detect_kind(rec)
+    kind_used = kind or found_kind or "sft/pretrain"
+    explicit = [get_detector(d) for d in detectors]
+    notes = list(rec.notes)
+    if kind is None and found_kind == "rl":
+        notes.append(f"{why}: its loss is no likelihood, so the loss rules step aside; "
+                     f"the gradient-norm rule still runs (--kind sft to judge the loss anyway)")
+    series = []
+    for name in names:
+        steps, values = rec.series(name)
+        entry: dict[str, Any] = {"metric": name, "logged": int(steps.size), "interval": log_interval(steps),
+                                 "sparkline": sparkline(values), "spikes": [], "rules": []}
+        series.append(entry)
+        if not explicit and kind_used == "rl" and _role(name) == "loss":
+            entry.update(status="skipped", message="an RL/preference loss: loss rules step aside")
+            continue
+        rules = explicit or [get_detector(d) for d in POLICY[_role(name)]]
+        agreeing: dict[int, dict[str, Any]] = {}
+        judged = 0
+        for rule in rules:
+            verdict = rule.judge(steps, values)
+            judged = max(judged, verdict.judged)
+            entry["rules"].append({"name": rule.name, "rule": rule.describe(), "judged": verdict.judged,
+                                   "needs": verdict.needs, "flags": len(verdict.detections)})
+            for hit in verdict.detections:
+                found = agreeing.setdefault(hit.step, {"baseline": hit.baseline, "detectors": [], "scores": []})
+                found["detectors"].append(rule.name)
+                found["scores"].append(f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}")
+        entry["judged"] = judged
+        entry["spikes"] = [{"step": step, "value": value_at(rec.metrics, name, step), **found,
+                            "ratio": spike_ratio(rec.metrics, step, name)}
+                           for step, found in sorted(agreeing.items())]
+        if judged:
+            entry["status"] = "judged"
+            entry["message"] = f"judged {judged} of {steps.size} points"
+        else:
+            every = "" if entry["interval"] is None else f", interval {entry['interval']} steps"
+            needs = "; ".join(f"{r['name']} {r['needs']}" for r in entry["rules"])
+            entry.update(status="not judged", message=f"not judged: {steps.size} point{'s' if steps.size != 1 else ''}"
+                                                      f"{every}, needs {needs}")
+    first = first_nonfinite(rec.metrics, [k for k in rec.metrics if k != "step"], rec.missing)
+    steps = rec.metrics["step"]
+    if steps.size == 1:
+        notes.append("a single logged entry: nothing to compare it with")
+    return {
+        "log": rec.source, "format": rec.log_format, "kind": kind_used, "notes": notes,
+        "steps": {"logged": int(steps.size), "first": int(steps[0]), "last": int(steps[-1])},
+        "policy": "default" if not explicit else "named detectors",
+        "detectors": sorted({r["name"] for s in series for r in s["rules"]}),
+        "series": series,
+        "nonfinite": None if first is None else {"step": first[0], "metric": first[1],
+                                                 "value": value_at(rec.metrics, first[1], first[0])},
+        "judged": any(s["status"] == "judged" for s in series),
+        "not_judged": [s["metric"] for s in series if s["status"] == "not judged"],
+        "ok": not any(s["spikes"] for s in series) and first is None,
+    }
+
