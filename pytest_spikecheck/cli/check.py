@@ -75,7 +75,7 @@ def check_record(record: Record, detectors: Sequence[str] = (), metrics: Sequenc
 def exit_status(report: dict, strict: bool) -> int:
     if not report["ok"]:
         return EXIT_FOUND
-    return EXIT_NOT_JUDGED if strict and report["not_judged"] else 0
+    return EXIT_NOT_JUDGED if strict and (report["not_judged"] or not report["judged"]) else 0
 
 
 def _check_text(report: dict, strict: bool) -> str:
@@ -116,9 +116,11 @@ def _check_text(report: dict, strict: bool) -> str:
     else:
         judged = [s["metric"] for s in report["series"] if s["status"] == "judged"]
         verdict = f"OK: no spike in {', '.join(judged)}, every value finite" if judged else "every value finite"
+        status = f"exit {EXIT_NOT_JUDGED}, --strict" if strict else f"exit 0; --strict makes it exit {EXIT_NOT_JUDGED}"
         if report["not_judged"]:
-            status = f"exit {EXIT_NOT_JUDGED}, --strict" if strict else f"exit 0; --strict makes it exit {EXIT_NOT_JUDGED}"
-            verdict += ("; " if judged else "; ") + f"NOT JUDGED: {', '.join(report['not_judged'])} ({status})"
+            verdict += f"; NOT JUDGED: {', '.join(report['not_judged'])} ({status})"
+        elif not judged:
+            verdict += f"; NOT JUDGED: no series left to judge ({status})"
         lines.append(verdict)
     return "\n".join(lines)
 

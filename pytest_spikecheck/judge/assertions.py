@@ -165,8 +165,8 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
         failure = _log_policy_failure(rec, report)
         if failure is not None:
             _fail(failure[0], rec, failure[1], failure[2])
-        if strict and report["not_judged"]:
-            status = "; ".join(f"{s['metric']}: {s['message']}" for s in report["series"] if s["status"] == "not judged")
+        if strict and (report["not_judged"] or not report["judged"]):
+            status = "; ".join(f"{s['metric']}: {s['message']}" for s in report["series"] if s["status"] != "judged")
             _fail(f"not judged (strict): {status}", rec, None, _default_metric(rec))
         return
     metric = _pick_metric(rec, metric) if metric is not None else _default_metric(rec)

@@ -59,6 +59,10 @@ def detect_kind(rec: Record) -> tuple[str | None, str]:
     """("rl", why) for an RL or preference log, else (None, ""): recognised by its keys, or
     by a loss that is a surrogate (negative values, or many exactly 0)."""
     keys = [k for k in rec.metrics if k in _RL_KEYS or k.startswith(_RL_PREFIXES)]
+    if "accuracy" in rec.metrics and rec.log_format == "jsonl":
+        # LLaMA-Factory's trainer_log.jsonl logs a bare train-time "accuracy" only for its
+        # preference stages (DPO, reward model); SFT logs have none, HF evals say eval_accuracy.
+        keys.append("accuracy")
     if keys:
         shown = ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
         return "rl", f"an RL/preference log (it logs {shown})"
