@@ -152,3 +152,62 @@ def test_ci_one_liner_exit_status():
     run = subprocess.run([sys.executable, "-m", "pytest_spikecheck.cli", "check", str(LOGS / "hf" / "trainer_state.json")],
                          capture_output=True, text=True)
     assert run.returncode == 1 and "FOUND spikes in grad_norm" in run.stdout and run.stderr == ""
+
+
+# -- never silently blind (issue 12) -----------------------------------------------------------------
+
+def _sparse_state(tmp_path, n, every, **entry):
+    rows = [{"step": every * (i + 1), "loss": 2.0 - 0.01 * i, "grad_norm": 1.0 + 0.01 * (i % 3), **entry} for i in range(n)]
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"global_step": every * n, "log_history": rows}))
+    return path
+
+
+def test_a_series_too_short_is_not_judged_never_no_spike(tmp_path, capsys):
+    path = _sparse_state(tmp_path, 2, 500)  # HF's default logging_steps: 2 points in 1,000 steps
+    code, out, _ = check(capsys, path)
+    assert code == 0 and "no spike" not in out
+    assert "  not judged: 2 points, interval 500 steps, needs grad-ratio 10 earlier logged points" in out
+    assert "  not judged: 2 points, interval 500 steps, needs loss-jump 5 earlier logged points (over at least 50 " \
+           "steps); loss-sustained 1 earlier logged point and 2 later ones" in out
+    assert out.splitlines()[-1].endswith("NOT JUDGED: grad_norm, loss (exit 0; --strict makes it exit 3)")
+    code, report = check_json(capsys, path, "--strict")
+    assert code == 3 and report["judged"] is False and report["not_judged"] == ["grad_norm", "loss"]
+    assert report["series"][0]["rules"][0] == {"name": "grad-ratio", "rule": report["series"][0]["rules"][0]["rule"],
+                                               "judged": 0, "needs": "10 earlier logged points (over at least 10 steps)",
+                                               "flags": 0}
+
+
+def test_sparse_logs_are_judged_on_logged_points(tmp_path, capsys):
+    path = _sparse_state(tmp_path, 30, 10)  # every 10 steps: a 10-step window holds 1 point, widened to 10
+    code, report = check_json(capsys, path, "--strict")
+    # grad-ratio: all but the first 10 points; loss: loss-sustained judges all but the first and last 2
+    assert code == 0 and [s["judged"] for s in report["series"]] == [20, 27]
+
+
+def test_a_single_entry_gets_a_caveat(tmp_path, capsys):
+    code, out, _ = check(capsys, _sparse_state(tmp_path, 1, 10))
+    assert code == 0 and "note: a single logged entry: nothing to compare it with" in out
+
+
+def test_rl_logs_set_the_loss_rules_aside_unless_told(tmp_path, capsys):
+    path = _sparse_state(tmp_path, 30, 1, kl=0.01, reward=0.5)
+    rows = json.loads(path.read_text())
+    for i, row in enumerate(rows["log_history"]):
+        row["loss"] = 0.0 if i != 20 else -0.5  # a surrogate: 0 and negative
+    path.write_text(json.dumps(rows))
+    code, report = check_json(capsys, path)
+    assert code == 0 and report["kind"] == "rl" and "it logs kl, reward" in report["notes"][0]
+    grad_norm, loss = report["series"]
+    assert grad_norm["status"] == "judged" and loss["status"] == "skipped"
+    code, report = check_json(capsys, path, "--kind", "sft")
+    assert report["kind"] == "sft" and report["series"][1]["status"] == "judged"
+
+
+def test_a_folder_of_versions_checks_each(tmp_path, capsys):
+    for version in ("version_0", "version_1"):
+        (tmp_path / version).mkdir()
+        shutil.copy(LOGS / "lightning" / "metrics.csv", tmp_path / version / "metrics.csv")
+    code, out, _ = check(capsys, tmp_path)
+    assert out.startswith(f"{tmp_path}: 2 logs found one level down: version_0/metrics.csv, version_1/metrics.csv")
+    assert out.count("FOUND spikes") == 2 and code == 1

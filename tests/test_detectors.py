@@ -74,3 +74,27 @@ def test_unknown_detector_and_parameter():
         get_detector("olmo-core", sigma=3)
     assert get_detector("olmo-core", sigmas=3).sigmas == 3
     assert get_detector("zclip").with_threshold(4.0).threshold == 4.0
+
+
+def test_dense_baseline_is_the_plain_window_median():
+    # The engine's runs log every step: widening must never change their baseline.
+    from pytest_spikecheck.judge.baseline import spike_baseline
+
+    steps, v = _series(n=400, noise=0.3)
+    for at in range(1, 401):
+        window = v[max(0, at - 1 - 50):at - 1]
+        expected = float(np.median(window)) if window.size >= 10 else math.nan
+        got = spike_baseline(steps, v, at)
+        assert got == expected or (math.isnan(got) and math.isnan(expected)), at
+
+
+@pytest.mark.parametrize("name", sorted(DETECTORS))
+def test_every_detector_judges_a_log_written_every_50_steps(name):
+    # 60 points, one every 50 steps: windows of 10-128 steps hold 0-2 points, so each rule widens
+    # to the logged points it needs and judges (megatron compares with its first 100 steps).
+    steps, v = _series(n=60)
+    steps = steps * 50
+    judgement = get_detector(name).judge(steps, v)
+    assert judgement.points == 60 and judgement.interval == 50 and judgement.judged >= 30, judgement
+    short = get_detector(name).judge(steps[:1], v[:1])
+    assert short.judged == 0 and short.not_judged_text().startswith("not judged: 1 point, needs ")

@@ -19,7 +19,7 @@ from pytest_spikecheck import (
     ConfigError, SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_spike, assert_spike,
 )
 from pytest_spikecheck.judge.detectors import get_detector
-from pytest_spikecheck.records.logs import TENSORBOARD_EXTRA, detect_format, read_log
+from pytest_spikecheck.records.logs import TENSORBOARD_EXTRA, detect_format, find_logs, read_log
 from pytest_spikecheck.records import as_record
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -360,3 +360,78 @@ def test_reading_logs_imports_numpy_only():
     out = subprocess.run([sys.executable, "-c", code, str(LOGS / "hf" / "trainer_state.json")],
                          capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+# -- the logs people have (issue 12) -----------------------------------------------------------------
+
+def hf_state(entries, **extra):
+    return json.dumps({"global_step": entries[-1].get("step", 0) if entries else 0, **extra, "log_history": entries})
+
+
+def test_hf_rows_without_a_step_are_skipped_with_a_note(tmp_path):
+    # trainer.predict() appends rows with no step (predict_loss, predict_runtime, ...).
+    rows = [{"step": 10, "loss": 2.0}, {"predict_loss": 1.9, "predict_runtime": 3.0}, {"step": 20, "loss": 1.8}]
+    record = read_log(write(tmp_path, "trainer_state.json", hf_state(rows)))
+    assert record.series("loss")[0].tolist() == [10, 20]
+    assert record.notes == ("1 log_history entry without a step skipped (log_history[1])",)
+
+
+@pytest.mark.parametrize("name", ["trainer_state.json", "metrics.csv", "events.out.tfevents.1.host"])
+def test_a_git_lfs_pointer_is_named_as_such(tmp_path, name):
+    pointer = ("version https://git-lfs.github.com/spec/v1\n"
+               "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n")
+    path = write(tmp_path, name, pointer)
+    with pytest.raises(ConfigError, match=r"a Git LFS pointer, not the log: run `git lfs pull`"):
+        read_log(path)
+    with pytest.raises(ConfigError, match="a Git LFS pointer"):  # inside a TensorBoard folder too
+        read_log(tmp_path, format="tensorboard") if name.startswith("events") else read_log(path)
+
+
+def test_trainer_state_without_log_history_says_so(tmp_path):
+    with pytest.raises(ConfigError, match=r"no log_history list \(it has global_step\)"):
+        read_log(write(tmp_path, "state.json", '{"global_step": 10}'))
+    with pytest.raises(ConfigError, match=r"log_history is empty: the trainer logged nothing \(global_step 6, logging_steps 50\)"):
+        read_log(write(tmp_path, "trainer_state.json", json.dumps({"global_step": 6, "logging_steps": 50, "log_history": []})))
+
+
+def _state_in(folder, losses):
+    folder.mkdir(parents=True)
+    (folder / "trainer_state.json").write_text(hf_state([{"step": 10 * (i + 1), "loss": v} for i, v in enumerate(losses)]))
+
+
+def test_folders_are_searched_one_level_down(tmp_path):
+    # An HF output_dir holding only checkpoints: the latest one (by number, not by name order).
+    _state_in(tmp_path / "out" / "checkpoint-500", [2.0])
+    _state_in(tmp_path / "out" / "checkpoint-1000", [2.0, 1.9])
+    assert find_logs(tmp_path / "out") == [tmp_path / "out" / "checkpoint-1000" / "trainer_state.json"]
+    assert read_log(tmp_path / "out").series("loss")[0].tolist() == [10, 20]
+    # lightning_logs/: every version_*; one log must be named for a Record, the CLI checks each.
+    for version in ("version_0", "version_1"):
+        (tmp_path / "lightning_logs" / version).mkdir(parents=True)
+        shutil.copy(LOGS / "lightning" / "metrics.csv", tmp_path / "lightning_logs" / version / "metrics.csv")
+    assert [p.parent.name for p in find_logs(tmp_path / "lightning_logs")] == ["version_0", "version_1"]
+    with pytest.raises(ConfigError, match=r"holds 2 logs \(version_0/metrics.csv, version_1/metrics.csv\); name one"):
+        read_log(tmp_path / "lightning_logs")
+    # runs/: every run folder of event files.
+    (tmp_path / "runs" / "Jan01").mkdir(parents=True)
+    shutil.copy(LOGS / "tensorboard" / "events.out.tfevents.1800000000.example", tmp_path / "runs" / "Jan01")
+    assert find_logs(tmp_path / "runs") == [tmp_path / "runs" / "Jan01"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"a folder with no training log; .* or one level down"):
+        read_log(tmp_path / "empty")
+
+
+def test_llamafactory_current_steps_is_the_step(tmp_path):
+    rows = [{"current_steps": 10 * i, "total_steps": 30, "loss": 2.0 - 0.1 * i, "percentage": 33.3 * i} for i in (1, 2, 3)]
+    record = read_log(write(tmp_path, "trainer_log.jsonl", "\n".join(map(json.dumps, rows))))
+    assert record.series("loss")[0].tolist() == [10, 20, 30] and set(record.metrics) == {"step", "loss"}
+
+
+def test_no_spike_on_a_log_without_grad_norm_falls_back_to_the_loss(tmp_path):
+    rows = [{"step": 10 * i, "loss": 2.0} for i in range(1, 21)]
+    rows[15]["loss"] = 6.0  # +4 nats
+    path = write(tmp_path, "trainer_state.json", hf_state(rows))
+    with pytest.raises(SpikeCheckError, match="the default policy flagged a loss spike at step 160"):
+        assert_no_spike(path)
+    with pytest.raises(SpikeCheckError, match=r"ratio\(.*\) flagged a loss spike at step 160"):
+        assert_no_spike(path, detector="ratio", threshold=2.0, min_history=5)
