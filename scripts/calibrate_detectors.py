@@ -63,7 +63,12 @@ SWEEPS = {
     "zclip": (1.0, 1000.0),
     "megatron": (0.5, 50.0),
 }
+#: The published detectors this script sweeps (the default policy's rules were calibrated on
+#: real logs instead: scripts/real_log_table.py).
+CALIBRATED = tuple(SWEEPS)
 DOC = Path("docs/detectors.md")
+#: docs/detectors.md's real-log section, written by scripts/real_log_table.py: kept as it is.
+REAL_LOGS_START, REAL_LOGS_END = "<!-- real-logs:start -->", "<!-- real-logs:end -->"
 SUMMARY = Path("docs/detectors_calibration.json")
 PLOT = Path("docs/detectors_roc.png")
 RAW = Path("out/calibration/runs.json")  # per-run series, for inspection (not committed)
@@ -101,7 +106,7 @@ def design(n_clean: int, n_broken: int) -> list[dict]:
 def measure(job: dict) -> dict:
     """Train one run and sweep every detector over its two series (runs in a worker process)."""
     from pytest_spikecheck import RareTokenBurst, Scenario, train
-    from pytest_spikecheck.judge.detectors import DETECTORS, get_detector
+    from pytest_spikecheck.judge.detectors import get_detector
 
     scenario = Scenario.preset("phase-19").replace(steps=STEPS, seed=job["seed"], optimizer__lr=job["lr"],
                                                    optimizer__grad_clip=job["clip"])
@@ -113,7 +118,7 @@ def measure(job: dict) -> dict:
     quiet = steps < burst if burst else np.ones(steps.size, bool)
     window = (steps >= burst) & (steps < burst + DETECTION_WINDOW) if burst else np.zeros(steps.size, bool)
     outcomes: dict[str, dict[str, list]] = {}
-    for name in DETECTORS:
+    for name in CALIBRATED:
         base = get_detector(name)
         outcomes[name] = {}
         for metric in METRICS:
@@ -133,14 +138,13 @@ def measure(job: dict) -> dict:
 
 def summarise(records: list[dict], wall_seconds: float, jobs: int) -> dict:
     """Counts per detector, metric and threshold: everything the doc and the plot need."""
-    from pytest_spikecheck.judge.detectors import DETECTORS
 
     clean = [r for r in records if r["kind"] == "clean"]
     broken = [r for r in records if r["kind"] == "broken"]
     quiet = sum(r["quiet_steps"] for r in records)
     early_quiet = sum(r["early_quiet_steps"] for r in records)
     detectors = {}
-    for name in DETECTORS:
+    for name in CALIBRATED:
         detectors[name] = {"thresholds": thresholds(name), "metrics": {}}
         for metric in METRICS:
             rows = []
@@ -162,7 +166,7 @@ def summarise(records: list[dict], wall_seconds: float, jobs: int) -> dict:
         "detection_window": DETECTION_WINDOW, "burst_steps": BURST_STEPS, "lr_range": LR_RANGE,
         "stopped_early": sum(r["stopped_early"] for r in records),
         "wall_seconds": round(wall_seconds, 1), "jobs": jobs,
-        "defaults": {name: _default_threshold(name) for name in DETECTORS},
+        "defaults": {name: _default_threshold(name) for name in CALIBRATED},
         "detectors": detectors,
     }
 
@@ -207,7 +211,6 @@ def _count(row: dict, summary: dict, content: str) -> str:
 
 
 def write_doc(summary: dict) -> str:
-    from pytest_spikecheck.judge.detectors import DETECTORS
 
     s = summary
     n_broken = sum(s["broken_runs"].values())
@@ -239,7 +242,7 @@ def write_doc(summary: dict) -> str:
         "| detector | series | threshold | detected (all) | greek | caps | written | FP / 1,000 steps | early | median delay |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for name in DETECTORS:
+    for name in CALIBRATED:
         det = s["detectors"][name]
         k = det["thresholds"].index(s["defaults"][name])
         for metric in METRICS:
@@ -262,7 +265,7 @@ def write_doc(summary: dict) -> str:
               f"unseen content, FP ≤ {FP_BUDGETS[1]:g} |",
               "|---|---|---|---|---|"]
     verdicts: dict[tuple[str, str], bool] = {}
-    for name in DETECTORS:
+    for name in CALIBRATED:
         det = s["detectors"][name]
         for metric in METRICS:
             cells = []
@@ -288,7 +291,8 @@ def write_doc(summary: dict) -> str:
               "## Recipe", "", "```bash",
               f"python scripts/calibrate_detectors.py --jobs 2   # ~{s['wall_seconds'] / 60:.0f} min on 2 cores: trains, sweeps, "
               "writes this page, the plot and docs/detectors_calibration.json",
-              "python scripts/calibrate_detectors.py --report   # rewrite this page and the plot from the JSON", "```", ""]
+              "python scripts/calibrate_detectors.py --report   # rewrite this page and the plot from the JSON",
+              "python scripts/real_log_table.py                 # ~30 s: rewrite the real-log section (keeps the rest)", "```", ""]
     return "\n".join(lines)
 
 
@@ -309,11 +313,10 @@ WHY_NOT = {
 
 
 def _conclusions(s: dict, verdicts: dict[tuple[str, str], bool]) -> list[str]:
-    from pytest_spikecheck.judge.detectors import DETECTORS
 
     out = []
     at_default = []
-    for name in DETECTORS:
+    for name in CALIBRATED:
         for metric in METRICS:
             det = s["detectors"][name]
             row = det["metrics"][metric][det["thresholds"].index(s["defaults"][name])]
@@ -328,11 +331,11 @@ def _conclusions(s: dict, verdicts: dict[tuple[str, str], bool]) -> list[str]:
         out.append("- With a calibrated threshold, the strict target (≤ 1 FP per 1,000 quiet steps) over every burst is "
                    "reached by " + ", ".join(f"`{n}` on " + " and ".join(m for m in METRICS if verdicts[(n, m)])
                                             for n in reached) + ".")
-    for name in DETECTORS:
+    for name in CALIBRATED:
         if not any(verdicts[(name, m)] for m in METRICS):
             why = f": {WHY_NOT[name]}" if name in WHY_NOT else ""
             out.append(f"- `{name}` reaches the strict target on neither series{why}.")
-    loss_only = [n for n in DETECTORS if verdicts[(n, "loss")] and not verdicts[(n, "grad_norm_pre")]]
+    loss_only = [n for n in CALIBRATED if verdicts[(n, "loss")] and not verdicts[(n, "grad_norm_pre")]]
     if loss_only:
         out.append("- On the loss, " + ", ".join(f"`{n}`" for n in loss_only) + " reach the strict target where the "
                    "pre-clip norm does not: the *written* bursts are what the norm misses. Three *written* sentences "
@@ -360,11 +363,10 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pytest_spikecheck.judge.detectors import DETECTORS
 
     fig, axes = plt.subplots(2, 3, figsize=(13, 8), sharey=True)
     colors = {"grad_norm_pre": "tab:blue", "loss": "tab:orange"}
-    for ax, name in zip(axes.flat, DETECTORS):
+    for ax, name in zip(axes.flat, CALIBRATED):
         det = summary["detectors"][name]
         k_default = det["thresholds"].index(summary["defaults"][name])
         ax.add_patch(plt.Rectangle((0, TARGET_DETECTION), FP_BUDGETS[0], 1.02 - TARGET_DETECTION, color="tab:green",
@@ -426,7 +428,12 @@ def main() -> int:
         summary_path.parent.mkdir(parents=True, exist_ok=True)
         summary_path.write_text(json.dumps(summary, indent=1))
     doc.parent.mkdir(parents=True, exist_ok=True)
-    doc.write_text(write_doc(summary))
+    text = write_doc(summary)
+    old = doc.read_text() if doc.exists() else ""
+    if REAL_LOGS_START in old and REAL_LOGS_END in old:
+        kept = old[old.index(REAL_LOGS_START):old.index(REAL_LOGS_END) + len(REAL_LOGS_END)]
+        text = text.replace("\n## At the published defaults", f"\n{kept}\n\n## At the published defaults", 1)
+    doc.write_text(text)
     plot(summary, plot_path)
     print(f"wrote {doc}, {plot_path}, {summary_path}")
     return 0
