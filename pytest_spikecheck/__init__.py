@@ -66,6 +66,7 @@ _EXPORTS = {
     "clip_grad_norm_": "pytest_spikecheck.clipping",
     "SpikecheckBackendWarning": "pytest_spikecheck.clipping",
     "spikecheck_scenario": "pytest_spikecheck.plugin.fixtures",
+    "IGNORE_INDEX": "pytest_spikecheck.data.dataset",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

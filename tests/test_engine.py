@@ -161,7 +161,7 @@ def test_your_own_texts_are_a_corpus():
     with pytest.raises(ConfigError, match="needs more than eval_sentences"):
         Scenario.preset("phase-19").replace(data__corpus="texts", data__texts=texts[:10])
     with pytest.raises(ConfigError, match="'written' burst needs the phase19 corpus"):
-        scenario.with_breaks(RareTokenBurst(content="written")).resolved()
+        scenario.with_breaks(RareTokenBurst(content="written", at_step=40)).resolved()
 
 
 class _WithDeadBranches(torch.nn.Module):

@@ -46,7 +46,10 @@ def test_experiment_dir_in_the_seeds_shape():
     ("raw", "message"),
     [
         ({"optimizr": {}}, "unknown key 'optimizr'"),
-        ({"optimizer": {"grad_clip": -1}}, "grad_clip must be >= 0"),
+        ({"optimizer": {"grad_clip": -1}}, "grad_clip must be > 0"),
+        ({"optimizer": {"grad_clip": 0}}, "use a tiny max_norm"),
+        ({"steps": 100, "breaks": [{"rare_token_burst": {"at_step": 312}}]}, r"at step 312 is after the last step \(100 steps\)"),
+        ({"breaks": [{"rare_token_burst": {"count": 2.5}}]}, r"config: break .rare_token_burst.: RareTokenBurst\(count=...\) must be an integer"),
         ({"optimizer": {"lr": "fast"}}, "optimizer.lr must be a number"),
         ({"optimizer": {"weight_decy": 0.1}}, "unknown key optimizer.weight_decy"),
         ({"model": {"preset": "huge"}}, "unknown model preset 'huge'"),
@@ -87,3 +90,64 @@ def test_mixture_shift_switches_to_the_mixture_corpus_and_round_trips(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(r.to_yaml())
     assert Scenario.from_yaml(path).content_hash() == s.content_hash()
+
+
+# -- derived names -------------------------------------------------------------------------
+
+PHASE19 = Scenario.preset("phase-19")
+
+
+def test_a_derived_scenario_is_named_after_its_content():
+    assert PHASE19.name == "phase-19" and Scenario().name == "scenario"
+    assert PHASE19.with_breaks(NoClip(), RareTokenBurst(count=8, at_step=312)).name == "phase-19+no_clip+burst(8×greek@312)"
+    assert PHASE19.replace(steps=120, optimizer__lr=3e-3).with_breaks(ClipAt(0.5)).name == "phase-19+steps=120+lr=0.003+clip(0.5)"
+    assert PHASE19.with_breaks(NoClip()).resolved().name == "phase-19+no_clip"  # the declared name survives resolving
+
+
+def test_explicit_names_win_and_stay():
+    named = PHASE19.replace(name="mine")
+    assert named.with_breaks(NoClip()).replace(steps=10).name == "mine"
+    assert Scenario(name="x").name == "x"
+
+
+def test_different_contents_never_share_a_derived_name():
+    variants = [PHASE19, PHASE19.with_breaks(NoClip()), PHASE19.replace(seed=1), PHASE19.with_breaks(ClipAt(0.5)),
+                PHASE19.with_breaks(ClipAt(0.5, mode="per_tensor")), PHASE19.replace(optimizer__lr=0.0100000001),
+                PHASE19.with_breaks(RareTokenBurst(count=2, at_step=50)), PHASE19.with_breaks(RareTokenBurst(count=3, at_step=50))]
+    assert len({v.name for v in variants}) == len({v.content_hash() for v in variants}) == len(variants)
+
+
+def test_a_long_derived_name_is_cut_and_ends_in_a_content_hash():
+    texts = tuple(f"document number {i}" for i in range(200))
+    a = PHASE19.replace(data__corpus="texts", data__texts=texts, data__eval_sentences=20)
+    b = a.replace(data__texts=texts[:-1] + ("another",))
+    assert len(a.name) <= 64 and a.name.endswith("~" + a.content_hash()[:8]) and a.name != b.name
+
+
+def test_break_parameters_are_checked_when_written():
+    for make, message in [(lambda: ClipAt(max_norm=-1), r"ClipAt\(max_norm=...\) must be > 0"),
+                          (lambda: ClipAt(mode="nope"), r"ClipAt\(mode=...\) must be one of global"),
+                          (lambda: RareTokenBurst(count=2.5), r"RareTokenBurst\(count=...\) must be an integer, was 2.5"),
+                          (lambda: ClipAt(max_norm="1"), r"ClipAt\(max_norm=...\) must be a number"),
+                          (lambda: PHASE19.replace(optimizer__grad_clip="abc"), "optimizer.grad_clip must be a number"),
+                          (lambda: PHASE19.replace(optimizer__lr="fast"), "optimizer.lr must be a number"),
+                          (lambda: PHASE19.replace(optimizer__grad_clip=0), "use a tiny max_norm"),
+                          (lambda: PHASE19.replace(steps=100).with_breaks(RareTokenBurst()),
+                           r"RareTokenBurst at step 312 is after the last step \(100 steps\)"),
+                          (lambda: PHASE19.replace(optimizer__gradclip=1.0), "unknown field optimizer.gradclip")]:
+        with pytest.raises(ConfigError, match=message) as info:
+            make()
+        assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("", "is empty"),
+    ("# only a comment\n", "is empty"),
+    ("preset: phase-19\nsteps: 10\nsteps: 20\n", r"line 3 is not valid YAML \(duplicate key 'steps'"),
+    ("preset: phase-19\nbreaks:\n- rare_token_burst: {count: 2.5, at_step: 5}\n", r"config.yaml: break 'rare_token_burst'"),
+])
+def test_bad_config_files_are_one_line_errors_naming_the_file(tmp_path, text, message):
+    (tmp_path / "config.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=message) as info:
+        Scenario.from_yaml(tmp_path / "config.yaml")
+    assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)

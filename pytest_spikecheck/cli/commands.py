@@ -28,8 +28,9 @@ def _grad_clip(text: str) -> float | None:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, inf or none, was {text!r}") from None
-    if math.isnan(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"max_norm must be >= 0 (or inf/none for no clipping), was {text!r}")
+    if math.isnan(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"max_norm must be > 0 (or inf/none for no clipping; to clip as hard as "
+                                         f"possible use a tiny max_norm such as 1e-3), was {text!r}")
     return value
 
 
@@ -69,8 +70,12 @@ def cmd_train(args: argparse.Namespace) -> int:
         changes["optimizer__grad_clip"] = args.grad_clip
     scenario = scenario.replace(**changes) if changes else scenario
     out = Path(args.out) if args.out else default_run_dir(config)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is an existing file; the run is a folder: give a folder path")
 
-    from pytest_spikecheck.training.launch import train
+    from pytest_spikecheck.training.launch import check_device_and_backend, train
+
+    check_device_and_backend(args.device, args.backend)
 
     callbacks = []
     bar = None

@@ -102,10 +102,33 @@ def pytest_configure(config: pytest.Config) -> None:
         seed=_setting(config, "spikecheck_seed", "spikecheck_seed", parse_seed),
         threads=_setting(config, "spikecheck_threads", "spikecheck_threads", parse_threads) or 1,
     )
+    if settings.enabled:
+        _refuse_unusable_settings(settings)
     config.stash[_SESSION] = SpikecheckSession(settings)
     recorder = _Recorder(config)
     config.stash[_RECORDER] = recorder
     config.pluginmanager.register(recorder, "spikecheck-recorder")
+
+
+def _refuse_unusable_settings(settings: Settings) -> None:
+    """One usage error before any test runs, instead of the same error at every test's setup
+    (a CUDA device on a CPU machine) or after training (a report path that is a file)."""
+    if settings.report_dir is not None and settings.report_dir.exists() and not settings.report_dir.is_dir():
+        raise pytest.UsageError(f"--spikecheck-report {settings.report_dir} is an existing file; it must be a folder")
+    if settings.device != "cpu" or settings.backend not in ("auto", "torch"):
+        from pytest_spikecheck.errors import ConfigError
+        from pytest_spikecheck.training.launch import check_device_and_backend
+
+        try:
+            check_device_and_backend(settings.device, settings.backend)
+        except ConfigError as exc:
+            raise pytest.UsageError(f"spikecheck: {exc}") from None
+
+
+def _cuda_device_present() -> bool:
+    import torch  # the header is printed under --spikecheck only, where the runs import torch anyway
+
+    return bool(torch.cuda.is_available())
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -124,7 +147,8 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     seeds = f"all overridden to {settings.seed}" if settings.seed is not None else "the scenarios' own"
     lines = [f"spikecheck: backend {backend} (asked: {settings.backend}), device {settings.device}, "
              f"torch threads {settings.threads}, seeds {seeds}"]
-    if cupy_note:
+    if cupy_note and (settings.backend == "cupy" or settings.device != "cpu" or _cuda_device_present()):
+        # Why a CUDA machine is not using its kernels; on a CPU machine that is no news.
         lines.append(f"spikecheck: cupy backend unavailable: {cupy_note}")
     if settings.report_dir:
         lines.append(f"spikecheck: report and run cache in {settings.report_dir}")
@@ -132,7 +156,7 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    from pytest_spikecheck.plugin.fixtures import SCENARIO_FIXTURES
+    from pytest_spikecheck.plugin.fixtures import SCENARIO_FIXTURES, run_name
 
     enabled = config.stash[_SESSION].settings.enabled
     skip = pytest.mark.skip(reason=SKIP_REASON)
@@ -143,7 +167,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if item.get_closest_marker("spikecheck") is None:
             item.add_marker(pytest.mark.spikecheck)
-        scenarios = [n for n in names if n in SCENARIO_FIXTURES]
+        callspec = getattr(item, "callspec", None)
+        scenarios = [run_name(n, None if SCENARIO_FIXTURES[n] is None else SCENARIO_FIXTURES[n][callspec.indices[n]])
+                     for n in names if n in SCENARIO_FIXTURES]
         if scenarios:
             # Travels with the test's reports (also from xdist workers to the controller,
             # where collection does not run) and shows in junitxml as a property.

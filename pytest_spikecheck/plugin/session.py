@@ -136,14 +136,15 @@ class SpikecheckSession:
             raise TypeError(f"spikecheck.run expects a Scenario, was {type(scenario).__name__}")
         if name is not None:
             scenario = scenario.replace(name=name)
-        if self.settings.seed is not None:
-            scenario = scenario.replace(seed=self.settings.seed)
+        if self.settings.seed is not None:  # the name stays the one the test declared
+            scenario = scenario.replace(seed=self.settings.seed, name=scenario.name)
         digest = scenario.content_hash()
         if self._hash_by_name.setdefault(scenario.name, digest) != digest:
             from pytest_spikecheck.errors import ConfigError
 
             raise ConfigError(f"two different scenarios are both named {scenario.name!r}: summary rows and report "
-                              f"folders are keyed by name, so give each one (each sweep point) its own name")
+                              f"folders are keyed by name, so give each one (each sweep point) its own name, or "
+                              f"leave the name out (a derived name is unique to the content)")
         self.used_by_current_test.add(scenario.name)
         key = self._tag(scenario)
         cached = key in self._runs

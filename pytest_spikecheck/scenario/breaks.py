@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.scenario.spec import BURST_CONTENTS, BASE_SOURCES, NEW_SOURCES, Break, BurstSpec, MixtureSpec, Scenario
+from pytest_spikecheck.scenario.spec import BURST_CONTENTS, BASE_SOURCES, CLIP_MODES, NEW_SOURCES, Break, BurstSpec, MixtureSpec, Scenario
 
 @dataclass(frozen=True)
 class NoClip(Break):
@@ -31,6 +31,15 @@ class ClipAt(Break):
     config_name: ClassVar[str] = "clip_at"
     max_norm: float = 0.5
     mode: str = "global"
+
+    def validate(self) -> None:
+        if not self.max_norm > 0:
+            raise ConfigError(f"ClipAt(max_norm=...) must be > 0, was {self.max_norm!r} (for no clipping use NoClip())")
+        if self.mode not in CLIP_MODES:
+            raise ConfigError(f"ClipAt(mode=...) must be one of {', '.join(CLIP_MODES)}, was {self.mode!r}")
+
+    def label(self) -> str:
+        return f"clip({self.max_norm:g}" + ("" if self.mode == "global" else f",{self.mode}") + ")"
 
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(optimizer__grad_clip=float(self.max_norm), optimizer__clip_mode=self.mode)
@@ -51,11 +60,14 @@ class RareTokenBurst(Break):
     at_step: int = 312
     content: str = "greek"
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         if self.content not in BURST_CONTENTS:
             raise ConfigError(f"RareTokenBurst content must be one of {', '.join(BURST_CONTENTS)}, was {self.content!r}")
         if self.count < 1 or self.at_step < 1:
             raise ConfigError(f"RareTokenBurst needs count >= 1 and at_step >= 1, was count={self.count}, at_step={self.at_step}")
+
+    def label(self) -> str:
+        return f"burst({self.count}×{self.content}@{self.at_step})"
 
     def apply(self, scenario: Scenario) -> Scenario:
         burst = BurstSpec(at_step=self.at_step, count=self.count, content=self.content)
@@ -68,6 +80,10 @@ class StratifiedBatches(Break):
 
     config_name: ClassVar[str] = "stratified_batches"
     rare_cap: int = 1
+
+    def validate(self) -> None:
+        if self.rare_cap < 0:
+            raise ConfigError(f"StratifiedBatches(rare_cap=...) must be >= 0, was {self.rare_cap}")
 
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(sampler__kind="stratified", sampler__rare_cap=self.rare_cap)
@@ -88,7 +104,13 @@ class MixtureShift(Break):
     new_source: str | None = None
     new_source_at: int = 312
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
+        if not self.concentration > 0:
+            raise ConfigError(f"MixtureShift(concentration=...) must be > 0, was {self.concentration!r}")
+        if self.new_source_at < 1:
+            raise ConfigError(f"MixtureShift(new_source_at=...) must be >= 1, was {self.new_source_at!r}")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in self.phase_lengths):
+            raise ConfigError(f"MixtureShift phase_lengths must be positive integers, was {self.phase_lengths!r}")
         if self.new_source is not None and self.new_source not in BASE_SOURCES + NEW_SOURCES:
             raise ConfigError(f"MixtureShift new_source must be one of {', '.join(BASE_SOURCES + NEW_SOURCES)}, "
                               f"was {self.new_source!r}")
@@ -110,6 +132,13 @@ class BlankDocument(Break):
     config_name: ClassVar[str] = "blank_document"
     at_step: int = 312
     count: int = 1
+
+    def validate(self) -> None:
+        if self.count < 1 or self.at_step < 1:
+            raise ConfigError(f"BlankDocument needs count >= 1 and at_step >= 1, was count={self.count}, at_step={self.at_step}")
+
+    def label(self) -> str:
+        return f"blank({self.count}@{self.at_step})"
 
     def apply(self, scenario: Scenario) -> Scenario:
         burst = BurstSpec(at_step=self.at_step, count=self.count, content="blank")
@@ -189,6 +218,10 @@ class SkipSpikes(Break):
     config_name: ClassVar[str] = "skip_spikes"
     ratio: float = 5.0
 
+    def validate(self) -> None:
+        if not self.ratio > 1:
+            raise ConfigError(f"SkipSpikes(ratio=...) must be > 1, was {self.ratio!r}")
+
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(optimizer__skip_spike_ratio=float(self.ratio))
 
@@ -202,6 +235,10 @@ class AdaptiveClip(Break):
     config_name: ClassVar[str] = "adaptive_clip"
     z: float = 2.5
     alpha: float = 0.97
+
+    def validate(self) -> None:
+        if not (self.z > 0 and 0 < self.alpha < 1):
+            raise ConfigError(f"AdaptiveClip needs z > 0 and alpha in (0, 1), was z={self.z!r}, alpha={self.alpha!r}")
 
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(optimizer__clip_mode="adaptive", optimizer__adaptive_z=float(self.z),

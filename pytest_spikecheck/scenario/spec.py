@@ -16,12 +16,13 @@ import dataclasses
 import hashlib
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping
 
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.models.config import GPTConfig, model_preset
+from pytest_spikecheck.models.config import PRESETS as MODEL_PRESETS, GPTConfig, model_preset
 
 
 #: Rare content a RareTokenBurst can inject (built by pytest_spikecheck.data.corpus). ``written``
@@ -42,6 +43,28 @@ def _check(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class _DerivedName(str):
+    """A scenario name computed from its content (see :func:`derived_name`). Carried along by
+    ``dataclasses.replace``, it marks the name as "recompute me": a derived scenario never keeps
+    the name of the one it came from. A plain ``str`` is a name given by hand and always wins."""
+
+
+#: The default of ``Scenario.name``: derive the name from the content.
+AUTO_NAME = _DerivedName("")
+#: Derived names longer than this are cut and end in a short content hash (still unique).
+MAX_NAME_LENGTH = 64
+#: Where the import path of a model factory must look like ``pkg.module:function``.
+_IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
 @dataclass(frozen=True)
 class BurstSpec:
     """Put ``count`` samples of rare ``content`` into the batch of step ``at_step``.
@@ -55,6 +78,15 @@ class BurstSpec:
     count: int = 3
     content: str = "greek"
 
+    def __post_init__(self) -> None:
+        _check(_is_int(self.at_step) and self.at_step >= 1, f"burst at_step must be an integer >= 1, was {self.at_step!r}")
+        _check(_is_int(self.count) and self.count >= 1, f"burst count must be an integer >= 1, was {self.count!r}")
+        _check(self.content in BURST_CONTENTS,
+               f"burst content must be one of {', '.join(BURST_CONTENTS)}, was {self.content!r}")
+
+
+#: optimizer.clip_mode values.
+CLIP_MODES = ("global", "per_tensor", "adaptive", "shard_local")
 
 #: Corpora the engine can build: Seed A's sentences, or Seed B's three-source mixture.
 CORPORA = ("phase19", "mixture", "texts")
@@ -109,8 +141,15 @@ class OptimizerSpec:
     skip_spike_ratio: float | None = None  # skip the optimizer step when pre-clip norm / median >= this
 
     def __post_init__(self) -> None:
+        clip = self.grad_clip
+        _check(clip is None or _is_number(clip),
+               f"optimizer.grad_clip must be a number, inf or None (no clipping), was {clip!r}")
+        _check(clip is None or not math.isnan(clip), "optimizer.grad_clip must be a number, inf or None, was nan")
+        _check(clip is None or clip > 0,
+               f"optimizer.grad_clip must be > 0, was {clip!r} (0 would zero every update; to clip as hard as "
+               f"possible use a tiny max_norm such as 1e-3, for no clipping use None or inf)")
         # One spelling of "no clipping" so equal runs hash equal: inf becomes None.
-        if self.grad_clip is not None and math.isinf(self.grad_clip) and self.grad_clip > 0:
+        if clip is not None and math.isinf(clip):
             object.__setattr__(self, "grad_clip", None)
 
 
@@ -142,12 +181,41 @@ _SECTIONS: dict[str, type] = {
 
 _SCALARS = ("name", "steps", "seed")
 
+#: Section fields that may be None (YAML null) besides their type.
+_NULLABLE = {("optimizer", "grad_clip"), ("optimizer", "skip_spike_ratio"), ("sampler.mixture", "new_source")}
+
+
+def _check_types(section: str, spec: Any) -> None:
+    """Every field of a section has its default's type: one line naming the field otherwise
+    (a string where a number belongs would else fail later as a bare TypeError)."""
+    defaults = type(spec)()
+    for f in fields(spec):
+        value, default = getattr(spec, f.name), getattr(defaults, f.name)
+        label = f"{section}.{f.name}"
+        if value is None and (section, f.name) in _NULLABLE:
+            continue
+        if dataclasses.is_dataclass(default):
+            _check(isinstance(value, type(default)), f"{label} must be a {type(default).__name__}, was {value!r}")
+            _check_types(label, value)
+        elif isinstance(default, bool):
+            _check(isinstance(value, bool), f"{label} must be True or False, was {value!r}")
+        elif isinstance(default, int):
+            _check(_is_int(value), f"{label} must be an integer, was {value!r}")
+        elif isinstance(default, float) or (section, f.name) in _NULLABLE and default is None and f.name != "new_source":
+            _check(_is_number(value), f"{label} must be a number, was {value!r}")
+        elif isinstance(default, str) or f.name == "new_source":
+            _check(isinstance(value, str), f"{label} must be a string, was {value!r}")
+        elif isinstance(default, tuple):
+            _check(isinstance(value, tuple), f"{label} must be a tuple, was {value!r}")
+
 
 @dataclass(frozen=True)
 class Scenario:
     """A declared training run. Build one with :meth:`preset`, :meth:`from_yaml` or the constructor."""
 
-    name: str = "scenario"
+    #: Given by hand, or (the default) derived from the content: the preset, the changed fields
+    #: and the breaks, e.g. ``phase-19+steps=120+no_clip+burst(3×greek@60)``; see :func:`derived_name`.
+    name: str = AUTO_NAME
     model: GPTConfig = field(default_factory=lambda: model_preset("micro"))
     data: DataSpec = DataSpec()
     sampler: SamplerSpec = SamplerSpec()
@@ -157,13 +225,37 @@ class Scenario:
     steps: int = 500
     seed: int = 42
     breaks: tuple[Any, ...] = ()  # Break instances, applied by resolved()
-    # Bring your own model: a picklable, importable callable (vocab_size) -> nn.Module whose
-    # forward(idx, targets) returns (logits, loss). None = the built-in GPT from ``model``.
-    model_factory: Callable[[int], Any] | None = None
+    # Bring your own model: a callable, or its import path "pkg.module:function", called as
+    # factory(vocab_size, **model_kwargs) -> nn.Module (the contract: README "Your own model",
+    # checked by pytest_spikecheck.training.model_contract). None = the built-in GPT from ``model``.
+    model_factory: Callable[..., Any] | str | None = None
+    model_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    #: The preset this scenario starts from ("" for none): the base of its derived name.
+    preset_name: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
-        _check(isinstance(self.steps, int) and self.steps >= 1, f"steps must be a positive integer, was {self.steps!r}")
-        _check(isinstance(self.seed, int), f"seed must be an integer, was {self.seed!r}")
+        _check(isinstance(self.name, str), f"name must be a string, was {self.name!r}")
+        _check(_is_int(self.steps) and self.steps >= 1, f"steps must be a positive integer, was {self.steps!r}")
+        _check(_is_int(self.seed), f"seed must be an integer, was {self.seed!r}")
+        for section, spec_type in _SECTIONS.items():
+            _check(isinstance(getattr(self, section), spec_type),
+                   f"{section} must be a {spec_type.__name__}, was {getattr(self, section)!r}")
+            _check_types(section, getattr(self, section))
+        _check(isinstance(self.breaks, tuple) and all(isinstance(b, Break) for b in self.breaks),
+               f"breaks must be a tuple of Break instances (NoClip(), RareTokenBurst(...)), was {self.breaks!r}")
+        f = self.model_factory
+        _check(f is None or callable(f) or (isinstance(f, str) and bool(_IMPORT_PATH.match(f))),
+               f"model_factory must be a callable or an import path 'package.module:function', was {f!r}")
+        _check(isinstance(self.model_kwargs, Mapping) and all(isinstance(k, str) for k in self.model_kwargs),
+               f"model_kwargs must be a mapping of keyword arguments, was {self.model_kwargs!r}")
+        _check(f is not None or not self.model_kwargs, "model_kwargs needs a model_factory (they are its keyword arguments)")
+        # Frozen and hashable: the keyword arguments as a sorted tuple of pairs behind a mapping view.
+        object.__setattr__(self, "model_kwargs", _FrozenKwargs(self.model_kwargs))
+        for b in self.breaks:
+            at = getattr(b, "at_step", None)
+            if at is not None:
+                _check(at <= self.steps, f"{type(b).__name__} at step {at} is after the last step ({self.steps} steps): "
+                                         f"move it to a step <= {self.steps} or train more steps")
         s, o, sch = self.sampler, self.optimizer, self.schedule
         _check(s.kind in ("shuffle", "stratified", "mixture"),
                f"sampler.kind must be shuffle, stratified or mixture, was {s.kind!r}")
@@ -182,16 +274,14 @@ class Scenario:
             _check(b.count >= 1, f"burst count must be >= 1, was {b.count}")
             _check(b.count <= s.batch_size, f"burst count {b.count} exceeds the batch size {s.batch_size}")
             _check(1 <= b.at_step, f"burst at_step must be >= 1, was {b.at_step}")
+            _check(b.at_step <= self.steps, f"a burst at step {b.at_step} is after the last step ({self.steps} steps): "
+                                            f"move it to a step <= {self.steps} or train more steps")
         _check(o.name == "adamw", f"optimizer.name must be adamw (the only optimizer so far), was {o.name!r}")
         _check(o.lr > 0, f"optimizer.lr must be > 0, was {o.lr}")
         _check(all(0 <= b < 1 for b in o.betas) and len(o.betas) == 2, f"optimizer.betas must be two numbers in [0, 1), was {o.betas!r}")
         _check(o.eps >= 0, f"optimizer.eps must be >= 0, was {o.eps}")
         _check(o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, was {o.weight_decay}")
-        if o.grad_clip is not None:
-            _check(not math.isnan(o.grad_clip) and o.grad_clip >= 0,
-                   f"optimizer.grad_clip must be >= 0, inf or null (no clipping), was {o.grad_clip!r}")
-        _check(o.clip_mode in ("global", "per_tensor", "adaptive", "shard_local"),
-               f"optimizer.clip_mode must be global, per_tensor, adaptive or shard_local, was {o.clip_mode!r}")
+        _check(o.clip_mode in CLIP_MODES, f"optimizer.clip_mode must be one of {', '.join(CLIP_MODES)}, was {o.clip_mode!r}")
         _check(o.adaptive_z > 0 and 0 < o.adaptive_alpha < 1,
                f"optimizer.adaptive_z must be > 0 and adaptive_alpha in (0, 1), was {o.adaptive_z}, {o.adaptive_alpha}")
         _check(o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
@@ -206,17 +296,15 @@ class Scenario:
                    f"data.texts needs more than eval_sentences + batch_size texts ({self.data.eval_sentences} + "
                    f"{s.batch_size}), had {len(self.data.texts)}")
             _check(all(isinstance(t, str) for t in self.data.texts), "data.texts must be strings")
+        if isinstance(self.name, _DerivedName):
+            object.__setattr__(self, "name", _DerivedName(derived_name(self)))
 
     # -- construction -------------------------------------------------------------------
     @classmethod
     def preset(cls, name: str) -> "Scenario":
         """A named starting point. ``phase-19``: Seed A's model, data, AdamW and clip 1.0,
         plain shuffled batching, no breaks (add them with :meth:`with_breaks`)."""
-        try:
-            factory = _PRESETS[name]
-        except KeyError:
-            raise ConfigError(f"unknown scenario preset {name!r}; choose one of {', '.join(sorted(_PRESETS))}") from None
-        return factory()
+        return replace(_preset_base(name), name=AUTO_NAME, preset_name=name)
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> "Scenario":
@@ -230,6 +318,15 @@ class Scenario:
         if unknown:
             raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(known | {'preset'}))}")
         changes: dict[str, Any] = {k: raw[k] for k in _SCALARS if k in raw}
+        if isinstance(raw.get("model"), Mapping) and ("factory" in raw["model"] or "kwargs" in raw["model"]):
+            model = dict(raw["model"])
+            factory, kwargs = model.pop("factory", None), model.pop("kwargs", None) or {}
+            if not isinstance(factory, str) or not _IMPORT_PATH.match(factory):
+                raise ConfigError(f"{where}: model.factory must be an import path 'package.module:function', was {factory!r}")
+            if not isinstance(kwargs, Mapping):
+                raise ConfigError(f"{where}: model.kwargs must be a mapping of keyword arguments, was {kwargs!r}")
+            changes["model_factory"], changes["model_kwargs"] = factory, dict(kwargs)
+            raw["model"] = model
         for section, spec_type in _SECTIONS.items():
             if section in raw:
                 changes[section] = _section_from_dict(section, spec_type, getattr(base, section), raw[section], where)
@@ -242,7 +339,11 @@ class Scenario:
         breaks = raw.get("breaks") or []
         if not isinstance(breaks, list):
             raise ConfigError(f"{where}: breaks must be a list, was {type(breaks).__name__}")
-        return scenario.with_breaks(*(break_from_config(b, where=where) for b in breaks))
+        declared = [break_from_config(b, where=where) for b in breaks]
+        try:
+            return scenario.with_breaks(*declared)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "Scenario":
@@ -255,13 +356,16 @@ class Scenario:
         if not path.is_file():
             raise ConfigError(f"no such config file or experiment directory: {path}")
         try:
-            raw = yaml.safe_load(path.read_text())
+            raw = yaml.load(path.read_text(), Loader=_unique_key_loader())
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark else ""
             raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
-        scenario = cls.from_dict(raw or {}, where=str(path))
-        if "name" not in (raw or {}):
+        if raw is None or raw == {}:
+            raise ConfigError(f"{path} is empty (or only comments): a config needs at least a preset, "
+                              f"e.g. 'preset: phase-19'")
+        scenario = cls.from_dict(raw, where=str(path))
+        if "name" not in raw:
             scenario = replace(scenario, name=path.parent.name if path.name == "config.yaml" else path.stem)
         return scenario
 
@@ -274,8 +378,11 @@ class Scenario:
         return replace(self, breaks=self.breaks + tuple(breaks))
 
     def replace(self, **changes: Any) -> "Scenario":
-        """``dataclasses.replace`` that also reaches into sections: ``replace(optimizer__lr=3e-3)``."""
+        """``dataclasses.replace`` that also reaches into sections: ``replace(optimizer__lr=3e-3)``.
+        ``name=`` fixes the name (a derived name passed back in is kept as it reads now)."""
         top: dict[str, Any] = {}
+        if "name" in changes and isinstance(changes["name"], str):
+            changes["name"] = str.__str__(changes["name"])
         nested: dict[str, dict[str, Any]] = {}
         for key, value in changes.items():
             if "__" in key:
@@ -286,12 +393,20 @@ class Scenario:
         for section, attrs in nested.items():
             if section not in _SECTIONS:
                 raise ConfigError(f"unknown section {section!r}; expected one of {', '.join(_SECTIONS)}")
+            known = [f.name for f in fields(_SECTIONS[section])]
+            unknown = sorted(set(attrs) - set(known))
+            if unknown:
+                raise ConfigError(f"unknown field {section}.{unknown[0]}; expected one of {', '.join(known)}")
             top[section] = replace(top.get(section, getattr(self, section)), **attrs)
+        unknown = sorted(set(top) - {f.name for f in fields(Scenario)})
+        if unknown:
+            raise ConfigError(f"unknown scenario field {unknown[0]!r}; expected one of "
+                              f"{', '.join(f.name for f in fields(Scenario))} or section__field")
         return replace(self, **top)
 
     def resolved(self) -> "Scenario":
         """This scenario with every break folded in (``breaks`` then empty): what the engine trains."""
-        scenario = replace(self, breaks=())
+        scenario = replace(self, breaks=(), name=str.__str__(self.name))  # the name of what was declared
         for b in self.breaks:
             scenario = b.apply(scenario)
         return scenario
@@ -308,21 +423,29 @@ class Scenario:
     # -- serialisation ----------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The YAML shape of this scenario (breaks listed by name, not folded in)."""
-        out: dict[str, Any] = {"name": self.name, "seed": self.seed, "steps": self.steps}
+        out: dict[str, Any] = {"name": str.__str__(self.name), "seed": self.seed, "steps": self.steps}
         for section in _SECTIONS:
             out[section] = _plain(dataclasses.asdict(getattr(self, section)))
+        if self.model_factory is not None:
+            out["model"]["factory"] = self.model_factory_path
+            if self.model_kwargs:
+                out["model"]["kwargs"] = _plain(dict(self.model_kwargs))
         if self.breaks:
             out["breaks"] = [break_to_config(b) for b in self.breaks]
-        if self.model_factory is not None:
-            out["model_factory"] = _qualname(self.model_factory)
         return out
 
     def to_yaml(self) -> str:
         import yaml
 
-        data = self.to_dict()
-        data.pop("model_factory", None)  # code, not config: recorded in run.json instead
-        return yaml.safe_dump(data, sort_keys=False)
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, allow_unicode=True)
+
+    @property
+    def model_factory_path(self) -> str | None:
+        """The model factory as an import path ``package.module:function`` (None: the built-in GPT)."""
+        f = self.model_factory
+        if f is None or isinstance(f, str):
+            return f
+        return f"{getattr(f, '__module__', '?')}:{getattr(f, '__qualname__', getattr(f, '__name__', repr(f)))}"
 
     def content_hash(self) -> str:
         """Hash of what decides the run (resolved config, seed, steps; not the name)."""
@@ -338,8 +461,123 @@ class Scenario:
         return f"{self.name}: {r.steps} steps, seed {r.seed}, {clip}, {r.sampler.kind} batches, {bursts}"
 
 
-def _qualname(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+class _FrozenKwargs(Mapping):
+    """Keyword arguments as an immutable, hashable mapping (a frozen scenario holds them)."""
+
+    def __init__(self, items: Mapping[str, Any]) -> None:
+        self._items = tuple(sorted(dict(items).items()))
+
+    def __getitem__(self, key: str) -> Any:
+        return dict(self._items)[key]
+
+    def __iter__(self):
+        return iter(k for k, _ in self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(json.dumps(self._items, default=repr))
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, Mapping) and dict(self._items) == dict(other)
+
+    def __repr__(self) -> str:
+        return repr(dict(self._items))
+
+
+def _unique_key_loader() -> type:
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """A SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one silently)."""
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (the second one would silently win)", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+def _preset_base(name: str) -> "Scenario":
+    """The preset's scenario as its factory builds it (cached: derived names compare against it)."""
+    if name not in _PRESET_BASES:
+        try:
+            factory = _PRESETS[name]
+        except KeyError:
+            raise ConfigError(f"unknown scenario preset {name!r}; choose one of {', '.join(sorted(_PRESETS))}") from None
+        _PRESET_BASES[name] = replace(factory(), name=name, preset_name=name)
+    return _PRESET_BASES[name]
+
+
+_PRESET_BASES: dict[str, "Scenario"] = {}
+
+
+def _fmt_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return "inf" if value == math.inf else repr(value)
+    if isinstance(value, tuple):
+        return "(" + ",".join(_fmt_value(v) for v in value) + ")"
+    if isinstance(value, BurstSpec):
+        return f"{value.count}×{value.content}@{value.at_step}"
+    return str(value)
+
+
+def _field_names_in(spec_type: type) -> set[str]:
+    return {f.name for f in fields(spec_type)}
+
+
+def derived_name(scenario: "Scenario") -> str:
+    """A readable name unique to the scenario's content: the preset it starts from, every field
+    that differs from that preset, and its breaks, joined with ``+`` — for example
+    ``phase-19+steps=120+no_clip+burst(3×greek@60)``. Names longer than :data:`MAX_NAME_LENGTH`
+    are cut and end in ``~`` and 8 characters of the content hash, so two different contents
+    never share a derived name."""
+    base = _preset_base(scenario.preset_name) if scenario.preset_name else _DEFAULT_BASE()
+    parts = [scenario.preset_name or "scenario"]
+    for key in ("steps", "seed"):
+        if getattr(scenario, key) != getattr(base, key):
+            parts.append(f"{key}={getattr(scenario, key)}")
+    if scenario.model_factory is not None:
+        kwargs = ",".join(f"{k}={_fmt_value(v)}" for k, v in scenario.model_kwargs.items())
+        parts.append(f"model={scenario.model_factory_path}" + (f"({kwargs})" if kwargs else ""))
+    preset = None
+    if scenario.model != base.model:
+        preset = next((n for n, c in MODEL_PRESETS.items() if c == scenario.model), None)
+        if preset is not None:
+            parts.append(f"model={preset}")
+    ambiguous = {n for a in _SECTIONS.values() for b in _SECTIONS.values() if a is not b
+                 for n in _field_names_in(a) & _field_names_in(b)}
+    for section in _SECTIONS:
+        mine, theirs = getattr(scenario, section), getattr(base, section)
+        if mine == theirs or (section == "model" and preset is not None):
+            continue
+        for f in fields(mine):
+            value = getattr(mine, f.name)
+            if value != getattr(theirs, f.name):
+                label = f"{section}.{f.name}" if f.name in ambiguous else f.name
+                parts.append(f"{label}={_fmt_value(value)}")
+    parts += [b.label() for b in scenario.breaks]
+    name = "+".join(parts)
+    if len(name) > MAX_NAME_LENGTH:
+        name = f"{name[:MAX_NAME_LENGTH - 10]}~{scenario.content_hash()[:8]}"
+    return name
+
+
+def _DEFAULT_BASE() -> "Scenario":
+    if "" not in _PRESET_BASES:
+        _PRESET_BASES[""] = Scenario(name="scenario")
+    return _PRESET_BASES[""]
 
 
 def _plain(value: Any) -> Any:
@@ -461,8 +699,37 @@ class Break:
         if cls.config_name:
             _REGISTRY[cls.config_name] = cls
 
+    def __post_init__(self) -> None:
+        # Each parameter has its default's type, checked here so a bad value fails where it is
+        # written (ClipAt(max_norm="1")), not at train time; subclasses add ranges in validate().
+        for f in fields(self):
+            value, default, label = getattr(self, f.name), f.default, f"{type(self).__name__}({f.name}=...)"
+            if default is dataclasses.MISSING or (default is None and value is None):
+                continue
+            if isinstance(default, bool):
+                _check(isinstance(value, bool), f"{label} must be True or False, was {value!r}")
+            elif isinstance(default, int):
+                _check(_is_int(value), f"{label} must be an integer, was {value!r}")
+            elif isinstance(default, float):
+                _check(_is_number(value) and not math.isnan(value), f"{label} must be a number, was {value!r}")
+            elif isinstance(default, str) or default is None:
+                _check(isinstance(value, str), f"{label} must be a string, was {value!r}")
+            elif isinstance(default, tuple):
+                _check(isinstance(value, tuple), f"{label} must be a tuple, was {value!r}")
+        self.validate()
+
+    def validate(self) -> None:
+        """Range checks of the parameters (raise ConfigError); types are checked already."""
+
     def apply(self, scenario: "Scenario") -> "Scenario":  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def label(self) -> str:
+        """Short, unique text for derived scenario names: the YAML name and the parameters that
+        differ from their defaults, e.g. ``skip_spikes(ratio=3.0)``."""
+        changed = [f"{f.name}={_fmt_value(getattr(self, f.name))}" for f in fields(self)
+                   if f.default is dataclasses.MISSING or getattr(self, f.name) != f.default]
+        return self.config_name + (f"({','.join(changed)})" if changed else "")
 
     def describe(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in asdict(self).items())
@@ -494,7 +761,7 @@ def break_from_config(raw: Any, *, where: str = "config") -> Break:
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
     try:
         return cls(**values)
-    except TypeError as exc:
+    except (TypeError, ConfigError) as exc:
         raise ConfigError(f"{where}: break {name!r}: {exc}") from None
 
 

@@ -15,8 +15,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 
 
 def build_model(scenario: Scenario, vocab_size: int, pad_token_id: int = -1) -> torch.nn.Module:
-    if scenario.model_factory is not None:
-        return scenario.model_factory(vocab_size)
+    if scenario.model_factory is not None:  # your own model: the contract is checked as it is built
+        from pytest_spikecheck.training.model_contract import build_custom_model
+
+        return build_custom_model(scenario, vocab_size, pad_token_id)
     from pytest_spikecheck.models.gpt import GPT
 
     config = scenario.model

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.distributed import train_distributed
@@ -32,8 +33,34 @@ def train(
     with one GPU per rank on CUDA), the gradients and AdamW state sharded across them
     (:mod:`pytest_spikecheck.training.distributed`); ``threads`` is then per rank, callbacks are not
     accepted, and the returned run is rank 0's record of the whole model."""
+    check_device_and_backend(device, backend)
     if validate_nproc(nproc) > 1:
         return train_distributed(scenario, nproc=nproc, backend=backend, device=device, threads=threads,
                                  callbacks=callbacks)
     return train_with_sharding(scenario, SingleProcess(), backend=backend, device=device, threads=threads,
                                callbacks=callbacks)
+
+
+def check_device_and_backend(device: str, backend: str) -> None:
+    """Refuse, in one line and before anything trains, a device or clipping backend this machine
+    cannot run (a CUDA device on a CPU-only machine, the cupy backend without CUDA)."""
+    import torch
+
+    from pytest_spikecheck.clipping import unavailable_reason
+
+    if device not in ("cpu", "auto"):
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError) as exc:
+            raise ConfigError(f"device {device!r} is not a torch device ({exc})") from None
+        if dev.type == "cuda":
+            if not torch.cuda.is_available():
+                build = "a CPU-only torch build" if torch.version.cuda is None else f"torch {torch.__version__}"
+                raise ConfigError(f"device {device!r} needs a CUDA device, and there is none usable here "
+                                  f"({build}); train on cpu or auto")
+            if dev.index is not None and dev.index >= torch.cuda.device_count():
+                raise ConfigError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if backend != "auto":
+        reason = unavailable_reason(backend)
+        if reason is not None:
+            raise ConfigError(f"clipping backend {backend!r} cannot run here: {reason}; use --backend torch or auto")

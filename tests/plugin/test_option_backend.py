@@ -1,3 +1,16 @@
+import functools
+import subprocess
+import sys
+
+
+@functools.lru_cache(maxsize=None)
+def cuda_available() -> bool:
+    """Asked in a subprocess: importing torch into the pytester process breaks its module snapshots."""
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                           capture_output=True, text=True, check=True)
+    return probe.stdout.strip() == "True"
+
+
 def test_invalid_backend_is_a_usage_error(pytester):
     result = pytester.runpytest("--spikecheck-backend", "cuda-fast")
     assert result.ret == 4
@@ -21,12 +34,29 @@ def test_backend(tiny_break):
     result.stdout.fnmatch_lines(["spikecheck: backend torch (asked: torch)*"])
 
 
-def test_cupy_without_a_gpu_says_why(tiny):
+def test_cupy_without_a_gpu_is_one_usage_error_before_any_training(tiny):
     from pytest_spikecheck.clipping import unavailable_reason
 
     if unavailable_reason("cupy") is None:  # on a GPU machine the cupy path is tested elsewhere
         return
-    result = tiny.runpytest("--spikecheck", "--spikecheck-backend", "cupy", "--spikecheck-device", "cpu", "-x")
-    result.stdout.fnmatch_lines(["*spikecheck: cupy backend unavailable*"])
-    assert result.ret == 1
-    result.stdout.fnmatch_lines(["*BackendUnavailableError*"])
+    result = tiny.runpytest("--spikecheck", "--spikecheck-backend", "cupy", "--spikecheck-device", "cpu")
+    assert result.ret == 4  # a usage error: no test ran, nothing trained
+    result.stderr.fnmatch_lines(["*spikecheck: clipping backend 'cupy' cannot run here: *use --backend torch or auto"])
+    assert "Traceback" not in result.stderr.str() and "BackendUnavailableError" not in result.stdout.str()
+
+
+def test_a_cuda_device_on_a_cpu_machine_is_one_usage_error(tiny):
+    if cuda_available():
+        return
+    result = tiny.runpytest("--spikecheck", "--spikecheck-device", "cuda")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*spikecheck: device 'cuda' needs a CUDA device, and there is none usable here*"])
+    assert "error" not in result.stdout.str().lower()  # not one setup error per test
+
+
+def test_without_a_cuda_device_the_header_does_not_mention_cupy(tiny):
+    if cuda_available():
+        return
+    result = tiny.runpytest("--spikecheck", "-k", "nothing-selected")
+    result.stdout.fnmatch_lines(["spikecheck: backend torch (asked: auto)*"])
+    assert "cupy backend unavailable" not in result.stdout.str() and "CUDA driver" not in result.stdout.str()

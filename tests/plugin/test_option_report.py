@@ -20,3 +20,10 @@ def test_runs_are_cached_on_disk_by_content_hash(tiny):
     result.stdout.fnmatch_lines(["2 scenarios checked (0 trained, 2 from the disk cache)."])
     cached = list((report / ".cache").iterdir())
     assert len(cached) == 2 and all("-torch-cpu-t1-v" in p.name for p in cached)
+
+
+def test_a_report_path_that_is_a_file_is_a_usage_error_before_training(tiny):
+    (tiny.path / "report.txt").write_text("not a folder")
+    result = tiny.runpytest("--spikecheck", f"--spikecheck-report={tiny.path / 'report.txt'}")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--spikecheck-report *report.txt is an existing file; it must be a folder"])
