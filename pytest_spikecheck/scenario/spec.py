@@ -541,7 +541,7 @@ def derived_name(scenario: "Scenario") -> str:
     """A readable name unique to the scenario's content: the preset it starts from, every field
     that differs from that preset, and its breaks, joined with ``+`` — for example
     ``phase-19+steps=120+no_clip+burst(3×greek@60)``. Names longer than :data:`MAX_NAME_LENGTH`
-    are cut and end in ``~`` and 8 characters of the content hash, so two different contents
+    are cut in the middle (``…``) and end in ``~`` and 8 characters of the content hash, so two different contents
     never share a derived name."""
     base = _preset_base(scenario.preset_name) if scenario.preset_name else _DEFAULT_BASE()
     parts = [scenario.preset_name or "scenario"]
@@ -569,8 +569,9 @@ def derived_name(scenario: "Scenario") -> str:
                 parts.append(f"{label}={_fmt_value(value)}")
     parts += [b.label() for b in scenario.breaks]
     name = "+".join(parts)
-    if len(name) > MAX_NAME_LENGTH:
-        name = f"{name[:MAX_NAME_LENGTH - 10]}~{scenario.content_hash()[:8]}"
+    if len(name) > MAX_NAME_LENGTH:  # keep both ends readable (the preset, the last breaks)
+        keep = (MAX_NAME_LENGTH - 10) // 2
+        name = f"{name[:keep]}…{name[-keep:]}~{scenario.content_hash()[:8]}"
     return name
 
 
