@@ -36,6 +36,9 @@ def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), t
     for run, color in zip(runs, colors):
         s, v = column(run.metrics, "loss")
         full.plot(s, v, color=color, alpha=0.35, lw=0.8, label=f"{run.name} train loss")
+        at_marks = np.isin(s, list(mark_steps))
+        # A one-step train-loss spike sits exactly on the marker line: a dot keeps it visible.
+        full.plot(s[at_marks], v[at_marks], color=color, ls="none", marker="o", ms=4, zorder=3)
         if "eval_loss" in run.metrics:
             es, ev = column(run.metrics, "eval_loss")
             full.plot(es, ev, color=color, lw=1.6, marker=".", ms=3, label=f"{run.name} eval loss")
@@ -51,7 +54,7 @@ def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), t
                           ha="right", color="#d62728", fontsize=9)
     for ax in axes[0]:
         for step in mark_steps:
-            ax.axvline(step, color="k", ls=":", lw=1)
+            ax.axvline(step, color="k", ls=":", lw=1, zorder=0)  # behind the curves, never over a spike
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     full.set_ylabel("cross-entropy (nats)")
@@ -125,7 +128,14 @@ def compare(run_a: Run, run_b: Run, step: int | None = None) -> Comparison:
         step = bursts[0] if bursts else EventSummary.measure(run_b.metrics, None).step
     a, b = EventSummary.measure(run_a.metrics, step), EventSummary.measure(run_b.metrics, step)
     gap = final_value(run_b.metrics) - final_value(run_a.metrics) if "eval_loss" in run_a.metrics else math.nan
-    return Comparison((run_a.name, run_b.name), step, (a, b), gap)
+    return Comparison(_labels(run_a, run_b), step, (a, b), gap)
+
+
+def _labels(run_a: Run, run_b: Run) -> tuple[str, str]:
+    """The two rows' names; two runs under one name are told apart as A and B."""
+    if run_a.name != run_b.name:
+        return run_a.name, run_b.name
+    return f"A: {run_a.name}", f"B: {run_b.name}"
 
 
 def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None = None) -> tuple[Comparison, list[Path]]:

@@ -1,3 +1,4 @@
+import contextlib
 import json
 import subprocess
 import sys
@@ -17,7 +18,13 @@ def _write(tmp_path, text, name="config.yaml"):
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ("preset: phase-19\noptimizer: {grad_clip: -1}\n", "grad_clip must be >= 0"),
+        ("preset: phase-19\noptimizer: {grad_clip: -1}\n", "grad_clip must be > 0"),
+        ("preset: phase-19\noptimizer: {grad_clip: 0}\n", "use a tiny max_norm"),
+        ("preset: phase-19\nsteps: 100\nbreaks: [{rare_token_burst: {at_step: 312}}]\n",
+         "RareTokenBurst at step 312 is after the last step (100 steps)"),
+        ("# nothing but a comment\n", "config.yaml is empty (or only comments)"),
+        ("preset: phase-19\nseed: 1\nseed: 2\n", "duplicate key 'seed'"),
+        ("preset: phase-19\nsteps: 50\nmodel: {factory: 'no_such_pkg_here:make'}\n", "cannot import 'no_such_pkg_here'"),
         ("preset: phase-19\nbreaks: [explode]\n", "unknown break 'explode'"),
         ("preset: phase-99\n", "unknown scenario preset 'phase-99'"),
         ("preset: phase-19\noptimiser: {}\n", "unknown key 'optimiser'"),
@@ -38,7 +45,7 @@ def test_missing_dirs_and_bad_flags(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "experiments/19-control", "--grad-clip", "-3"])
     assert info.value.code == 2
-    assert "max_norm must be >= 0" in capsys.readouterr().err
+    assert "max_norm must be > 0" in capsys.readouterr().err
 
 
 def test_train_compare_diagnose(tmp_path, capsys):
@@ -69,3 +76,34 @@ def test_default_out_is_the_experiment_run_folder(tmp_path):
 def test_console_script_is_installed():
     out = subprocess.run([sys.executable, "-m", "pytest_spikecheck.cli", "--version"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.startswith("spikecheck ")
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--steps", "100"], "RareTokenBurst at step 312 is after the last step (100 steps)"),
+    (["--grad-clip", "0"], "use a tiny max_norm"),
+    (["--out", "FILE"], "is an existing file; the run is a folder"),
+])
+def test_train_option_errors_are_one_line_exit_2(tmp_path, capsys, args, message):
+    exp = _write(tmp_path, "preset: phase-19\nbreaks: [{rare_token_burst: {at_step: 312}}]\n")
+    (tmp_path / "FILE").write_text("")
+    args = [str(tmp_path / "FILE") if a == "FILE" else a for a in args]
+    with pytest.raises(SystemExit) if args[0] == "--grad-clip" else contextlib.nullcontext():
+        assert main(["train", str(exp), "--quiet", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_compare_tells_two_runs_of_one_name_apart():
+    import numpy as np
+
+    from pytest_spikecheck import Run, Scenario
+    from pytest_spikecheck.report import compare
+
+    ones = np.ones(30)
+    metrics = {"step": np.arange(1, 31), "loss": ones, "grad_norm_pre": ones, "grad_norm_post": ones, "eval_loss": ones}
+    run = Run(scenario=Scenario.preset("phase-19"), metrics=metrics)
+    result = compare(run, run)
+    assert result.names == ("A: phase-19", "B: phase-19")
+    assert "final gap (B: phase-19 − A: phase-19)" in result.text()
+    other = Run(scenario=Scenario.preset("phase-19").replace(seed=1), metrics=metrics)
+    assert compare(run, other).names == ("phase-19", "phase-19+seed=1")

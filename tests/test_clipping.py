@@ -265,3 +265,31 @@ def test_importing_the_clipping_package_imports_neither_torch_nor_cupy():
 
 def test_backend_names_are_the_registry_order():
     assert clipping.BACKEND_NAMES == ("cupy", "torch", "emulator")
+
+
+@pytest.mark.parametrize("norm_type", [2.0, 2, math.inf])
+def test_norm_type_2_and_inf_match_torch(norm_type):
+    torch.manual_seed(0)
+    ours = [torch.randn(5, 3, requires_grad=True), torch.randn(7, requires_grad=True)]
+    theirs = [p.detach().clone().requires_grad_(True) for p in ours]
+    for a, b in zip(ours, theirs):
+        a.grad = torch.randn_like(a) * 3
+        b.grad = a.grad.clone()
+    norm = clip_grad_norm_(ours, 0.5, backend="torch", norm_type=norm_type)
+    expected = torch.nn.utils.clip_grad_norm_(theirs, 0.5, norm_type=norm_type)
+    torch.testing.assert_close(norm, expected)
+    for a, b in zip(ours, theirs):  # torch divides by norm + 1e-6: equal to ~1e-6 relative
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"norm_type": 1.0}, "norm_type must be 2.0 .global L2. or inf"),
+    ({"norm_type": "2"}, "norm_type must be 2.0"),
+    ({"max_norm": "1.0"}, "max_norm must be a number, inf or None, was '1.0'"),
+    ({"max_norm": True}, "max_norm must be a number, inf or None, was True"),
+])
+def test_clip_grad_norm_refuses_what_torch_would_not_mean(kwargs, message):
+    p = torch.ones(3, requires_grad=True)
+    p.grad = torch.ones(3)
+    with pytest.raises(ValueError, match=message):
+        clip_grad_norm_([p], **{"max_norm": 1.0, **kwargs}, backend="torch")

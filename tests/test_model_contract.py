@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_spikecheck import IGNORE_INDEX, ConfigError, LayerNormEps0, LeftPadding, MaskPaddingKeys, NoClip, Run, Scenario, train
+from pytest_spikecheck import IGNORE_INDEX, ConfigError, SpikeCheckError, assert_no_lockin, LayerNormEps0, LeftPadding, MaskPaddingKeys, NoClip, Run, Scenario, train
 from pytest_spikecheck.cli import main
 from pytest_spikecheck.training.build import build_model
 
@@ -89,6 +89,9 @@ def test_a_logits_only_model_given_by_import_path_trains_and_its_saved_run_repro
     assert scenario.name == "phase-19+steps=6+model=my_models:make(width=8)+no_clip"
     run = train(scenario)
     assert len(run) == 6 and np.isfinite(run["loss"]).all()
+    assert repr(run) == f"Run({scenario.name!r}, 6 steps, {len(run.events)} event records, content hash {run.meta['content_hash']})"
+    with pytest.raises(SpikeCheckError, match=r"built-in GPT only, and this run trained your own model \(my_models:make\)"):
+        assert_no_lockin(run)
     run.save(tmp_path / "run")
     loaded = Run.load(tmp_path / "run")
     assert loaded.scenario.model_factory == "my_models:make" and dict(loaded.scenario.model_kwargs) == {"width": 8}

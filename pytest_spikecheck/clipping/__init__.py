@@ -32,6 +32,7 @@ the group each rank would clip to its own shard's norm: the per-rank-norm bug th
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -94,10 +95,10 @@ def validate_max_norm(max_norm: float | None) -> float:
     """Return ``max_norm`` as a float (``None`` means no clipping: ``inf``), or raise ValueError."""
     if max_norm is None:
         return math.inf
-    try:
-        value = float(max_norm)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_norm must be a number, inf or None, was {max_norm!r}") from None
+    # A number only: float("1.0") and float(True) would silently accept a string or a flag.
+    if isinstance(max_norm, (bool, str, bytes)) or not isinstance(max_norm, numbers.Real):
+        raise ValueError(f"max_norm must be a number, inf or None, was {max_norm!r}")
+    value = float(max_norm)
     if math.isnan(value) or value < 0:
         raise ValueError(f"max_norm must be >= 0 (inf or None for no clipping), was {max_norm!r}")
     return value
@@ -211,8 +212,12 @@ def clip_grad_norm_(
     mode: str = "global",
     error_if_nonfinite: bool = False,
     process_group: Any = None,
+    norm_type: float = 2.0,
 ) -> "torch.Tensor":
     """Drop-in for ``torch.nn.utils.clip_grad_norm_``: clip in place, return the pre-clip norm.
+
+    ``norm_type`` is 2.0 (the global L2 norm every backend computes) or ``inf`` (the largest
+    ``|g|``, computed with torch whatever the backend), as in torch; any other value is refused.
 
     ``max_norm=None`` or ``inf`` measures the norm without clipping. ``backend`` is one
     of ``"auto"`` (cupy when a CUDA device is usable, else torch), ``"torch"``,
@@ -222,7 +227,33 @@ def clip_grad_norm_(
     >>> norm = clip_grad_norm_(model.parameters(), 1.0)  # doctest: +SKIP
     >>> norm = clip_grad_norm_(my_shard, 1.0, process_group=dist.group.WORLD)  # doctest: +SKIP
     """
-    total_norm, _ = _clip(parameters, max_norm, backend, mode, process_group)
+    if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real) or float(norm_type) not in (2.0, math.inf):
+        raise ValueError(f"norm_type must be 2.0 (global L2) or inf (largest |g|), was {norm_type!r}: the kernels "
+                         f"and the training engine clip by the L2 norm")
+    if float(norm_type) == math.inf:
+        total_norm = _clip_max_abs(parameters, max_norm, mode, process_group)
+    else:
+        total_norm, _ = _clip(parameters, max_norm, backend, mode, process_group)
     if error_if_nonfinite:
         _raise_if_nonfinite(total_norm)
+    return total_norm
+
+
+def _clip_max_abs(parameters: Any, max_norm: float | None, mode: str, process_group: Any) -> "torch.Tensor":
+    """``norm_type=inf``: the norm is the largest |g| over every gradient; scale by
+    max_norm / norm when it is larger than max_norm (the same rule as the L2 clip)."""
+    import torch
+
+    limit = validate_max_norm(max_norm)
+    if mode != "global" or process_group is not None:
+        raise ValueError("norm_type=inf clips globally on one process only (mode='global', no process_group)")
+    grads = [p.grad for p in _collect_params(parameters) if p.grad is not None]
+    if not grads:
+        return torch.zeros((), dtype=torch.float32)
+    device = grads[0].device
+    total_norm = torch.stack([g.detach().abs().max().float().to(device) for g in grads]).max()
+    if math.isfinite(limit):
+        scale = torch.where(total_norm > limit, limit / total_norm, torch.ones_like(total_norm))
+        for g in grads:
+            g.mul_(scale.to(g.dtype))
     return total_norm

@@ -283,7 +283,10 @@ def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float
     rec = as_record(run)
     stats = (rec.run.meta.get("lockin") if rec.run is not None else None)
     if stats is None:
+        custom = rec.run.scenario.model_factory_path if rec.run is not None else None
         reason = ("the run stopped early" if rec.run is not None and rec.run.stopped_early
+                  else f"the engine records greedy samples for the built-in GPT only, and this run trained your own "
+                       f"model ({custom}); sample it yourself and check the output" if custom
                   else "it has no greedy samples (only runs trained by the engine do)")
         raise SpikeCheckError(f"cannot check lock-in on {rec.source}: {reason}")
     problems = []

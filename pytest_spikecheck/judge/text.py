@@ -43,6 +43,9 @@ def fmt(value: float | int | None, spec: str = ".3g") -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
     """A plain-text (or markdown) table with aligned columns."""
+    if markdown:  # a "|" inside a cell (|g|/√v̂) would end the cell: escape it
+        headers = [h.replace("|", "\\|") for h in headers]
+        rows = [[c.replace("|", "\\|") for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     if markdown:
         lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",

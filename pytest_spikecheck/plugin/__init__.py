@@ -304,6 +304,13 @@ class _Recorder:
 def _write_index(report_dir: Path, rows: dict[str, dict[str, Any]], outcomes: dict[str, list[str]]) -> None:
     from pytest_spikecheck.judge.text import fmt
 
+    for name in rows:  # the verdict is known only now, after every test that used the scenario
+        summary = report_dir / name / "summary.json"
+        if summary.is_file():
+            data = json.loads(summary.read_text())
+            data["verdict"] = _verdict(outcomes.get(name, []))
+            summary.write_text(json.dumps(data, indent=2))
+
     lines = ["# spikecheck report", "",
              "| scenario | steps | spike step | spike ratio | clip containment | recovery | verdict |",
              "|---|---|---|---|---|---|---|"]

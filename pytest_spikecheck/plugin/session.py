@@ -97,6 +97,17 @@ def _atomic_dir_write(target: Path, write) -> None:
             raise
 
 
+def _diagnosis_markdown(diagnosis: Any) -> str:
+    """The diagnosis as Markdown, its table through judge.text.table, which escapes a "|" in a
+    cell (the Adam rung's |g|/√v̂ would otherwise split its row into extra columns)."""
+    from pytest_spikecheck.judge.text import table
+
+    if diagnosis.step is None:
+        return diagnosis.markdown()
+    rows = table(["rung", "finding"], [[str(r), str(f)] for r, f in diagnosis.lines], markdown=True)
+    return f"**Diagnosis at step {diagnosis.step}**\n\n{rows}\n\n**Verdict:** {diagnosis.verdict}\n"
+
+
 @dataclass
 class SpikecheckSession:
     settings: Settings
@@ -191,7 +202,7 @@ class SpikecheckSession:
             max_norm = run.scenario.max_norm
             plot_grad_norm([run], folder / "grad_norm.png", marks, None if math.isinf(max_norm) else max_norm,
                            title=f"{run.name}: gradient norm, pre- and post-clip")
-            (folder / "diagnosis.md").write_text(f"# {run.name}\n\n{run.scenario.describe()}\n\n{diagnose(run).markdown()}")
+            (folder / "diagnosis.md").write_text(f"# {run.name}\n\n{run.scenario.describe()}\n\n{_diagnosis_markdown(diagnose(run))}")
             (folder / "summary.json").write_text(json.dumps(self.rows[run.name].to_json(), indent=2))
             run.save(folder / "run")
 

@@ -38,6 +38,12 @@ class Run:
     events: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def __repr__(self) -> str:  # the dataclass repr would print every batch and event
+        stopped = f", stopped at step {self.meta['stopped_at']} ({self.meta.get('stop_reason')})" if self.stopped_early else ""
+        digest = self.meta.get("content_hash")
+        return (f"Run({self.name!r}, {len(self)} steps{stopped}, {len(self.events)} event records"
+                + (f", content hash {digest}" if digest else "") + ")")
+
     # -- convenience ------------------------------------------------------------------------
     @property
     def name(self) -> str:

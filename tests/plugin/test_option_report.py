@@ -1,3 +1,7 @@
+import json
+import re
+
+
 def test_report_files_appear_only_with_the_option(tiny):
     report = tiny.path / "report"
     tiny.runpytest("--spikecheck").assert_outcomes(passed=3)
@@ -10,6 +14,11 @@ def test_report_files_appear_only_with_the_option(tiny):
     index = (report / "index.md").read_text()
     assert "[tiny_break](tiny_break/diagnosis.md)" in index and "| pass |" in index
     result.stdout.fnmatch_lines([f"report: {report / 'index.md'}"])
+    assert json.loads((report / "tiny_break" / "summary.json").read_text())["verdict"] == "pass"
+    diagnosis = (report / "tiny_break" / "diagnosis.md").read_text()
+    table_rows = [line for line in diagnosis.splitlines() if line.startswith("| ")]
+    assert len(table_rows) >= 6 and any("|g\\|/√v̂" in row for row in table_rows)
+    assert all(len(re.split(r"(?<!\\)\|", row)) == 4 for row in table_rows)  # two cells: "|" in a cell is escaped
 
 
 def test_runs_are_cached_on_disk_by_content_hash(tiny):
