@@ -110,3 +110,48 @@ def test_metrics_jsonl_with_missing_and_non_finite_values(tmp_path):
 def test_run_folders_are_accepted(short_runs, tmp_path):
     short_runs[1].save(tmp_path / "broken")
     assert assert_spike(tmp_path / "broken", at=SHORT_BURST, min_ratio=5) > 5
+
+
+# -- plain arrays: numbering and shape -------------------------------------------------------
+
+def _spike_at_index(index: int, n: int = 100) -> np.ndarray:
+    g = np.ones(n)
+    g[index] = 20.0
+    return g
+
+
+def test_arrays_without_a_step_column_are_numbered_from_1_and_a_miss_by_one_says_so():
+    data = {"grad_norm_pre": _spike_at_index(60)}
+    assert assert_spike(data, at=61) == 20.0
+    with pytest.raises(SpikeCheckError, match=r"the spike is at step 61; arrays without a step column are numbered from 1"):
+        assert_spike(data, at=60)
+
+
+def test_steps_can_be_given_explicitly():
+    from pytest_spikecheck.records import as_record
+
+    record = as_record({"grad_norm_pre": _spike_at_index(60)}, steps=np.arange(100))
+    assert assert_spike(record, at=60) == 20.0
+    with pytest.raises(SpikeCheckError, match=r"the spike is at step 60\b") as info:
+        assert_spike(record, at=59)
+    assert "numbered from 1" not in str(info.value).splitlines()[0]
+    with pytest.raises(ValueError, match="steps given twice"):
+        as_record({"step": np.arange(100), "grad_norm_pre": _spike_at_index(60)}, steps=np.arange(100))
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    ({"grad_norm_pre": np.ones((10, 2))}, r"'grad_norm_pre' is a 2-D array of shape \(10, 2\)"),
+    ({"grad_norm_pre": [1.0, 2.0, 3.0], "step": [1, 1, 2]}, "holds step 1 more than once"),
+    ({"grad_norm_pre": [1.0, 2.0, 3.0], "step": [1, 1.5, 2]}, "must hold integers, has 1.5"),
+])
+def test_malformed_arrays_are_one_line_errors(data, message):
+    with pytest.raises(ValueError, match=message) as info:
+        assert_spike(data)
+    assert "\n" not in str(info.value)
+
+
+def test_a_length_1_record_says_why_no_ratio_exists():
+    with pytest.raises(SpikeCheckError, match="no value has a baseline: 1 logged"):
+        assert_spike({"grad_norm_pre": [1.0]})
+    with pytest.raises(SpikeCheckError, match="step 1 has 0 earlier points, and a baseline needs 10"):
+        assert_spike({"grad_norm_pre": [1.0]}, at=1)

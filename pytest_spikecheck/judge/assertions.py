@@ -9,6 +9,7 @@ the diagnosis, and the command that reproduces the run. numpy only (no torch).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from pytest_spikecheck.judge.analysis import (
     BASELINE_WINDOW, RECOVERY_FACTOR, column, first_nonfinite, largest_spike,
     recovery_steps, spike_ratio, value_at,
 )
+from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.judge.detectors import get_detector
 from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import SpikeCheckError
@@ -143,8 +145,26 @@ def assert_spike(run: Any, at: int | None = None, min_ratio: float | None = None
     if step is None or not (ratio >= min_ratio):
         where = f"at step {at}" if at is not None else f"anywhere (largest: step {fmt(step)})"
         _fail(f"expected a {metric} spike of ≥ {min_ratio:g}× {where}, got {fmt(ratio, '.2f')}× "
-              f"the median of the {window} steps before", rec, step, metric)
+              f"the median of the {window} steps before{_neighbour_hint(rec, at, min_ratio, metric, window)}",
+              rec, step, metric)
     return ratio
+
+
+def _neighbour_hint(rec: Record, at: int | None, min_ratio: float, metric: str, window: int) -> str:
+    """When ``at=`` misses by one step and the neighbour holds the spike, say so (an array's
+    Python index is one less than its step when the array has no step column)."""
+    if at is None:
+        return ""
+    steps = np.asarray(rec.metrics["step"])
+    earlier = int(np.count_nonzero(rec.series(metric)[0] < at))
+    if math.isnan(spike_ratio(rec.metrics, at, metric, window)) and earlier < MIN_BASELINE_POINTS:
+        return (f"; step {at} has {earlier} earlier point{'s' if earlier != 1 else ''}, and a baseline needs "
+                f"{MIN_BASELINE_POINTS}")
+    for near in (at + 1, at - 1):
+        if np.any(steps == near) and spike_ratio(rec.metrics, near, metric, window) >= min_ratio:
+            numbering = "; arrays without a step column are numbered from 1" if rec.numbered_from_one else ""
+            return f"; the spike is at step {near}{numbering}"
+    return ""
 
 
 def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, strict: bool = False,

@@ -27,8 +27,14 @@ def _from_run(run: Any, source: str) -> Record:
                   if "eval_loss" in run.metrics else {})
 
 
-def as_record(obj: Any) -> Record:
-    """Normalise a Run, a mapping of arrays, or a path into a :class:`Record`."""
+def as_record(obj: Any, steps: Any = None) -> Record:
+    """Normalise a Run, a mapping of arrays, or a path into a :class:`Record`.
+
+    A mapping's steps are its ``"step"`` column, or ``steps``, or else 1, 2, 3, ...: the
+    first value is step 1 (as in training logs), so Python index ``i`` is step ``i + 1``.
+    """
+    if steps is not None and not isinstance(obj, Mapping):
+        raise TypeError("steps= numbers a mapping of arrays; a Run or a log has its own steps")
     if isinstance(obj, Record):
         return obj
     if isinstance(obj, Run):
@@ -44,5 +50,6 @@ def as_record(obj: Any) -> Record:
                 return _from_run(Run.load(run_dir), str(path))
         return read_log(path)
     if isinstance(obj, Mapping):
-        return Record(columns_from_mapping(obj), None, "arrays")
+        return Record(columns_from_mapping(obj, steps), None, "arrays",
+                      numbered_from_one="step" not in obj and steps is None)
     raise TypeError(f"expected a Run, a mapping of arrays or a path to a metrics log, was {type(obj).__name__}")

@@ -21,6 +21,8 @@ class Record:
     # A NaN that is *not* missing is a real non-finite value and counts as one.
     missing: dict[str, np.ndarray] = field(default_factory=dict)
     log_format: str | None = None  # for a log file: its format (a name in logs.FORMATS)
+    #: True when the steps were not given (arrays without a "step" column): numbered 1, 2, 3, ...
+    numbered_from_one: bool = False
     notes: tuple[str, ...] = ()  # how the log was read where it was not plain (a restart, a truncated file)
 
     def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
@@ -38,11 +40,22 @@ class Record:
         return None
 
 
-def columns_from_mapping(data: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def columns_from_mapping(data: Mapping[str, Any], steps: Any = None) -> dict[str, np.ndarray]:
+    """Columns from a mapping of 1-D arrays, one value per step. The steps are the ``"step"``
+    column, or ``steps``, or else 1, 2, 3, ... (the first value is step 1, as in a training
+    log, not index 0). Steps must be distinct integers; 2-D arrays are refused."""
     cols: dict[str, np.ndarray] = {}
     length = None
+    if steps is not None:
+        if "step" in data:
+            raise ValueError("steps given twice: as the 'step' column and as steps=; keep one")
+        data = {**data, "step": steps}
     for key, value in data.items():
-        arr = np.asarray(value, dtype=np.float64).reshape(-1) if key != "step" else np.asarray(value).reshape(-1)
+        raw = np.asarray(value)
+        if raw.ndim > 1:
+            raise ValueError(f"metric {key!r} is a {raw.ndim}-D array of shape {raw.shape}; give one value per step "
+                             f"(a 1-D array), e.g. one column of it")
+        arr = np.asarray(raw, dtype=np.float64).reshape(-1) if key != "step" else raw.reshape(-1)
         if length is not None and arr.size != length:
             raise ValueError(f"metric {key!r} has {arr.size} values but the others have {length}")
         length = arr.size
@@ -51,8 +64,18 @@ def columns_from_mapping(data: Mapping[str, Any]) -> dict[str, np.ndarray]:
     if "step" not in cols:
         cols["step"] = np.arange(1, n + 1, dtype=np.int64)
     else:
-        steps = cols["step"].astype(np.float64)
-        if not np.all(np.isfinite(steps)):
+        try:
+            step_values = cols["step"].astype(np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"the step column must hold integers, was {cols['step'][:3].tolist()}…") from None
+        if not np.all(np.isfinite(step_values)):
             raise ValueError("the step column holds non-finite values")
-        cols["step"] = steps.astype(np.int64)
+        fractional = step_values[step_values != np.round(step_values)]
+        if fractional.size:
+            raise ValueError(f"the step column must hold integers, has {fractional[0]:g}")
+        as_int = step_values.astype(np.int64)
+        unique, counts = np.unique(as_int, return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(f"the step column holds step {int(unique[counts > 1][0])} more than once; steps must be distinct")
+        cols["step"] = as_int
     return cols
