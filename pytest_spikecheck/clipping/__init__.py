@@ -240,8 +240,8 @@ def clip_grad_norm_(
 
 
 def _clip_max_abs(parameters: Any, max_norm: float | None, mode: str, process_group: Any) -> "torch.Tensor":
-    """``norm_type=inf``: the norm is the largest |g| over every gradient; scale by
-    max_norm / norm when it is larger than max_norm (the same rule as the L2 clip)."""
+    """``norm_type=inf``: the norm is the largest |g| over every gradient, clipped by the same
+    rule as the L2 norm."""
     import torch
 
     limit = validate_max_norm(max_norm)
@@ -253,7 +253,9 @@ def _clip_max_abs(parameters: Any, max_norm: float | None, mode: str, process_gr
     device = grads[0].device
     total_norm = torch.stack([g.detach().abs().max().float().to(device) for g in grads]).max()
     if math.isfinite(limit):
-        scale = torch.where(total_norm > limit, limit / total_norm, torch.ones_like(total_norm))
+        # The L2 path's rule: coefficient min(1, max_norm / (norm + 1e-6)); a non-finite norm clips nothing.
+        coefficient = torch.clamp(limit / (total_norm + 1e-6), max=1.0)
+        scale = torch.where(torch.isfinite(total_norm), coefficient, torch.ones_like(total_norm))
         for g in grads:
             g.mul_(scale.to(g.dtype))
     return total_norm
