@@ -107,3 +107,20 @@ def test_compare_tells_two_runs_of_one_name_apart():
     assert "final gap (B: phase-19 − A: phase-19)" in result.text()
     other = Run(scenario=Scenario.preset("phase-19").replace(seed=1), metrics=metrics)
     assert compare(run, other).names == ("phase-19", "phase-19+seed=1")
+
+
+def test_a_device_or_backend_this_machine_cannot_run_is_one_line_exit_2(tmp_path, capsys):
+    import torch
+
+    from pytest_spikecheck.clipping import unavailable_reason
+
+    exp = _write(tmp_path, "preset: phase-19\nsteps: 5\n")
+    cases = ([(["--device", "cuda"], "device 'cuda' needs a CUDA device")] if not torch.cuda.is_available() else []) + (
+        [(["--backend", "cupy"], "clipping backend 'cupy' cannot run here")] if unavailable_reason("cupy") else [])
+    if not cases:
+        pytest.skip("this machine runs CUDA and cupy: nothing to refuse")
+    for args, message in cases:
+        assert main(["train", str(exp), "--quiet", "--out", str(tmp_path / "run"), *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "run").exists()  # refused before training

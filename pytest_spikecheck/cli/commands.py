@@ -73,9 +73,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is an existing file; the run is a folder: give a folder path")
 
-    from pytest_spikecheck.training.launch import check_device_and_backend, train
-
-    check_device_and_backend(args.device, args.backend)
+    from pytest_spikecheck.training.launch import train  # refuses an unusable device or backend first
 
     callbacks = []
     bar = None
