@@ -33,8 +33,9 @@ def train(
     with one GPU per rank on CUDA), the gradients and AdamW state sharded across them
     (:mod:`pytest_spikecheck.training.distributed`); ``threads`` is then per rank, callbacks are not
     accepted, and the returned run is rank 0's record of the whole model."""
-    check_device_and_backend(device, backend)
-    if validate_nproc(nproc) > 1:
+    if validate_nproc(nproc) == 1 or device in ("cpu", "auto", "cuda"):  # cuda:N on ranks: distributed says why not
+        check_device_and_backend(device, backend)
+    if nproc > 1:
         return train_distributed(scenario, nproc=nproc, backend=backend, device=device, threads=threads,
                                  callbacks=callbacks)
     return train_with_sharding(scenario, SingleProcess(), backend=backend, device=device, threads=threads,
