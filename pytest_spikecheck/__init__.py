@@ -12,7 +12,8 @@ enforces this in the test command, see ``[tool.importlinter]`` in pyproject.toml
 docs/architecture.md):
 
     cli | plugin                  the spikecheck command; the pytest plugin, its session and fixtures
-    fuzz | conformance            Hypothesis strategies and the worst-batch search; the kernel conformance kit
+    fuzz | conformance | integrations   Hypothesis strategies, the worst-batch search; the kernel conformance kit;
+                                  recording your own trainer (plain loop, Hugging Face, Lightning) and bursts in your data
     training | report             the engine, probes, N ranks (torch); panels and comparison tables (matplotlib)
     judge                         detectors, analysis, diagnosis, assertions (numpy only)
     records                       Run, Record, log readers (numpy only)
@@ -67,6 +68,10 @@ _EXPORTS = {
     "SpikecheckBackendWarning": "pytest_spikecheck.clipping",
     "spikecheck_scenario": "pytest_spikecheck.plugin.fixtures",
     "IGNORE_INDEX": "pytest_spikecheck.data.dataset",
+    "record": "pytest_spikecheck.integrations.recorder",
+    "Recorder": "pytest_spikecheck.integrations.recorder",
+    "SampleCatalog": "pytest_spikecheck.integrations.recorder",
+    "inject_burst": "pytest_spikecheck.integrations.burst",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -109,19 +109,24 @@ def diagnose(record: Any, step: int | None = None) -> Diagnosis:
     if batch is not None:
         sources = ", ".join(f"{n} {s}" for s, n in batch["sources"].items())
         d.lines.append(("3 batch", f"{len(batch['samples'])} samples ({sources}); {batch['rare_samples']} with rare tokens "
-                                   f"({batch['rare_tokens']} rare-token occurrences); {batch['burst_samples']} injected by a burst"))
-        d.facts.update(rare_samples=batch["rare_samples"], burst_samples=batch["burst_samples"])
+                                   f"({batch['rare_tokens']} rare-token occurrences); {batch['burst_samples']} injected by a burst"
+                                   + (f": {', '.join(batch['injected'])}" if batch.get("injected") else "")))
+        d.facts.update(rare_samples=batch["rare_samples"], burst_samples=batch["burst_samples"],
+                       injected=list(batch.get("injected") or []))
     if event is not None:
         # 4. per-token losses
-        tl = event["token_losses"]
-        worst = tl["worst"][:5]
-        rare_share, novel_share = tl["rare_loss_share"], tl["novel_loss_share"]
-        tokens = ", ".join(f"{w['token']!r} {w['loss']:.1f}" + ("†" if w["novel"] else "*" if w["rare"] else "")
-                           for w in worst)
-        d.lines.append(("4 token losses", f"mean {tl['mean']:.2f}, p90 {tl['p90']:.2f}, max {tl['max']:.2f} nats; "
-                                          f"worst: {tokens} (* rare, † never trained on before); rare tokens carry "
-                                          f"{rare_share:.0%} of the batch loss, {tl['novel_tokens']} never-seen tokens {novel_share:.0%}"))
-        d.facts.update(rare_loss_share=rare_share, novel_loss_share=novel_share, worst_tokens=[w["token"] for w in worst])
+        tl = event.get("token_losses")
+        if tl is None:  # a recorder in someone else's loop that was given no logits
+            d.lines.append(("4 token losses", "not recorded (the recorder got no logits and targets at this step)"))
+        else:
+            worst = tl["worst"][:5]
+            rare_share, novel_share = tl["rare_loss_share"], tl["novel_loss_share"]
+            tokens = ", ".join(f"{w['token']!r} {w['loss']:.1f}" + ("†" if w["novel"] else "*" if w["rare"] else "")
+                               for w in worst)
+            d.lines.append(("4 token losses", f"mean {tl['mean']:.2f}, p90 {tl['p90']:.2f}, max {tl['max']:.2f} nats; "
+                                              f"worst: {tokens} (* rare, † never trained on before); rare tokens carry "
+                                              f"{rare_share:.0%} of the batch loss, {tl['novel_tokens']} never-seen tokens {novel_share:.0%}"))
+            d.facts.update(rare_loss_share=rare_share, novel_loss_share=novel_share, worst_tokens=[w["token"] for w in worst])
         # 5. which tensors
         norms = event["param_grad_norms"]
         total_sq = sum(v * v for v in norms.values()) or math.nan

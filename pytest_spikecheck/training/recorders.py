@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import torch
@@ -43,8 +43,11 @@ class MetricsRecorder:
 
     def add(self, s: StepOutcome, *, clip_factor: float, grad_norm_post: float, eval_loss: float,
             adam_v_norm: float) -> dict[str, float]:
-        row = {"step": s.step, "loss": s.loss, "grad_norm_pre": s.grad_norm_pre, "grad_norm_post": grad_norm_post,
-               "clip_factor": clip_factor, "lr": s.lr, "eval_loss": eval_loss, "adam_v_norm": adam_v_norm}
+        return self.add_row(step=s.step, loss=s.loss, grad_norm_pre=s.grad_norm_pre, grad_norm_post=grad_norm_post,
+                            clip_factor=clip_factor, lr=s.lr, eval_loss=eval_loss, adam_v_norm=adam_v_norm)
+
+    def add_row(self, **row: float) -> dict[str, float]:
+        """One row, every :data:`~pytest_spikecheck.records.run.METRIC_KEYS` column given by name."""
         for k in METRIC_KEYS:
             self.columns[k].append(row[k])
         return row
@@ -114,11 +117,12 @@ def _target_counts(dataset: Dataset, batches: list[list[int]]) -> np.ndarray:
     return counts
 
 
-def _token_loss_table(logits: torch.Tensor, targets: torch.Tensor, dataset: Dataset, batch: list[int], top: int,
-                      seen_before: np.ndarray) -> dict[str, Any]:
+def token_loss_table(logits: torch.Tensor, targets: torch.Tensor, *, sample_ids: list[str], rare_tokens: frozenset[int],
+                     token_str: Callable[[int], str], top: int, seen_before: np.ndarray) -> dict[str, Any]:
     """Per-token losses of one batch: the worst tokens with their strings, per-piece totals,
     and the share of the batch loss carried by rare tokens and by tokens never trained on
-    before this step (``seen_before[t]`` counts earlier target occurrences of token t)."""
+    before this step (``seen_before[t]`` counts earlier target occurrences of token t).
+    ``sample_ids[r]`` names row r of the batch; ``token_str`` turns a token id into its string."""
     losses = F.cross_entropy(logits.detach().view(-1, logits.size(-1)), targets.reshape(-1),
                              ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
     mask = targets != IGNORE_INDEX
@@ -126,14 +130,13 @@ def _token_loss_table(logits: torch.Tensor, targets: torch.Tensor, dataset: Data
     flat_targets = targets[mask].cpu().numpy()
     flat_np = flat.double().cpu().numpy()
     total = float(flat_np.sum()) or float("nan")
-    rare_mask = np.isin(flat_targets, np.fromiter(dataset.rare_tokens, dtype=np.int64, count=len(dataset.rare_tokens)))
+    rare_mask = np.isin(flat_targets, np.fromiter(rare_tokens, dtype=np.int64, count=len(rare_tokens)))
     novel_mask = seen_before[flat_targets] == 0
-    tok = dataset.tokenizer
     rows, cols = torch.nonzero(mask, as_tuple=True)
     worst = torch.argsort(flat, descending=True)[:top]
     per_piece: dict[str, list[float]] = {}
     for r, c, v in zip(rows.tolist(), cols.tolist(), flat.tolist()):
-        per_piece.setdefault(tok.token(int(targets[r, c])), []).append(v)
+        per_piece.setdefault(token_str(int(targets[r, c])), []).append(v)
     pieces = sorted(((p, len(v), sum(v)) for p, v in per_piece.items()), key=lambda t: -t[2])[:top]
     quantiles = torch.quantile(flat, torch.tensor([0.5, 0.9, 0.99], dtype=flat.dtype)).tolist()
     return {
@@ -143,9 +146,9 @@ def _token_loss_table(logits: torch.Tensor, targets: torch.Tensor, dataset: Data
         "novel_loss_share": float(flat_np[novel_mask].sum()) / total,
         "novel_tokens": int(novel_mask.sum()),
         "worst": [
-            {"sample": dataset.pool[batch[int(rows[i])]].id, "position": int(cols[i]),
-             "token": tok.token(int(targets[rows[i], cols[i]])), "loss": float(flat[i]),
-             "rare": int(targets[rows[i], cols[i]]) in dataset.rare_tokens,
+            {"sample": sample_ids[int(rows[i])], "position": int(cols[i]),
+             "token": token_str(int(targets[rows[i], cols[i]])), "loss": float(flat[i]),
+             "rare": int(targets[rows[i], cols[i]]) in rare_tokens,
              "novel": bool(seen_before[int(targets[rows[i], cols[i]])] == 0)}
             for i in worst.tolist()
         ],
@@ -153,7 +156,7 @@ def _token_loss_table(logits: torch.Tensor, targets: torch.Tensor, dataset: Data
     }
 
 
-def _adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.Parameter]],
+def adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.Parameter]],
                    view: EventView) -> dict[str, Any]:
     """How far this step's (clipped) gradient exceeds Adam's memory of it: the share of weights
     with |g| / sqrt(v̂) > ADAM_SURPRISE_THRESHOLD, using v̂ from before this step."""
@@ -222,13 +225,15 @@ class EventRecorder:
             "step": s.step, "kinds": v.kinds, "loss": s.loss, "grad_norm_pre": s.grad_norm_pre,
             "baseline_grad_norm": v.baseline, "clip_factor": float(s.clip.scale), "max_norm": s.max_norm,
             "grad_norm_post": s.grad_norm_post, "skipped": v.skip,
-            "token_losses": _token_loss_table(view.logits.float(), s.y, self.dataset, s.batch,
-                                              self.scenario.record.top_tokens,
-                                              _target_counts(self.dataset, self.plan[: s.step - 1])),
+            "token_losses": token_loss_table(view.logits.float(), s.y,
+                                             sample_ids=[self.dataset.pool[i].id for i in s.batch],
+                                             rare_tokens=self.dataset.rare_tokens, token_str=self.dataset.tokenizer.token,
+                                             top=self.scenario.record.top_tokens,
+                                             seen_before=_target_counts(self.dataset, self.plan[: s.step - 1])),
             "param_grad_norms": dict(sorted(
                 ((n, float(g)) for (n, _), g, post in zip(self.named, view.pre_clip_norms.tolist(), view.grads)
                  if post is not None), key=lambda kv: -kv[1])),
-            "adam_surprise": _adam_surprise(self.optimizer, self.named, view) if not v.nonfinite else None,
+            "adam_surprise": adam_surprise(self.optimizer, self.named, view) if not v.nonfinite else None,
         }
         self.events.append(self._record)
         return self._record

@@ -70,12 +70,17 @@ class Sharding(Protocol):
         """The run's ``meta["distributed"]`` (None: one process)."""
 
 
+def float64_norms(grads: list[torch.Tensor]) -> torch.Tensor:
+    """Each tensor's L2 norm, accumulated in float64 (a float64 vector, one entry per tensor)."""
+    if not grads:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64))
+
+
 def float64_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     """‖grads‖₂ accumulated in float64 (per-tensor norms in float64, then their norm): the
     measurement the records trust, whatever a clipping backend computed."""
-    if not grads:
-        return torch.zeros((), dtype=torch.float64)
-    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)))
+    return torch.linalg.vector_norm(float64_norms(grads))
 
 
 class SingleProcess:

@@ -110,17 +110,24 @@ class SpikeWatch:
         self._steps, self._norms = deque(maxlen=self.window), deque(maxlen=self.window)
 
     def judge(self, outcome: StepOutcome) -> StepVerdict:
-        nonfinite = outcome.nonfinite
+        return self.judge_norm(outcome.step, outcome.grad_norm_pre, nonfinite=outcome.nonfinite)
+
+    def judge_norm(self, step: int, grad_norm_pre: float, *, nonfinite: bool) -> StepVerdict:
+        """The verdict on a step known only by its pre-clip norm (what a recorder inside someone
+        else's trainer sees before the clip)."""
         base = spike_baseline(np.fromiter(self._steps, np.int64, len(self._steps)),
-                              np.fromiter(self._norms, np.float64, len(self._norms)), outcome.step, self.window)
-        ratio = outcome.grad_norm_pre / base if base > 0 else math.nan
+                              np.fromiter(self._norms, np.float64, len(self._norms)), step, self.window)
+        ratio = grad_norm_pre / base if base > 0 else math.nan
         return StepVerdict(
             baseline=base, ratio=ratio,
             is_spike=not nonfinite and ratio >= self.spike_ratio,
             skip=not nonfinite and self.skip_ratio is not None and ratio >= self.skip_ratio,
-            declared=self.declared.get(outcome.step), nonfinite=nonfinite)
+            declared=self.declared.get(step), nonfinite=nonfinite)
 
     def observe(self, outcome: StepOutcome) -> None:
         """Add a completed step's pre-clip norm to the history."""
-        self._steps.append(outcome.step)
-        self._norms.append(outcome.grad_norm_pre)
+        self.observe_norm(outcome.step, outcome.grad_norm_pre)
+
+    def observe_norm(self, step: int, grad_norm_pre: float) -> None:
+        self._steps.append(step)
+        self._norms.append(grad_norm_pre)

@@ -1,0 +1,335 @@
+"""Record someone else's training loop the way the engine records its own.
+
+A :class:`Recorder` sits beside any loop that owns a torch model and optimizer. At each step
+it measures, itself, what a diagnosis needs: the pre- and post-clip global gradient norms
+(float64, on the gradients as they are before the clip and as the optimizer receives them:
+never the trainer's own number), the per-tensor pre-clip norms, the lr, Σv of Adam, the batch's
+samples and rare tokens; and at declared and spike steps the per-token losses and Adam's
+surprise, read with the engine's own helpers (:mod:`pytest_spikecheck.training.recorders`).
+:meth:`Recorder.save` writes a run folder that ``spikecheck diagnose``/``compare`` and every
+assertion read unchanged.
+
+A plain loop::
+
+    rec = record(model, optimizer, max_norm=1.0, catalog=catalog, stream=stream)
+    for x, y in loader:
+        logits = model(x); loss = F.cross_entropy(...); loss.backward()
+        with rec.clipping():                     # before_clip() ... after_clip()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        rec.step(loss=loss, logits=logits, targets=y)   # before zero_grad
+        optimizer.zero_grad()
+    rec.save("runs/mine")
+
+The framework callbacks (:mod:`.hf`, :mod:`.lightning`) drive the same object from their hooks.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from pytest_spikecheck import __version__
+from pytest_spikecheck.data.corpus import Sample
+from pytest_spikecheck.data.samplers import batch_composition
+from pytest_spikecheck.errors import ConfigError, SpikeCheckError
+from pytest_spikecheck.integrations.burst import BurstStream
+from pytest_spikecheck.records.run import Run
+from pytest_spikecheck.scenario import Scenario
+from pytest_spikecheck.scenario.spec import OptimizerSpec, RecordSpec, SamplerSpec
+from pytest_spikecheck.training.recorders import MetricsRecorder, adam_surprise, token_loss_table
+from pytest_spikecheck.training.sharding import EventView, SingleProcess, float64_norm, float64_norms
+from pytest_spikecheck.training.step import SpikeWatch, StepVerdict
+
+IGNORE_INDEX = -100  # torch's and Hugging Face's "no target here"
+
+
+@dataclass(frozen=True)
+class SampleCatalog:
+    """What the records need to know about each sample of your dataset (row i = dataset index
+    i): an id, a source, the target token ids, which tokens are rare, and token strings."""
+
+    ids: tuple[str, ...]
+    sources: tuple[str, ...]
+    targets: tuple[np.ndarray, ...]
+    rare_tokens: frozenset[int]
+    rare_token_counts: tuple[int, ...]
+    vocab_size: int
+    token_str: Callable[[int], str] = str
+
+    @classmethod
+    def from_tokens(cls, tokens: Sequence[Sequence[int]], *, vocab_size: int, ids: Sequence[str] | None = None,
+                    sources: Sequence[str] | None = None, token_str: Callable[[int], str] = str,
+                    rare_doc_freq: int = SamplerSpec.rare_doc_freq, rarity_excludes: Iterable[int] = (),
+                    ignore: Iterable[int] = (IGNORE_INDEX,)) -> "SampleCatalog":
+        """``tokens[i]``: the token ids sample i is trained to predict (ignored ids dropped). A
+        token is rare when at most ``rare_doc_freq`` samples contain it, counted as the engine
+        counts (data/dataset.py) over the samples not in ``rarity_excludes`` (pass the injected
+        burst's samples: a token only they carry is rare however many of them share it)."""
+        n = len(tokens)
+        ids = tuple(ids) if ids is not None else tuple(f"sample-{i}" for i in range(n))
+        sources = tuple(sources) if sources is not None else ("data",) * n
+        if len(ids) != n or len(sources) != n:
+            raise ConfigError(f"SampleCatalog: {n} token lists but {len(ids)} ids and {len(sources)} sources")
+        drop = np.fromiter(set(ignore), dtype=np.int64)
+        targets = tuple(a[~np.isin(a, drop)] for a in (np.asarray(t, dtype=np.int64).reshape(-1) for t in tokens))
+        excluded = set(rarity_excludes)
+        doc_freq = np.zeros(vocab_size, dtype=np.int64)
+        for i, t in enumerate(targets):
+            if i not in excluded:
+                doc_freq[np.unique(t)] += 1
+        present = np.unique(np.concatenate(targets)) if targets else np.zeros(0, np.int64)
+        rare = frozenset(int(t) for t in present if doc_freq[t] <= rare_doc_freq)
+        rare_arr = np.fromiter(rare, dtype=np.int64, count=len(rare))
+        counts = tuple(int(np.isin(t, rare_arr).sum()) for t in targets)
+        return cls(ids, sources, targets, rare, counts, vocab_size, token_str)
+
+    @property
+    def pool(self) -> tuple[Sample, ...]:
+        return tuple(Sample(id=i, text="", source=s) for i, s in zip(self.ids, self.sources))
+
+    def target_counts(self, batches: Iterable[Sequence[int]]) -> np.ndarray:
+        """How often each token was a target in ``batches`` (0: never trained on)."""
+        counts = np.zeros(self.vocab_size, dtype=np.int64)
+        chosen = [self.targets[i] for batch in batches for i in batch]
+        if chosen:
+            counts += np.bincount(np.concatenate(chosen), minlength=self.vocab_size)[: self.vocab_size]
+        return counts
+
+
+@dataclass
+class _Pending:
+    """One step between :meth:`Recorder.before_clip` and :meth:`Recorder.step`."""
+
+    step: int
+    grad_norm_pre: float
+    pre_norms: torch.Tensor  # per trainable parameter (0 where no gradient), float64
+    has_grad: list[bool]  # per trainable parameter: whether it received a gradient this step
+    lr: float
+    verdict: StepVerdict
+    adam_states: list[dict[str, Any]] | None  # Adam's state before this step's update (event steps only)
+    grad_norm_post: float | None = None
+    surprise: dict[str, Any] | None = None
+
+
+@dataclass
+class Recorder:
+    """See the module docstring. ``max_norm``: the clip your trainer applies (None, 0 or inf:
+    none); it is written into the records, never used to compute a norm. ``stream`` (from
+    :func:`~pytest_spikecheck.integrations.burst.inject_burst`) names each step's samples and
+    declares its burst; ``catalog`` describes the samples (ids, sources, rare tokens)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None = None
+    max_norm: float | None = None
+    catalog: SampleCatalog | None = None
+    stream: BurstStream | None = None
+    declared: Mapping[int, str] = field(default_factory=dict)
+    name: str = "your-trainer"
+    trainer: str = "loop"
+    spike_ratio: float = RecordSpec.spike_ratio
+    window: int = RecordSpec.spike_window
+    top_tokens: int = RecordSpec.top_tokens
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.max_norm is not None and not self.max_norm >= 0:
+            raise ConfigError(f"Recorder max_norm must be >= 0 (0, None or inf: no clip), was {self.max_norm}")
+        self.max_norm = math.inf if not self.max_norm else float(self.max_norm)
+        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        if not self.named:
+            raise ConfigError("Recorder: the model has no trainable parameters")
+        self.declared = {**(self.stream.declared if self.stream is not None else {}), **dict(self.declared)}
+        self._watch = SpikeWatch(self.spike_ratio, self.window, None, dict(self.declared))
+        self._adam_reader = SingleProcess([p for _, p in self.named])
+        self._metrics = MetricsRecorder()
+        self.batches: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self._batch_indices: list[Sequence[int]] = []
+        self._pending: _Pending | None = None
+        self._tapped: torch.Tensor | None = None  # pre-clip norms measured in backward (tap_gradients)
+        self._tap_handles: list[Any] = []
+        self._started = time.perf_counter()
+
+    @property
+    def steps_recorded(self) -> int:
+        return len(self._metrics.columns["step"])
+
+    def _grads(self) -> list[torch.Tensor | None]:
+        return [p.grad for _, p in self.named]
+
+    def tap_gradients(self) -> None:
+        """Measure each parameter's gradient norm in backward, as soon as it is complete
+        (a post-accumulate-grad hook), for trainers whose first hook after backward comes after
+        their clip (Hugging Face's Trainer): :meth:`before_clip` then uses these norms."""
+        self._tapped = torch.full((len(self.named),), math.nan, dtype=torch.float64)
+        for k, (_, p) in enumerate(self.named):
+            self._tap_handles.append(p.register_post_accumulate_grad_hook(self._tap_hook(k)))
+
+    def _tap_hook(self, k: int) -> Callable[[torch.Tensor], None]:
+        def measure(param: torch.Tensor) -> None:
+            self._tapped[k] = torch.linalg.vector_norm(param.grad, dtype=torch.float64)
+        return measure
+
+    def close(self) -> None:
+        """Remove the gradient hooks of :meth:`tap_gradients`."""
+        for handle in self._tap_handles:
+            handle.remove()
+        self._tap_handles = []
+
+    # -- the three calls of a step ----------------------------------------------------------
+    def before_clip(self) -> None:
+        """Measure the gradients as they are before the clip (call after backward)."""
+        step = self.steps_recorded + 1
+        grads = self._grads()
+        has_grad = [g is not None for g in grads]
+        mask = torch.tensor(has_grad, dtype=torch.bool)
+        per = torch.zeros(len(grads), dtype=torch.float64)
+        if self._tapped is not None and not self._tapped[mask].isnan().any():
+            per[mask] = self._tapped[mask]
+        elif any(has_grad):  # measured now (no tap, or a gradient the backward hooks never saw)
+            per[mask] = float64_norms([g for g in grads if g is not None])
+        if self._tapped is not None:
+            self._tapped.fill_(math.nan)
+        pre = float(torch.linalg.vector_norm(per))
+        verdict = self._watch.judge_norm(step, pre, nonfinite=not math.isfinite(pre))
+        states = None
+        if verdict.is_event and self.optimizer is not None:
+            # cloned now: a trainer whose hook after the clip comes after the update (Lightning)
+            # would otherwise show the surprise against a v that already holds this gradient
+            states = [{"exp_avg_sq": st["exp_avg_sq"].clone(), "step": float(st["step"])} if "exp_avg_sq" in st else {}
+                      for st in (self.optimizer.state.get(p, {}) for _, p in self.named)]
+        lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else math.nan
+        self._pending = _Pending(step, pre, per, has_grad, lr, verdict, states)
+
+    def after_clip(self) -> None:
+        """Measure the gradients as the optimizer receives them (after the clip; before or after
+        the optimizer's step, never after zero_grad)."""
+        if self._pending is None:
+            raise SpikeCheckError("Recorder.after_clip called without before_clip for this step")
+        p = self._pending
+        grads = self._grads()
+        p.grad_norm_post = float(float64_norm([g for g in grads if g is not None]))
+        if p.adam_states is not None and not p.verdict.nonfinite:
+            p.surprise = adam_surprise(self.optimizer, self.named, EventView(None, grads, p.pre_norms, p.adam_states))
+
+    @contextmanager
+    def clipping(self) -> Iterator["Recorder"]:
+        """``with rec.clipping(): clip(...)``: before_clip on entry, after_clip on exit."""
+        self.before_clip()
+        yield self
+        self.after_clip()
+
+    def step(self, *, loss: Any, lr: float | None = None, batch: Sequence[int] | None = None,
+             logits: torch.Tensor | None = None, targets: torch.Tensor | None = None,
+             eval_loss: float = math.nan) -> dict[str, float]:
+        """Close the step: its row, its batch composition and (at an event step) its event
+        record. Call it before zero_grad. Without an earlier before_clip/after_clip it measures
+        both now (an unclipped loop needs nothing else). ``batch``: the dataset indices of the
+        batch (default: the stream's plan); ``logits``/``targets`` aligned (targets[..., t] is
+        what logits[..., t, :] predicts; -100 ignored) for the per-token losses."""
+        if self._pending is None:
+            self.before_clip()
+        p = self._pending
+        if p.grad_norm_post is None:
+            self.after_clip()
+        loss_value = float(loss.detach()) if torch.is_tensor(loss) else float(loss)
+        indices = list(batch) if batch is not None else (self.stream.batch_at(p.step) if self.stream is not None else None)
+        if indices is not None:
+            self._batch_indices.append(indices)
+            if self.catalog is not None:
+                composition = batch_composition(indices, pool=self._pool, rare_token_counts=self.catalog.rare_token_counts,
+                                                burst_ids=set(self.stream.burst_ids) if self.stream is not None else set())
+                injected = [self.catalog.ids[i] for i in indices if self.stream is not None and i in self.stream.burst_ids]
+                # the injected samples by name (the engine's batches count them; a user's burst names them)
+                self.batches.append({"step": p.step, **composition, **({"injected": injected} if injected else {})})
+        clip_factor = min(1.0, p.grad_norm_post / p.grad_norm_pre) if p.grad_norm_pre > 0 and math.isfinite(p.grad_norm_pre) else 1.0
+        if p.verdict.is_event:
+            self.events.append(self._event(p, loss_value, clip_factor, indices, logits, targets))
+        v_sum = self._adam_reader.adam_v_sum(self.optimizer) if self.optimizer is not None else math.nan
+        row = self._metrics.add_row(step=p.step, loss=loss_value, grad_norm_pre=p.grad_norm_pre,
+                                    grad_norm_post=p.grad_norm_post, clip_factor=clip_factor,
+                                    lr=p.lr if lr is None else float(lr), eval_loss=float(eval_loss),
+                                    adam_v_norm=math.sqrt(v_sum))
+        self._watch.observe_norm(p.step, p.grad_norm_pre)
+        self._pending = None
+        return row
+
+    def set_eval_loss(self, step: int, value: float) -> None:
+        """The eval loss measured after step ``step`` (a trainer that evaluates on its own schedule)."""
+        steps = self._metrics.columns["step"]
+        if step in steps:
+            self._metrics.columns["eval_loss"][steps.index(step)] = float(value)
+
+    # -- what the step leaves behind ----------------------------------------------------------
+    @property
+    def _pool(self) -> tuple[Sample, ...]:
+        if not hasattr(self, "_pool_cache"):
+            self._pool_cache = self.catalog.pool
+        return self._pool_cache
+
+    def _event(self, p: _Pending, loss: float, clip_factor: float, indices: Sequence[int] | None,
+               logits: torch.Tensor | None, targets: torch.Tensor | None) -> dict[str, Any]:
+        table = None
+        if logits is not None and targets is not None:
+            cat = self.catalog
+            ids = ([cat.ids[i] for i in indices] if cat is not None and indices is not None
+                   else [f"row-{r}" for r in range(targets.shape[0])])
+            seen = (cat.target_counts(self._batch_indices[:-1]) if cat is not None and indices is not None
+                    else np.ones(int(logits.shape[-1]), dtype=np.int64))  # unknown history: nothing counts as novel
+            table = token_loss_table(logits.detach().float(), targets, sample_ids=ids,
+                                     rare_tokens=cat.rare_tokens if cat is not None else frozenset(),
+                                     token_str=cat.token_str if cat is not None else str, top=self.top_tokens,
+                                     seen_before=seen)
+        names = [n for n, _ in self.named]
+        has_grad = p.has_grad
+        return {
+            "step": p.step, "kinds": p.verdict.kinds, "loss": loss, "grad_norm_pre": p.grad_norm_pre,
+            "baseline_grad_norm": p.verdict.baseline, "clip_factor": clip_factor, "max_norm": self.max_norm,
+            "grad_norm_post": p.grad_norm_post, "skipped": False, "token_losses": table,
+            "param_grad_norms": dict(sorted(((n, float(v)) for n, v, g in zip(names, p.pre_norms.tolist(), has_grad) if g),
+                                            key=lambda kv: -kv[1])),
+            "adam_surprise": p.surprise,
+        }
+
+    def run(self) -> Run:
+        """The recorded steps as a :class:`~pytest_spikecheck.Run` (what assertions take)."""
+        steps = self.steps_recorded
+        scenario = Scenario(
+            name=self.name, steps=max(steps, 1),
+            optimizer=OptimizerSpec(grad_clip=self.max_norm if math.isfinite(self.max_norm) else None),
+            sampler=SamplerSpec(batch_size=self.stream.batch_size) if self.stream is not None else SamplerSpec(),
+            record=RecordSpec(spike_ratio=self.spike_ratio, spike_window=self.window, top_tokens=self.top_tokens))
+        meta = {
+            "package_version": __version__, "torch_version": torch.__version__, "python": platform.python_version(),
+            "trainer": self.trainer, "backend": f"{self.trainer} (recorded)", "device": str(self.named[0][1].device),
+            "threads": torch.get_num_threads(), "distributed": None, "breaks": [],
+            "parameters": sum(p.numel() for _, p in self.named),
+            "seconds": time.perf_counter() - self._started, "stopped_at": None, "stop_reason": None, "stopped_by": None,
+            "declared_events": sorted(self.declared),
+            "burst_samples": sorted(self.catalog.ids[i] if self.catalog is not None else str(i)
+                                    for i in self.stream.burst_ids) if self.stream is not None else [],
+            "grad_norms": "measured by pytest_spikecheck in float64: pre-clip before the trainer's clip, post-clip on "
+                          "the gradients the optimizer received",
+            "reproduce": f"rerun the training that recorded this ({self.trainer})",
+            **self.meta,
+        }
+        return Run(scenario=scenario, metrics=self._metrics.arrays(), batches=list(self.batches),
+                   events=list(self.events), meta=meta)
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the run folder (``spikecheck diagnose DIRECTORY`` reads it)."""
+        return self.run().save(directory)
+
+
+def record(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Recorder:
+    """A :class:`Recorder` for ``model`` trained with ``optimizer`` (options: see Recorder)."""
+    return Recorder(model, optimizer, **options)
