@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
-from trainer_data import BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, corpus, stream
+from trainer_data import BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, corpus, one_thread, stream
 
 from pytest_spikecheck import Run, assert_clip_contains, assert_spike, diagnose, record
 from pytest_spikecheck.cli import main as cli
@@ -50,7 +50,8 @@ def train_plain_loop(max_norm: float | None):
 
 @pytest.fixture(scope="module")
 def loop_runs():
-    return {"clip": train_plain_loop(MAX_NORM), "no_clip": train_plain_loop(None)}
+    with one_thread():
+        return {"clip": train_plain_loop(MAX_NORM), "no_clip": train_plain_loop(None)}
 
 
 @pytest.mark.parametrize("kind", ["clip", "no_clip"])

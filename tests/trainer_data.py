@@ -4,9 +4,11 @@ burst sentences, as a user would hold it (a plain list of rows), with the burst 
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from functools import lru_cache
 
 import numpy as np
+import torch
 
 from pytest_spikecheck import RareTokenBurst, SampleCatalog, Scenario, inject_burst
 from pytest_spikecheck.data.dataset import IGNORE_INDEX, build_dataset
@@ -41,3 +43,15 @@ def causal_lm_rows() -> list[dict[str, np.ndarray]]:
     full = np.concatenate([data.train.inputs[:, :1], data.train.targets], axis=1)
     input_ids = np.where(full == IGNORE_INDEX, data.tokenizer.pad_id, full)
     return [{"input_ids": input_ids[i], "labels": full[i]} for i in range(len(full))]
+
+
+@contextmanager
+def one_thread():
+    """Train on one torch thread, as the plugin does (two threads on a shared 2-core machine
+    run these tiny models many times slower), then restore the caller's setting."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

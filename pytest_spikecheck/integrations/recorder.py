@@ -285,7 +285,7 @@ class Recorder:
                    else [f"row-{r}" for r in range(targets.shape[0])])
             seen = (cat.target_counts(self._batch_indices[:-1]) if cat is not None and indices is not None
                     else np.ones(int(logits.shape[-1]), dtype=np.int64))  # unknown history: nothing counts as novel
-            table = token_loss_table(logits.detach().float(), targets, sample_ids=ids,
+            table = token_loss_table(logits.detach().float().contiguous(), targets, sample_ids=ids,
                                      rare_tokens=cat.rare_tokens if cat is not None else frozenset(),
                                      token_str=cat.token_str if cat is not None else str, top=self.top_tokens,
                                      seen_before=seen)
