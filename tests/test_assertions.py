@@ -21,7 +21,9 @@ def _flat(n=200, level=1.0):
 def test_spike_on_plain_arrays_without_torch():
     code = ("import sys\nfrom pytest_spikecheck import assert_spike\n"
             "assert_spike({'grad_norm_pre': [1.0] * 60 + [30.0]}, min_ratio=10)\n"
-            "print(sorted(m for m in ('torch', 'cupy', 'matplotlib', 'hypothesis') if m in sys.modules))")
+            "import pytest_spikecheck.integrations\n"
+            "print(sorted(m for m in ('torch', 'cupy', 'matplotlib', 'hypothesis', 'transformers', 'lightning') "
+            "if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

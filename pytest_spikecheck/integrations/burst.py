@@ -22,8 +22,8 @@ from pytest_spikecheck.scenario.spec import BurstSpec, SamplerSpec
 class BurstStream(IterableDataset):
     """``dataset``'s items in the planned order: ``steps`` batches of ``batch_size``, the burst's
     samples filling ``count`` slots of the batch of step ``at_step``. Batch k (step k + 1) holds
-    the dataset indices ``plan[k]``. Give the trainer the same ``batch_size`` and no shuffling
-    of its own (an iterable dataset is never shuffled by a DataLoader)."""
+    the dataset indices ``plan[k]``. Give the trainer the same ``batch_size``, ``max_steps`` at
+    most ``steps``, and no shuffling of its own (a DataLoader never shuffles an iterable dataset)."""
 
     def __init__(self, dataset: Any, plan: list[list[int]], *, burst_ids: frozenset[int], at_step: int,
                  batch_size: int) -> None:
@@ -60,8 +60,8 @@ class BurstStream(IterableDataset):
         for i in self.indices():
             yield self.dataset[i]
 
-    def __len__(self) -> int:
-        return len(self.plan) * self.batch_size
+    # No __len__: Lightning warns about any iterable dataset with one, and the trainers need
+    # only the step count (HF: max_steps; Lightning: max_steps or the stream's end).
 
 
 class _PlannedSampler(Sampler[int]):

@@ -2,7 +2,8 @@ NO_HEAVY_IMPORTS = '''
 import sys
 
 def test_plugin_loaded_nothing_heavy():
-    heavy = [m for m in ("torch", "cupy", "matplotlib", "hypothesis") if m in sys.modules]
+    heavy = [m for m in ("torch", "cupy", "matplotlib", "hypothesis", "transformers", "lightning",
+                         "pytorch_lightning", "accelerate") if m in sys.modules]
     assert heavy == []
 '''
 

@@ -1,0 +1,106 @@
+"""A Lightning run recorded by ``integrations.lightning.SpikecheckCallback``: the micro GPT in a
+LightningModule on our corpus with a Greek burst injected at step 30, once with Lightning's
+own clip (gradient_clip_val=1) and once without (gradient_clip_val=None, Lightning's NoClip).
+Two 40-step runs (a few seconds)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("lightning", reason="the [lightning] extra is not installed")
+
+import lightning.pytorch as pl  # noqa: E402
+import torch  # noqa: E402
+from lightning.pytorch.utilities import grad_norm  # noqa: E402
+from torch.utils.data import DataLoader  # noqa: E402
+from trainer_data import BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, corpus, one_thread, stream  # noqa: E402
+
+from pytest_spikecheck import Run, assert_clip_contains, assert_spike, diagnose  # noqa: E402
+from pytest_spikecheck.integrations.lightning import SpikecheckCallback  # noqa: E402
+from pytest_spikecheck.scenario import Scenario  # noqa: E402
+from pytest_spikecheck.training.build import build_model, build_optimizer  # noqa: E402
+from pytest_spikecheck.training.schedule import lr_at  # noqa: E402
+
+pytestmark = [
+    # Lightning's advice for real workloads, irrelevant to a 40-step in-memory run
+    pytest.mark.filterwarnings("ignore:.*does not have many workers:UserWarning"),
+    # Lightning 2.6.6 still uses torch's LeafSpec, which torch 2.13 deprecates (theirs to fix)
+    pytest.mark.filterwarnings("ignore:.*isinstance\\(treespec, LeafSpec\\).*:FutureWarning"),
+]
+
+
+class TinyLM(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        data, _ = corpus()
+        self.scenario = Scenario.preset("phase-19")
+        torch.manual_seed(0)
+        self.gpt = build_model(self.scenario, data.tokenizer.vocab_size, pad_token_id=data.tokenizer.pad_id)
+        self.lightning_grad_norm: list[float] = []  # Lightning's own utility, as its docs use it
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        logits, loss = self.gpt(x, y)
+        return {"loss": loss, "logits": logits.detach(), "targets": y}
+
+    def on_before_optimizer_step(self, optimizer):
+        self.lightning_grad_norm.append(float(grad_norm(self, norm_type=2)["grad_2.0_norm_total"]))
+
+    def configure_optimizers(self):
+        optimizer = build_optimizer(self.gpt, self.scenario)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_at(
+            k + 1, base_lr=1.0, total_steps=STEPS, spec=self.scenario.schedule))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def _rows():
+    data, _ = corpus()
+    return [(torch.from_numpy(data.train.inputs[i]), torch.from_numpy(data.train.targets[i])) for i in range(len(data.pool))]
+
+
+def train_lightning(out, clip: float | None):
+    callback = SpikecheckCallback(out, catalog=catalog(), stream=stream(_rows()), name="lightning")
+    module = TinyLM()
+    trainer = pl.Trainer(max_steps=STEPS, gradient_clip_val=clip, accelerator="cpu", devices=1, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[callback])
+    trainer.fit(module, DataLoader(callback.stream, batch_size=BATCH))
+    return Run.load(out), np.array(module.lightning_grad_norm)
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lightning")
+    with one_thread():
+        return {"clip": train_lightning(out / "clip", MAX_NORM), "no_clip": train_lightning(out / "no_clip", None)}
+
+
+@pytest.mark.parametrize("kind", ["clip", "no_clip"])
+def test_pre_clip_norm_matches_lightnings_grad_norm(lightning_runs, kind):
+    run, reference = lightning_runs[kind]
+    assert len(run) == STEPS
+    np.testing.assert_allclose(run["grad_norm_pre"], reference, rtol=1e-5)
+
+
+def test_clipped_twin_is_contained_by_lightnings_clip(lightning_runs):
+    run, _ = lightning_runs["clip"]
+    assert run.scenario.max_norm == MAX_NORM
+    assert_clip_contains(run, MAX_NORM)
+    over = run["grad_norm_pre"] > MAX_NORM
+    assert over[BURST_STEP - 1]
+    np.testing.assert_allclose(run["grad_norm_post"][over], MAX_NORM, rtol=1e-5)
+
+
+def test_unclipped_run_spikes_at_the_burst_and_names_the_injected_samples(lightning_runs):
+    run, _ = lightning_runs["no_clip"]
+    assert math.isinf(run.scenario.max_norm)
+    assert np.array_equal(run["grad_norm_post"], run["grad_norm_pre"])
+    assert_spike(run, at=BURST_STEP, min_ratio=5)
+    d = diagnose(run)
+    data, burst = corpus()
+    assert d.step == BURST_STEP
+    assert sorted(d.facts["injected"]) == sorted(data.pool[i].id for i in burst)
+    assert d.facts["rare_loss_share"] > 0.5 and "no clip" in d.verdict
