@@ -74,7 +74,8 @@ def test_clipped_twin_is_contained_on_measured_norms(hf_runs):
 
 def test_unclipped_run_spikes_at_the_burst_and_names_the_injected_samples(hf_runs):
     run = hf_runs["no_clip"]
-    assert np.array_equal(run["grad_norm_post"], run["grad_norm_pre"])
+    np.testing.assert_allclose(run["grad_norm_post"], run["grad_norm_pre"], rtol=1e-5)  # measured: untouched
+    assert np.all(run["clip_factor"] == 1.0)
     assert_spike(run, at=BURST_STEP, min_ratio=5)  # 8.0x measured
     d = diagnose(run)
     data, burst = corpus()

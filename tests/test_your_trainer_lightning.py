@@ -97,7 +97,8 @@ def test_clipped_twin_is_contained_by_lightnings_clip(lightning_runs):
 def test_unclipped_run_spikes_at_the_burst_and_names_the_injected_samples(lightning_runs):
     run, _ = lightning_runs["no_clip"]
     assert math.isinf(run.scenario.max_norm)
-    assert np.array_equal(run["grad_norm_post"], run["grad_norm_pre"])
+    np.testing.assert_allclose(run["grad_norm_post"], run["grad_norm_pre"], rtol=1e-5)  # measured: untouched
+    assert np.all(run["clip_factor"] == 1.0)
     assert_spike(run, at=BURST_STEP, min_ratio=5)
     d = diagnose(run)
     data, burst = corpus()

@@ -2,8 +2,9 @@
 
 A :class:`Recorder` sits beside any loop that owns a torch model and optimizer. At each step
 it measures, itself, what a diagnosis needs: the pre- and post-clip global gradient norms
-(float64, on the gradients as they are before the clip and as the optimizer receives them:
-never the trainer's own number), the per-tensor pre-clip norms, the lr, Σv of Adam, the batch's
+(never the trainer's own number): before the clip, per-tensor norms (float32, as the engine's
+event records measure them) combined in float64; after the clip, the float64 norm of the
+gradients as the optimizer receives them (the engine's measurement); the per-tensor norms, the lr, Σv of Adam, the batch's
 samples and rare tokens; and at declared and spike steps the per-token losses and Adam's
 surprise, read with the engine's own helpers (:mod:`pytest_spikecheck.training.recorders`).
 :meth:`Recorder.save` writes a run folder that ``spikecheck diagnose``/``compare`` and every
@@ -29,6 +30,7 @@ from __future__ import annotations
 import math
 import platform
 import time
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,14 +44,17 @@ from pytest_spikecheck.data.corpus import Sample
 from pytest_spikecheck.data.samplers import batch_composition
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.integrations.burst import BurstStream
+from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.scenario.spec import OptimizerSpec, RecordSpec, SamplerSpec
 from pytest_spikecheck.training.recorders import MetricsRecorder, adam_surprise, token_loss_table
-from pytest_spikecheck.training.sharding import EventView, SingleProcess, float64_norm, float64_norms
+from pytest_spikecheck.training.sharding import EventView, SingleProcess, float64_norm
 from pytest_spikecheck.training.step import SpikeWatch, StepVerdict
 
 IGNORE_INDEX = -100  # torch's and Hugging Face's "no target here"
+#: A step that cannot be a spike and declares nothing: no event.
+_QUIET = StepVerdict(baseline=math.nan, ratio=math.nan, is_spike=False, skip=False, declared=None, nonfinite=False)
 
 
 @dataclass(frozen=True)
@@ -149,11 +154,11 @@ class Recorder:
             raise ConfigError("Recorder: the model has no trainable parameters")
         self.declared = {**(self.stream.declared if self.stream is not None else {}), **dict(self.declared)}
         self._watch = SpikeWatch(self.spike_ratio, self.window, None, dict(self.declared))
+        self._recent: deque[float] = deque(maxlen=self.window)  # the pre-clip norms SpikeWatch holds
         self._adam_reader = SingleProcess([p for _, p in self.named])
         self._metrics = MetricsRecorder()
-        self.batches: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
-        self._batch_indices: list[Sequence[int]] = []
+        self._batch_indices: list[tuple[int, Sequence[int]]] = []  # (step, dataset indices)
         self._pending: _Pending | None = None
         self._tapped: torch.Tensor | None = None  # pre-clip norms measured in backward (tap_gradients)
         self._tap_handles: list[Any] = []
@@ -191,16 +196,18 @@ class Recorder:
         step = self.steps_recorded + 1
         grads = self._grads()
         has_grad = [g is not None for g in grads]
-        mask = torch.tensor(has_grad, dtype=torch.bool)
-        per = torch.zeros(len(grads), dtype=torch.float64)
-        if self._tapped is not None and not self._tapped[mask].isnan().any():
-            per[mask] = self._tapped[mask]
-        elif any(has_grad):  # measured now (no tap, or a gradient the backward hooks never saw)
-            per[mask] = float64_norms([g for g in grads if g is not None])
+        if self._tapped is not None and not self._tapped[torch.tensor(has_grad)].isnan().any():
+            per = torch.where(torch.tensor(has_grad), self._tapped, 0.0)
+        elif all(has_grad):  # measured now (no tap, or a gradient the backward hooks never saw)
+            per = torch.stack(torch._foreach_norm(grads)).double()
+        else:
+            per = torch.zeros(len(grads), dtype=torch.float64)
+            if any(has_grad):
+                per[torch.tensor(has_grad)] = torch.stack(torch._foreach_norm([g for g in grads if g is not None])).double()
         if self._tapped is not None:
             self._tapped.fill_(math.nan)
         pre = float(torch.linalg.vector_norm(per))
-        verdict = self._watch.judge_norm(step, pre, nonfinite=not math.isfinite(pre))
+        verdict = self._judge(step, pre)
         states = None
         if verdict.is_event and self.optimizer is not None:
             # cloned now: a trainer whose hook after the clip comes after the update (Lightning)
@@ -209,6 +216,15 @@ class Recorder:
                       for st in (self.optimizer.state.get(p, {}) for _, p in self.named)]
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else math.nan
         self._pending = _Pending(step, pre, per, has_grad, lr, verdict, states)
+
+    def _judge(self, step: int, pre: float) -> StepVerdict:
+        """The engine's verdict (SpikeWatch), skipped on the many steps that cannot be a spike:
+        below spike_ratio x the smallest of the values the baseline's median is taken over."""
+        recent = self._recent
+        if (step not in self.declared and math.isfinite(pre) and len(recent) >= MIN_BASELINE_POINTS
+                and all(map(math.isfinite, recent)) and pre < self.spike_ratio * min(recent)):
+            return _QUIET
+        return self._watch.judge_norm(step, pre, nonfinite=not math.isfinite(pre))
 
     def after_clip(self) -> None:
         """Measure the gradients as the optimizer receives them (after the clip; before or after
@@ -244,14 +260,8 @@ class Recorder:
         loss_value = float(loss.detach()) if torch.is_tensor(loss) else float(loss)
         indices = list(batch) if batch is not None else (self.stream.batch_at(p.step) if self.stream is not None else None)
         if indices is not None:
-            self._batch_indices.append(indices)
-            if self.catalog is not None:
-                composition = batch_composition(indices, pool=self._pool, rare_token_counts=self.catalog.rare_token_counts,
-                                                burst_ids=set(self.stream.burst_ids) if self.stream is not None else set())
-                injected = [self.catalog.ids[i] for i in indices if self.stream is not None and i in self.stream.burst_ids]
-                # the injected samples by name (the engine's batches count them; a user's burst names them)
-                self.batches.append({"step": p.step, **composition, **({"injected": injected} if injected else {})})
-        clip_factor = min(1.0, p.grad_norm_post / p.grad_norm_pre) if p.grad_norm_pre > 0 and math.isfinite(p.grad_norm_pre) else 1.0
+            self._batch_indices.append((p.step, indices))
+        clip_factor = _clip_factor(p.grad_norm_pre, p.grad_norm_post)
         if p.verdict.is_event:
             self.events.append(self._event(p, loss_value, clip_factor, indices, logits, targets))
         v_sum = self._adam_reader.adam_v_sum(self.optimizer) if self.optimizer is not None else math.nan
@@ -260,6 +270,7 @@ class Recorder:
                                     lr=p.lr if lr is None else float(lr), eval_loss=float(eval_loss),
                                     adam_v_norm=math.sqrt(v_sum))
         self._watch.observe_norm(p.step, p.grad_norm_pre)
+        self._recent.append(p.grad_norm_pre)
         self._pending = None
         return row
 
@@ -271,10 +282,19 @@ class Recorder:
 
     # -- what the step leaves behind ----------------------------------------------------------
     @property
-    def _pool(self) -> tuple[Sample, ...]:
-        if not hasattr(self, "_pool_cache"):
-            self._pool_cache = self.catalog.pool
-        return self._pool_cache
+    def batches(self) -> list[dict[str, Any]]:
+        """Each step's batch composition (built when asked: it costs a step nothing)."""
+        if self.catalog is None:
+            return []
+        pool, burst = self.catalog.pool, set(self.stream.burst_ids) if self.stream is not None else set()
+        out = []
+        for step, indices in self._batch_indices:
+            composition = batch_composition(indices, pool=pool, rare_token_counts=self.catalog.rare_token_counts,
+                                            burst_ids=burst)
+            # the injected samples by name (the engine's batches count them; a user's burst names them)
+            injected = [self.catalog.ids[i] for i in indices if i in burst]
+            out.append({"step": step, **composition, **({"injected": injected} if injected else {})})
+        return out
 
     def _event(self, p: _Pending, loss: float, clip_factor: float, indices: Sequence[int] | None,
                logits: torch.Tensor | None, targets: torch.Tensor | None) -> dict[str, Any]:
@@ -283,7 +303,7 @@ class Recorder:
             cat = self.catalog
             ids = ([cat.ids[i] for i in indices] if cat is not None and indices is not None
                    else [f"row-{r}" for r in range(targets.shape[0])])
-            seen = (cat.target_counts(self._batch_indices[:-1]) if cat is not None and indices is not None
+            seen = (cat.target_counts([b for _, b in self._batch_indices[:-1]]) if cat is not None and indices is not None
                     else np.ones(int(logits.shape[-1]), dtype=np.int64))  # unknown history: nothing counts as novel
             table = token_loss_table(logits.detach().float().contiguous(), targets, sample_ids=ids,
                                      rare_tokens=cat.rare_tokens if cat is not None else frozenset(),
@@ -322,12 +342,25 @@ class Recorder:
             "reproduce": f"rerun the training that recorded this ({self.trainer})",
             **self.meta,
         }
-        return Run(scenario=scenario, metrics=self._metrics.arrays(), batches=list(self.batches),
+        return Run(scenario=scenario, metrics=self._metrics.arrays(), batches=self.batches,
                    events=list(self.events), meta=meta)
 
     def save(self, directory: str | Path) -> Path:
         """Write the run folder (``spikecheck diagnose DIRECTORY`` reads it)."""
         return self.run().save(directory)
+
+
+#: Untouched gradients measure the same before and after the clip up to the float32 rounding of
+#: the per-tensor pre-clip norms; a ratio this close to 1 is no clip.
+UNCLIPPED_RTOL = 1e-5
+
+
+def _clip_factor(pre: float, post: float) -> float:
+    """post / pre, the factor the clip applied, as measured (1.0: the gradients went through as they were)."""
+    if not (pre > 0 and math.isfinite(pre) and math.isfinite(post)):
+        return 1.0
+    ratio = post / pre
+    return 1.0 if ratio >= 1.0 - UNCLIPPED_RTOL else ratio
 
 
 def record(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Recorder:
