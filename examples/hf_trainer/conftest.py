@@ -34,12 +34,19 @@ def my_dataset():
     return rows, catalog, list(data.burst_members[0]), data.tokenizer
 
 
+def my_config(tokenizer):
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                      bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+
 def my_model(tokenizer):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2LMHeadModel
 
     torch.manual_seed(0)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-                                      pad_token_id=tokenizer.pad_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return GPT2LMHeadModel(my_config(tokenizer))
 
 
 def train_recorded(folder, max_grad_norm: float) -> Run:
@@ -65,11 +72,12 @@ def train_recorded(folder, max_grad_norm: float) -> Run:
 
 def _cached(request, name: str, max_grad_norm: float) -> Run:
     """Trained once per configuration: the run folder lives in pytest's cache under a key of
-    everything that changes the result (delete .pytest_cache to retrain)."""
+    everything that changes the result (add yours: data version, training arguments)."""
     import transformers
 
-    key = hashlib.sha256(json.dumps([name, max_grad_norm, STEPS, BURST_STEP, transformers.__version__,
-                                     torch.__version__]).encode()).hexdigest()[:12]
+    tokenizer = my_dataset()[3]
+    key = hashlib.sha256(json.dumps([name, max_grad_norm, STEPS, BURST_STEP, my_config(tokenizer).to_json_string(),
+                                     transformers.__version__, torch.__version__]).encode()).hexdigest()[:12]
     folder = request.config.cache.mkdir(f"spikecheck-{name}-{key}")
     if (folder / "metrics.jsonl").is_file():
         return Run.load(folder)
