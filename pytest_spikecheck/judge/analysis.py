@@ -22,6 +22,9 @@ Metrics = Mapping[str, np.ndarray]
 RECOVERY_FACTOR = 1.10
 #: How long a recovered series must stay recovered (steps after the event).
 RECOVERY_HORIZON = 50
+#: A post-clip norm is "contained" when at most max_norm·(1 + CLIP_RTOL): float32 rounding of a
+#: norm scaled to exactly max_norm lands a few ulps either side.
+CLIP_RTOL = 1e-5
 #: The baseline of a spike ratio: the median over this many steps before the spike.
 
 #: Means, medians, differences and ratios of values near float64's limit overflow; inf is then
@@ -159,7 +162,7 @@ class EventSummary:
     ratio: float
     loss_jump: float
     recovery: int | None
-    post_clip_at_step: float
+    post_clip_at_step: float | None  # None: the record has no post-clip norm at that step
     final_eval: float
 
     @classmethod
@@ -167,13 +170,13 @@ class EventSummary:
         if step is None:
             step, _ = largest_spike(metrics)
         if step is None:
-            return cls(None, math.nan, math.nan, None, math.nan, final_value(metrics))
+            return cls(None, math.nan, math.nan, None, None, final_value(metrics))
         has_eval = "eval_loss" in metrics and np.isfinite(np.asarray(metrics["eval_loss"], dtype=float)).any()
         return cls(
             step=step,
             ratio=spike_ratio(metrics, step),
             loss_jump=loss_jump(metrics, step) if has_eval else loss_jump(metrics, step, name="loss"),
             recovery=recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss"),
-            post_clip_at_step=value_at(metrics, "grad_norm_post", step) if "grad_norm_post" in metrics else math.nan,
+            post_clip_at_step=value_at(metrics, "grad_norm_post", step) if "grad_norm_post" in metrics else None,
             final_eval=final_value(metrics) if has_eval else final_value(metrics, "loss", last=20),
         )

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    BASELINE_WINDOW, RECOVERY_FACTOR, column, first_nonfinite, largest_spike,
+    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, column, first_nonfinite, largest_spike,
     recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
@@ -23,7 +23,7 @@ from pytest_spikecheck.judge.detectors import get_detector
 from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
-from pytest_spikecheck.judge.text import fmt, sparkline, table
+from pytest_spikecheck.judge.text import MISSING, fmt, fmt_measure, sparkline, table
 
 __all__ = [
     "assert_clip_contains", "assert_diverges", "assert_finite", "assert_no_lockin", "assert_no_spike",
@@ -34,7 +34,8 @@ _TABLE_COLUMNS = ("loss", "eval_loss", "grad_norm_pre", "grad_norm_post", "clip_
 _MAX_ROWS = 11
 
 
-def _context(rec: Record, step: int | None, metric: str, *, diagnose_step: bool = True) -> str:
+def _context(rec: Record, step: int | None, metric: str, *, diagnose_step: bool = True,
+             max_norm: float | None = None) -> str:
     """Evidence appended to every failure: table around ``step``, sparkline, diagnosis, reproduce."""
     m = rec.metrics
     parts = []
@@ -45,7 +46,8 @@ def _context(rec: Record, step: int | None, metric: str, *, diagnose_step: bool 
         idx = range(lo, min(len(steps), lo + _MAX_ROWS))
         cols = [c for c in _TABLE_COLUMNS if c in m]
         rows = [[("→ " if int(steps[i]) == step else "  ") + str(int(steps[i]))]
-                + [fmt(float(m[c][i]), ".4g") for c in cols] for i in idx]
+                + [MISSING if c in rec.missing and rec.missing[c][i] else fmt(float(m[c][i]), ".4g") for c in cols]
+                for i in idx]
         parts.append(table(["step", *cols], rows))
     if metric in m:
         _, values = column(m, metric) if np.isfinite(np.asarray(m[metric], dtype=float)).any() else (None, m[metric])
@@ -54,7 +56,7 @@ def _context(rec: Record, step: int | None, metric: str, *, diagnose_step: bool 
         from pytest_spikecheck.judge.diagnosis import diagnose
 
         try:
-            parts.append(diagnose(rec, step).text())
+            parts.append(diagnose(rec, step, max_norm=max_norm).text())
         except Exception as exc:  # the evidence must never hide the assertion itself
             parts.append(f"(diagnosis unavailable: {type(exc).__name__}: {exc})")
     cmd = rec.reproduce_command()
@@ -144,7 +146,7 @@ def assert_spike(run: Any, at: int | None = None, min_ratio: float | None = None
               f"{rec.series(metric)[0].size} logged, fewer than the 10 earlier points a baseline needs", rec, None, metric)
     if step is None or not (ratio >= min_ratio):
         where = f"at step {at}" if at is not None else f"anywhere (largest: step {fmt(step)})"
-        _fail(f"expected a {metric} spike of ≥ {min_ratio:g}× {where}, got {fmt(ratio, '.2f')}× "
+        _fail(f"expected a {metric} spike of ≥ {min_ratio:g}× {where}, got {fmt_measure(ratio, '.2f')}× "
               f"the median of the {window} steps before{_neighbour_hint(rec, at, min_ratio, metric, window)}",
               rec, step, metric)
     return ratio
@@ -196,10 +198,10 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
         first = hits[0]
         more = f" (and {len(hits) - 1} more: steps {', '.join(str(h.step) for h in hits[1:6])}{'…' if len(hits) > 6 else ''})" if len(hits) > 1 else ""
         _fail(f"{det.describe()} flagged a {metric} spike at step {first.step}: {fmt(first.value, '.4g')} vs baseline "
-              f"{fmt(first.baseline, '.4g')} (score {fmt(first.score, '.2f')}{det.unit}){more}", rec, first.step, metric)
+              f"{fmt_measure(first.baseline, '.4g')} (score {fmt_measure(first.score, '.2f')}{det.unit}){more}", rec, first.step, metric)
 
 
-def assert_clip_contains(run: Any, max_norm: float, rtol: float = 1e-5) -> None:
+def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> None:
     """Assert the post-clip gradient norm never exceeds ``max_norm * (1 + rtol)`` (and is finite)."""
     __tracebackhide__ = True
     rec = as_record(run)
@@ -218,7 +220,8 @@ def assert_clip_contains(run: Any, max_norm: float, rtol: float = 1e-5) -> None:
         worst = int(bad[np.nanargmax(np.where(np.isfinite(post[bad]), post[bad], np.inf))])
         _fail(f"the clip did not contain the gradient: post-clip norm {fmt(float(post[i]), '.4g')} > max_norm "
               f"{max_norm:g} at step {int(steps[i])} ({bad.size} step{'s' if bad.size > 1 else ''} over; worst "
-              f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])})", rec, int(steps[worst]), metric)
+              f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])})", rec, int(steps[worst]), metric,
+              max_norm=max_norm)
 
 
 def assert_recovers(run: Any, within: int = 50, factor: float = RECOVERY_FACTOR, reference: Any = None,

@@ -22,10 +22,17 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    baseline, largest_spike, loss_jump, recovery_steps, spike_ratio, value_at,
+    CLIP_RTOL, baseline, largest_spike, loss_jump, recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.records import Record, as_record
-from pytest_spikecheck.judge.text import fmt
+from pytest_spikecheck.judge.text import fmt, fmt_measure
+
+
+#: "Clipped" means the post-clip norm is below the pre-clip norm by more than this (relative):
+#: a clip that did nothing leaves them equal up to float rounding.
+CLIPPED_RTOL = 1e-6
+#: The verdict calls a step a spike from this ratio to the baseline on.
+SPIKE_VERDICT_RATIO = 3.0
 
 
 @dataclass
@@ -65,8 +72,68 @@ def _fade_steps(metrics, step: int, name: str = "adam_v_norm", factor: float = 1
     return None
 
 
-def diagnose(record: Any, step: int | None = None) -> Diagnosis:
-    """Walk the ladder at ``step`` (default: the largest pre-clip grad-norm spike)."""
+def _logged(rec: Record, name: str, step: int) -> float | None:
+    """The value of ``name`` at ``step``; None where it was not logged (no such column, no such
+    step, or the record marks it missing). A NaN that was logged is returned as NaN."""
+    m = rec.metrics
+    if name not in m:
+        return None
+    idx = np.flatnonzero(np.asarray(m["step"]) == step)
+    if not idx.size:
+        return None
+    i = int(idx[-1])
+    if name in rec.missing and bool(rec.missing[name][i]):
+        return None
+    return float(np.asarray(m[name], dtype=np.float64)[i])
+
+
+def _shown(value: float | None, spec: str = ".3g") -> str:
+    return "not logged" if value is None else fmt(value, spec)
+
+
+def _max_norm_of(rec: Record, step: int, max_norm: float | None) -> float | None:
+    """The clip limit at ``step``: the caller's, else the engine's record of it (the event at
+    that step, else the scenario's fixed limit); None where the record does not say."""
+    if max_norm is not None:
+        return float(max_norm)
+    run = rec.run
+    if run is None:
+        return None
+    event = run.event_at(step) if hasattr(run, "event_at") else None
+    if event is not None and event.get("max_norm") is not None:
+        return float(event["max_norm"])
+    scenario = getattr(run, "scenario", None)
+    if scenario is None or scenario.optimizer.clip_mode == "adaptive":
+        return None  # an adaptive limit moves every step; only an event records it
+    return float(scenario.max_norm)
+
+
+def clip_claims(pre: float | None, post: float | None, factor: float | None,
+                max_norm: float | None, rtol: float = CLIP_RTOL) -> tuple[bool | None, bool | None]:
+    """(clipped, contained) as the numbers show them; None where they cannot tell.
+
+    clipped: the post-clip norm is below the pre-clip norm by more than rounding
+    (post < pre·(1 − CLIPPED_RTOL)); without a post-clip norm, the backend's clip factor is
+    below 1 by as much. contained: the post-clip norm is at most max_norm·(1 + rtol); it needs a
+    finite post-clip norm and a finite max_norm (no limit, no containment to claim).
+    """
+    finite = lambda v: v is not None and math.isfinite(v)  # noqa: E731
+    if finite(post) and finite(pre):
+        clipped: bool | None = post < pre * (1 - CLIPPED_RTOL)
+    elif post is None and finite(factor):
+        clipped = factor < 1 - CLIPPED_RTOL
+    else:
+        clipped = None
+    contained = post <= max_norm * (1 + rtol) if finite(post) and finite(max_norm) else None
+    return clipped, contained
+
+
+def diagnose(record: Any, step: int | None = None, max_norm: float | None = None) -> Diagnosis:
+    """Walk the ladder at ``step`` (default: the largest pre-clip grad-norm spike).
+
+    ``max_norm`` is the clip limit to judge containment against; a Run recorded by the engine
+    carries its own. Every claim is computed from the record: what it does not hold is said to
+    be "not logged" or "cannot be told", never inferred."""
     rec: Record = as_record(record)
     m = rec.metrics
     metric = "grad_norm_pre" if "grad_norm_pre" in m else ("grad_norm" if "grad_norm" in m else "loss")
@@ -79,29 +146,52 @@ def diagnose(record: Any, step: int | None = None) -> Diagnosis:
     run = rec.run
 
     # 1. loss
-    loss_now = value_at(m, "loss", step) if "loss" in m else math.nan
+    loss_now = _logged(rec, "loss", step)
     loss_base = baseline(m, "loss", step) if "loss" in m else math.nan
     eval_text = ""
     if "eval_loss" in m and np.isfinite(np.asarray(m["eval_loss"], dtype=float)).any():
         jump = loss_jump(m, step)
         rec_steps = recovery_steps(m, step)
         d.facts.update(eval_jump=jump, recovery=rec_steps)
-        eval_text = (f"; eval loss jumps {fmt(jump, '+.3f')} and is back within 1.10× in "
+        eval_text = (f"; eval loss jumps {fmt_measure(jump, '+.3f')} and is back within 1.10× in "
                      f"{fmt(rec_steps)}{' steps' if rec_steps is not None else ' (not back within 50 steps)'}")
-    d.lines.append(("1 loss", f"train loss {fmt(loss_now, '.3f')} vs median {fmt(loss_base, '.3f')} over the 50 steps before{eval_text}"))
+    loss_text = ("train loss not logged" if loss_now is None else
+                 f"train loss {fmt(loss_now, '.3f')} vs median {fmt_measure(loss_base, '.3f')} over the 50 steps before")
+    d.lines.append(("1 loss", f"{loss_text}{eval_text}"))
     d.facts.update(loss=loss_now, loss_baseline=loss_base)
 
     # 2. grad norm
-    pre = value_at(m, metric, step)
+    pre = _logged(rec, metric, step) if metric != "loss" else None
     base = baseline(m, metric, step)
-    ratio = spike_ratio(m, step, metric)
-    post = value_at(m, "grad_norm_post", step) if "grad_norm_post" in m else math.nan
-    factor = value_at(m, "clip_factor", step) if "clip_factor" in m else math.nan
-    clipped = math.isfinite(factor) and factor < 1.0
-    d.facts.update(grad_norm_pre=pre, baseline=base, ratio=ratio, grad_norm_post=post, clip_factor=factor)
-    clip_text = (f"clipped ×{fmt(factor, '.3g')} to {fmt(post, '.3g')}" if clipped else
-                 (f"NOT clipped: post-clip {fmt(post, '.3g')} = pre-clip" if math.isfinite(post) else "post-clip norm not logged"))
-    d.lines.append(("2 grad norm", f"pre-clip {fmt(pre, '.3g')} = {fmt(ratio, '.1f')}× the baseline {fmt(base, '.3g')}; {clip_text}"))
+    ratio = spike_ratio(m, step, metric) if pre is not None or metric == "loss" else math.nan
+    post = _logged(rec, "grad_norm_post", step)
+    factor = _logged(rec, "clip_factor", step)
+    limit = _max_norm_of(rec, step, max_norm)
+    clipped, contained = clip_claims(pre, post, factor, limit)
+    d.facts.update(grad_norm_pre=pre, baseline=base, ratio=ratio, grad_norm_post=post, clip_factor=factor,
+                   max_norm=limit, clipped=clipped, contained=contained)
+    pre_text = ("pre-clip not logged" if pre is None else
+                f"pre-clip {fmt(pre, '.3g')} = {fmt_measure(ratio, '.1f')}× the baseline {fmt_measure(base, '.3g')}")
+    factor_text = f", clip factor ×{fmt(factor, '.3g')}" if factor is not None else ""
+    if clipped is True and post is not None:
+        clip_text = f"clipped to {fmt(post, '.3g')}{factor_text}"
+    elif clipped is True:
+        clip_text = f"clipped ×{fmt(factor, '.3g')} by the clip factor (post-clip norm not logged)"
+    elif clipped is False and post is not None:
+        same = abs(post - pre) <= CLIPPED_RTOL * abs(pre)
+        clip_text = (f"NOT clipped: post-clip {fmt(post, '.3g')} " + ("= pre-clip" if same else f"≥ pre-clip {fmt(pre, '.3g')}")
+                     + factor_text)
+    elif clipped is False:
+        clip_text = f"NOT clipped: clip factor ×{fmt(factor, '.3g')} (post-clip norm not logged)"
+    elif post is None:
+        clip_text = f"post-clip norm not logged{factor_text}"
+    else:
+        clip_text = f"post-clip {fmt(post, '.3g')}{factor_text}: whether it was clipped cannot be told"
+    if contained is True:
+        clip_text += f"; within max_norm {limit:g}"
+    elif contained is False:
+        clip_text += f"; ABOVE max_norm {limit:g}"
+    d.lines.append(("2 grad norm", f"{pre_text}; {clip_text}"))
 
     event = run.event_at(step) if run is not None else None
     batch = run.batch_at(step) if run is not None else None
@@ -138,24 +228,36 @@ def diagnose(record: Any, step: int | None = None) -> Diagnosis:
         v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
         fade = _fade_steps(m, step)
         fade_text = f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
-        d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt(v_jump, '.2f')}, {fade_text}; "
+        d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; "
                                     f"{surprise.get('share', math.nan):.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"))
         d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
 
     # 7. verdict
+    logged = {"loss": loss_now, metric: pre, "grad_norm_post": post}
+    nonfinite = [name for name, v in logged.items() if v is not None and not math.isfinite(v)]
+    d.facts.update(nonfinite=nonfinite)
     rare_batch = d.facts.get("rare_samples", 0) >= 2 or d.facts.get("burst_samples", 0) >= 2
-    if not math.isfinite(pre) or not math.isfinite(loss_now):
-        d.verdict = "non-finite values: a numeric break (overflow, 0/0), not a data spike"
-    elif not math.isfinite(ratio) or ratio < 3:
-        d.verdict = f"no clear spike (ratio {fmt(ratio, '.1f')}×)"
-    elif clipped:
-        cause = "rare tokens concentrated in one batch" if rare_batch else "an outlier batch"
-        d.verdict = f"{cause}; the clip contained it (post-clip {fmt(post, '.3g')}, ×{fmt(factor, '.3g')})"
-    elif not math.isfinite(post):
+    cause = "rare tokens concentrated in one batch" if rare_batch else "an outlier batch"
+    if nonfinite:
+        d.verdict = (f"non-finite values at step {step} ({', '.join(f'{n} {fmt(logged[n])}' for n in nonfinite)}): "
+                     f"a numeric break (overflow, 0/0), not a data spike")
+    elif pre is None:
+        d.verdict = f"no {metric if metric != 'loss' else 'gradient norm'} logged at step {step}: whether it spiked cannot be told"
+    elif not math.isfinite(ratio) or ratio < SPIKE_VERDICT_RATIO:
+        d.verdict = f"no clear spike (ratio {fmt_measure(ratio, '.1f')}×)"
+    elif clipped is True and contained is True:
+        d.verdict = f"{cause}; the clip contained it (post-clip {fmt(post, '.3g')} ≤ max_norm {limit:g})"
+    elif clipped is True and contained is False:
+        d.verdict = (f"{cause}; the clip LEAKED: post-clip {fmt(post, '.3g')} > max_norm {limit:g} reached "
+                     f"the optimizer")
+    elif clipped is True:
+        why = "the post-clip norm is not logged" if post is None else "the record does not say what max_norm was"
+        d.verdict = f"{cause}; clipped, but {why}, so whether it was contained cannot be told"
+    elif clipped is False and rare_batch:
+        d.verdict = "rare tokens + concentrated batch + no clip = one-step destabilisation"
+    elif clipped is False:
+        d.verdict = f"a {fmt(ratio, '.0f')}× gradient spike reached the optimizer unclipped"
+    else:
         d.verdict = (f"a {fmt(ratio, '.0f')}× gradient spike; the record has no post-clip norm, so whether a "
                      f"clip contained it cannot be told")
-    elif rare_batch:
-        d.verdict = "rare tokens + concentrated batch + no clip = one-step destabilisation"
-    else:
-        d.verdict = f"a {fmt(ratio, '.0f')}× gradient spike reached the optimizer unclipped"
     return d

@@ -1,5 +1,8 @@
-"""Plain-text rendering of numbers and tables for messages, the CLI and reports (``—`` stands
-for a value that was not logged)."""
+"""Plain-text rendering of numbers and tables for messages, the CLI and reports.
+
+``—`` stands for a value that is not there (not logged, not measurable); a real non-finite
+value prints as ``nan``/``inf``: the two must never look alike.
+"""
 
 from __future__ import annotations
 
@@ -33,12 +36,26 @@ def sparkline(values: Sequence[float], width: int = 60, log: bool = True) -> str
     return "".join(out)
 
 
+#: The glyph of a value that is not there.
+MISSING = "—"
+
+
 def fmt(value: float | int | None, spec: str = ".3g") -> str:
+    """A logged value: ``—`` for None (not logged); NaN and ±inf print as ``nan``/``inf``."""
     if value is None:
-        return "—"
-    if isinstance(value, float) and math.isnan(value):
-        return "—"
-    return format(value, spec) if isinstance(value, float) else str(value)
+        return MISSING
+    if isinstance(value, (float, np.floating)):
+        value = float(value)
+        return format(value, spec) if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def fmt_measure(value: float | int | None, spec: str = ".3g") -> str:
+    """A derived measure (a ratio, a median, a jump) whose NaN means "could not be measured"
+    (no baseline, no eval): ``—``; an infinite measure stays ``inf``."""
+    if isinstance(value, (float, np.floating)) and math.isnan(value):
+        return MISSING
+    return fmt(value, spec)
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
