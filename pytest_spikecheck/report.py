@@ -11,7 +11,7 @@ from typing import Sequence
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import EventSummary, column, final_value
-from pytest_spikecheck.judge.text import fmt, table
+from pytest_spikecheck.judge.text import fmt, fmt_measure, table
 from pytest_spikecheck.records.run import Run
 
 def _matplotlib():
@@ -109,16 +109,16 @@ class Comparison:
     def rows(self) -> list[list[str]]:
         out = []
         for name, s in zip(self.names, self.summaries):
-            out.append([name, fmt(s.step), f"{fmt(s.ratio, '.1f')}×", fmt(s.post_clip_at_step, '.3g'),
-                        fmt(s.loss_jump, '+.3f'), fmt(s.recovery) + (" steps" if s.recovery is not None else " (not back)"),
-                        fmt(s.final_eval, '.3f')])
+            out.append([name, fmt(s.step), f"{fmt_measure(s.ratio, '.1f')}×", fmt(s.post_clip_at_step, '.3g'),
+                        fmt_measure(s.loss_jump, '+.3f'), fmt(s.recovery) + (" steps" if s.recovery is not None else " (not back)"),
+                        fmt_measure(s.final_eval, '.3f')])
         return out
 
     HEADERS = ("run", "spike step", "ratio", "post-clip norm", "loss jump", "recovery", "final eval loss")
 
     def text(self, markdown: bool = False) -> str:
         body = table(self.HEADERS, self.rows(), markdown=markdown)
-        return f"{body}\n\nfinal gap ({self.names[1]} − {self.names[0]}): {fmt(self.final_gap, '+.3f')} nats"
+        return f"{body}\n\nfinal gap ({self.names[1]} − {self.names[0]}): {fmt_measure(self.final_gap, '+.3f')} nats"
 
 
 def compare(run_a: Run, run_b: Run, step: int | None = None) -> Comparison:

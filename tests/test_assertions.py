@@ -11,6 +11,8 @@ from pytest_spikecheck import (
     assert_spike,
 )
 
+from pytest_spikecheck.records import Run
+from pytest_spikecheck.records.series import MetricColumns
 from short_runs import SHORT_BURST
 
 
@@ -157,3 +159,32 @@ def test_a_length_1_record_says_why_no_ratio_exists():
         assert_spike({"grad_norm_pre": [1.0]})
     with pytest.raises(SpikeCheckError, match="step 1 has 0 earlier points, and a baseline needs 10"):
         assert_spike({"grad_norm_pre": [1.0]}, at=1)
+
+
+def test_missing_is_not_nan_in_plain_arrays():
+    # None in a list means "not logged": no failure, and shown as — ; a real NaN fails and shows nan.
+    assert_finite({"loss": [2.0, None, 2.0]})
+    with pytest.raises(SpikeCheckError, match=r"non-finite loss at step 2 \(nan\)") as info:
+        assert_finite({"loss": [2.0, math.nan, 2.0], "eval_loss": [None, None, 1.5]})
+    table_row = next(line for line in str(info.value).splitlines() if line.startswith("→ 2"))
+    assert table_row.split() == ["→", "2", "nan", "—"]
+    with pytest.raises(SpikeCheckError, match=r"non-finite loss at step 3 \(inf\)"):
+        assert_finite({"loss": [2.0, None, math.inf]})
+    assert assert_diverges({"loss": [2.0, None, math.inf]}) == 3
+    with pytest.raises(SpikeCheckError, match="every value is finite"):
+        assert_diverges({"loss": [2.0, None, 2.0]})
+
+
+def test_run_metrics_mark_what_was_not_evaluated(short_runs, tmp_path):
+    control = short_runs[0]
+    assert np.isnan(control.metrics["eval_loss"]).any()  # evaluated every few steps only
+    assert_finite(control.metrics)  # the engine's own dict, as assert_finite(control) judges it
+    assert_finite(control)
+    reloaded = Run.load(control.save(tmp_path / "control"))
+    assert_finite(reloaded.metrics)
+    np.testing.assert_array_equal(reloaded.metrics.missing["eval_loss"], control.metrics.missing["eval_loss"])
+    # a real NaN in a metric the engine logs at every step still fails
+    loss = np.where(control.metrics["step"] == 5, np.nan, control.metrics["loss"])
+    broken = MetricColumns({**control.metrics, "loss": loss}, control.metrics.missing)
+    with pytest.raises(SpikeCheckError, match="non-finite loss at step 5"):
+        assert_finite(broken)

@@ -103,15 +103,15 @@ def cmd_train(args: argparse.Namespace) -> int:
                              f"--steps {run.scenario.steps}{nproc} --out {out}")
     run.save(out)
     from pytest_spikecheck.judge.analysis import EventSummary
-    from pytest_spikecheck.judge.text import fmt
+    from pytest_spikecheck.judge.text import fmt, fmt_measure
 
     bursts = run.declared_events
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
     status = f"stopped at step {run.meta['stopped_at']} ({run.meta['stop_reason']})" if run.stopped_early else f"{len(run)} steps"
     ranks = f" on {args.nproc} ranks" if args.nproc > 1 else ""
     print(f"{run.name}: {status} in {run.meta['seconds']:.1f}s{ranks}, backend {run.meta['backend']}; "
-          f"largest event at step {fmt(s.step)}: ratio {fmt(s.ratio, '.1f')}×, post-clip norm {fmt(s.post_clip_at_step)}, "
-          f"final eval loss {fmt(s.final_eval, '.3f')} → {out}")
+          f"largest event at step {fmt(s.step)}: ratio {fmt_measure(s.ratio, '.1f')}×, post-clip norm {fmt(s.post_clip_at_step)}, "
+          f"final eval loss {fmt_measure(s.final_eval, '.3f')} → {out}")
     return 0
 
 

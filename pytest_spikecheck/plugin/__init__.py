@@ -199,10 +199,10 @@ def spikecheck(request: pytest.FixtureRequest) -> SpikecheckSession:
 
 
 def _ratio(value: float | None) -> str:
-    from pytest_spikecheck.judge.text import fmt
+    from pytest_spikecheck.judge.text import MISSING, fmt_measure
 
-    text = fmt(value, ".1f")
-    return text if text == "—" else f"{text}×"
+    text = fmt_measure(value, ".1f")
+    return text if text == MISSING else f"{text}×"
 
 
 def _verdict(outcomes: list[str]) -> str:

@@ -12,8 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-import numpy as np
-
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.logs import read_log
 from pytest_spikecheck.records.run import Run, resolve_run_dir
@@ -21,10 +19,8 @@ from pytest_spikecheck.records.series import Record, columns_from_mapping
 
 
 def _from_run(run: Any, source: str) -> Record:
-    # The engine logs every metric at every step except the eval loss, which is NaN where
-    # it was not evaluated (a run stops before evaluating a non-finite model).
-    return Record(dict(run.metrics), run, source, missing={"eval_loss": np.isnan(run.metrics["eval_loss"])}
-                  if "eval_loss" in run.metrics else {})
+    # A Run's metrics carry their own missing masks (the eval loss where not evaluated).
+    return Record(dict(run.metrics), run, source, missing=dict(run.metrics.missing))
 
 
 def as_record(obj: Any, steps: Any = None) -> Record:
@@ -50,6 +46,7 @@ def as_record(obj: Any, steps: Any = None) -> Record:
                 return _from_run(Run.load(run_dir), str(path))
         return read_log(path)
     if isinstance(obj, Mapping):
-        return Record(columns_from_mapping(obj, steps), None, "arrays",
+        columns, missing = columns_from_mapping(obj, steps)
+        return Record(columns, None, "arrays", missing=missing,
                       numbered_from_one="step" not in obj and steps is None)
     raise TypeError(f"expected a Run, a mapping of arrays or a path to a metrics log, was {type(obj).__name__}")

@@ -16,7 +16,6 @@ a folder that other tools can read::
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records.series import MetricColumns
 from pytest_spikecheck.scenario import Scenario
 
 #: The per-step metric columns, in file order. ``eval_loss`` is NaN where not evaluated.
@@ -43,6 +43,14 @@ class Run:
         digest = self.meta.get("content_hash")
         return (f"Run({self.name!r}, {len(self)} steps{stopped}, {len(self.events)} event records"
                 + (f", content hash {digest}" if digest else "") + ")")
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.metrics, MetricColumns):
+            # The engine logs every metric at every step except the eval loss, which is NaN
+            # where it was not evaluated (a run stops before evaluating a non-finite model).
+            eval_loss = self.metrics.get("eval_loss")
+            self.metrics = MetricColumns(self.metrics, {} if eval_loss is None else
+                                         {"eval_loss": np.isnan(np.asarray(eval_loss, dtype=np.float64))})
 
     # -- convenience ------------------------------------------------------------------------
     @property
@@ -107,8 +115,8 @@ class Run:
                 v = self.metrics[k][i]
                 if k == "step":
                     row[k] = int(v)
-                elif k == "eval_loss" and math.isnan(v):
-                    row[k] = None  # not evaluated at this step (NaN is kept for a real NaN loss)
+                elif k in self.metrics.missing and self.metrics.missing[k][i]:
+                    row[k] = None  # not logged (not evaluated) at this step; a real NaN stays NaN
                 else:
                     row[k] = float(v)
             rows.append(row)
@@ -121,11 +129,11 @@ class Run:
             raise ConfigError(f"not a run directory (no metrics.jsonl): {src}")
         scenario = Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() else Scenario()
         metrics = read_metrics_jsonl(src / "metrics.jsonl")
-        metrics.pop("__missing__")
+        missing = metrics.pop("__missing__")
         batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
         events = json.loads((src / "events.json").read_text()) if (src / "events.json").is_file() else []
         meta = json.loads((src / "run.json").read_text()) if (src / "run.json").is_file() else {}
-        return cls(scenario=scenario, metrics=metrics, batches=batches, events=events, meta=meta)
+        return cls(scenario=scenario, metrics=MetricColumns(metrics, missing), batches=batches, events=events, meta=meta)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -40,22 +40,52 @@ class Record:
         return None
 
 
-def columns_from_mapping(data: Mapping[str, Any], steps: Any = None) -> dict[str, np.ndarray]:
-    """Columns from a mapping of 1-D arrays, one value per step. The steps are the ``"step"``
+class MetricColumns(dict):
+    """A run's metric columns: a plain ``{name: array}`` dict that also carries ``missing``,
+    per metric a boolean mask of the steps where nothing was logged (the engine's eval loss
+    between evaluations). Passing it on as a mapping keeps that knowledge:
+    ``assert_finite(run.metrics)`` judges it as ``assert_finite(run)`` does."""
+
+    def __init__(self, columns: Mapping[str, Any] = (), missing: Mapping[str, np.ndarray] | None = None) -> None:
+        super().__init__(columns)
+        self.missing: dict[str, np.ndarray] = dict(missing or {})
+
+
+def _float_column(value: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """float64 values, and a mask of the entries that were ``None`` (not logged; stored as NaN)
+    or None where every entry was logged. A NaN that was given stays a real NaN."""
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return value.astype(np.float64).reshape(-1), None
+    raw = np.asarray(value, dtype=object).reshape(-1)
+    gone = np.fromiter((v is None for v in raw), dtype=bool, count=raw.size)
+    values = np.asarray(np.where(gone, np.nan, raw), dtype=np.float64)
+    return values, (gone if gone.any() else None)
+
+
+def columns_from_mapping(data: Mapping[str, Any], steps: Any = None) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """(columns, missing masks) of a mapping of 1-D arrays, one value per step; ``None`` entries
+    are "not logged" (NaN in the column, True in its mask). The steps are the ``"step"``
     column, or ``steps``, or else 1, 2, 3, ... (the first value is step 1, as in a training
     log, not index 0). Steps must be distinct integers; 2-D arrays are refused."""
     cols: dict[str, np.ndarray] = {}
+    missing: dict[str, np.ndarray] = {name: np.asarray(mask, dtype=bool).reshape(-1)
+                                      for name, mask in getattr(data, "missing", {}).items() if name in data}
     length = None
     if steps is not None:
         if "step" in data:
             raise ValueError("steps given twice: as the 'step' column and as steps=; keep one")
         data = {**data, "step": steps}
     for key, value in data.items():
-        raw = np.asarray(value)
+        raw = np.asarray(value) if key == "step" or not isinstance(value, (list, tuple)) else np.asarray(value, dtype=object)
         if raw.ndim > 1:
             raise ValueError(f"metric {key!r} is a {raw.ndim}-D array of shape {raw.shape}; give one value per step "
                              f"(a 1-D array), e.g. one column of it")
-        arr = np.asarray(raw, dtype=np.float64).reshape(-1) if key != "step" else raw.reshape(-1)
+        if key == "step":
+            arr = raw.reshape(-1)
+        else:
+            arr, gone = _float_column(raw)
+            if gone is not None:
+                missing[key] = missing[key] | gone if key in missing else gone
         if length is not None and arr.size != length:
             raise ValueError(f"metric {key!r} has {arr.size} values but the others have {length}")
         length = arr.size
@@ -78,4 +108,4 @@ def columns_from_mapping(data: Mapping[str, Any], steps: Any = None) -> dict[str
         if (counts > 1).any():
             raise ValueError(f"the step column holds step {int(unique[counts > 1][0])} more than once; steps must be distinct")
         cols["step"] = as_int
-    return cols
+    return cols, missing
