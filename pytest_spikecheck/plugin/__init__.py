@@ -293,6 +293,9 @@ class _Recorder:
         tr.write_line(f"{n} scenario{'s' if n != 1 else ''} checked ({n - from_cache} trained, {from_cache} from the disk cache).")
         failed = verdicts.count("FAIL")
         tr.write_line(f"{verdicts.count('pass')} held, {failed} failed{' (see the failures above)' if failed else ''}.")
+        for name, r in sorted(rows.items()):
+            if r.get("not_cached_because"):
+                tr.write_line(f"{name}: {r['not_cached_because']}.")
         body = [[name, str(r["steps"]) + (f" (stopped: {r['stopped']})" if r.get("stopped") else ""), fmt(r["spike_step"]),
                  _ratio(r["spike_ratio"]), r["containment"], r["recovery"], _verdict(self.outcomes.get(name, []))]
                 for name, r in sorted(rows.items())]

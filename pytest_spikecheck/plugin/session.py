@@ -1,24 +1,97 @@
 """The per-session scenario runner behind the ``spikecheck`` fixture.
 
-It trains each distinct scenario once per session (keyed by the scenario's content hash,
-the clipping backend, device, thread count and package version), optionally caches runs on
-disk under the report directory, writes each scenario's report folder, and keeps the rows
-of the terminal summary. The engine (and torch) are imported on the first ``run()``.
+It trains each distinct scenario once per session, optionally caches runs on disk under the
+report directory, writes each scenario's report folder, and keeps the rows of the terminal
+summary. The engine (and torch) are imported on the first ``run()``.
+
+A run is reused only by the code that made it. Its key holds the scenario's content hash, the
+clipping backend, device and thread count, the package version, a digest of the package's
+source (every .py, .cu and C++ file, so an edit without a version bump still retrains), the torch
+version, and for a ``model_factory`` a digest of its module's source. A factory whose code
+cannot be told apart by its module (a lambda, a function defined inside another) is keyed by
+the object in the session and never cached on disk; the summary says so.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import importlib.metadata
+import importlib.util
+import inspect
 import json
 import math
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest_spikecheck
 from pytest_spikecheck import __version__
+
+#: The source files whose text decides what a run computes (the kernels' package data too).
+_SOURCE_SUFFIXES = (".py", ".cu", ".cuh", ".h", ".hpp", ".cpp")
+
+
+@functools.lru_cache(maxsize=None)
+def package_digest() -> str:
+    """sha256 (first 12 hex digits) of the installed package's source files, with their paths,
+    computed once per process. ``models`` and ``kernels`` install from top-level folders, so
+    their locations are asked of the import system (without importing them: that needs torch)."""
+    roots = [Path(pytest_spikecheck.__file__).parent]
+    for sub in ("pytest_spikecheck.models", "pytest_spikecheck.kernels"):
+        spec = importlib.util.find_spec(sub)
+        roots += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    files = {f.resolve(): f"{root.name}/{f.relative_to(root).as_posix()}"
+             for root in roots for f in root.rglob("*") if f.suffix in _SOURCE_SUFFIXES and f.is_file()}
+    h = hashlib.sha256()
+    for path, name in sorted(files.items(), key=lambda item: item[1]):
+        h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
+def torch_version() -> str:
+    """The installed torch's version, read from its metadata (importing torch takes seconds)."""
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "none"
+
+
+def model_factory_digest(factory: Any) -> tuple[str | None, str | None]:
+    """(digest, None) for a factory whose code its module's source decides: sha256 of that source
+    and the factory's qualified name; (None, why not) for one it does not: a lambda or a
+    function defined inside another (``<locals>``: it may close over values), or code without
+    a source file."""
+    if isinstance(factory, str):  # an import path "package.module:function"
+        module_name = factory.partition(":")[0]
+        try:
+            spec = importlib.util.find_spec(module_name)
+        except ImportError:  # its package is missing: the training says so, with the path
+            spec = None
+        source = spec.origin if spec is not None else None
+        if source is None or not Path(source).is_file():
+            return None, f"model_factory {factory} has no source file to hash, so its runs are not cached on disk"
+        return hashlib.sha256(Path(source).read_bytes() + b"\0" + factory.encode()).hexdigest()[:12], None
+    name = getattr(factory, "__qualname__", None) or type(factory).__qualname__
+    label = f"{getattr(factory, '__module__', '?')}.{name}"
+    if "<lambda>" in name or "<locals>" in name:
+        kind = "a lambda" if "<lambda>" in name else "defined inside a function"
+        return None, (f"model_factory {label} is {kind}: its module's source does not tell it apart from "
+                      f"another, so its runs are not cached on disk (make it a module-level def to cache them)")
+    module = sys.modules.get(getattr(factory, "__module__", None) or "")
+    try:
+        source = inspect.getsourcefile(module) if module is not None else None
+    except TypeError:  # a built-in module
+        source = None
+    if source is None or not Path(source).is_file():
+        return None, f"model_factory {label} has no source file to hash, so its runs are not cached on disk"
+    digest = hashlib.sha256(Path(source).read_bytes() + b"\0" + label.encode()).hexdigest()[:12]
+    return digest, None
 
 
 @dataclass(frozen=True)
@@ -43,6 +116,7 @@ class ScenarioRow:
     recovery: str
     cached: bool
     stopped: str | None = None
+    not_cached_because: str | None = None  # why a run of this scenario is never cached on disk
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -52,6 +126,7 @@ def _containment(run: Any) -> str:
     """The summary's clip-containment cell: did the post-clip norm stay under the limit?"""
     import numpy as np
 
+    from pytest_spikecheck.judge.analysis import CLIP_RTOL
     from pytest_spikecheck.judge.text import fmt
 
     post = np.asarray(run.metrics["grad_norm_post"], dtype=float)
@@ -64,7 +139,7 @@ def _containment(run: Any) -> str:
         return "no clip"
     if run.stopped_early and finite.size < post.size:
         return f"n/a (non-finite at step {run.meta['stopped_at']})"
-    held = bool(np.all(post <= max_norm * (1 + 1e-5)))
+    held = bool(np.all(post <= max_norm * (1 + CLIP_RTOL)))
     return f"held (max {worst} ≤ {max_norm:g})" if held else f"BROKEN (max {worst} > {max_norm:g})"
 
 
@@ -131,11 +206,21 @@ class SpikecheckSession:
         return self._backend
 
     def _tag(self, scenario: Any) -> str:
+        """The run's key (see the module docstring); a factory that cannot be hashed is keyed by
+        the object itself (``!`` marks such a key: valid in this process only)."""
         s = self.settings
-        return f"{scenario.content_hash()}-{self.backend}-{s.device}-t{s.threads}-v{__version__}"
+        tag = (f"{scenario.content_hash()}-{self.backend}-{s.device}-t{s.threads}-v{__version__}"
+               f"-src{package_digest()}-torch{torch_version()}")
+        if scenario.model_factory is not None:
+            digest, _ = model_factory_digest(scenario.model_factory)
+            tag += f"-model{digest}" if digest is not None else f"-model!{id(scenario.model_factory):x}"
+        return tag
+
+    def _not_cached_because(self, scenario: Any) -> str | None:
+        return None if scenario.model_factory is None else model_factory_digest(scenario.model_factory)[1]
 
     def _cache_dir(self, scenario: Any) -> Path | None:
-        if self.settings.report_dir is None:
+        if self.settings.report_dir is None or self._not_cached_because(scenario) is not None:
             return None
         return self.settings.report_dir / ".cache" / self._tag(scenario)
 
@@ -167,6 +252,8 @@ class SpikecheckSession:
             run = dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
         if scenario.name not in self.rows:
             self.rows[scenario.name] = summarise(run, cached=run.meta.get("from_disk_cache", False))
+            if self.settings.report_dir is not None:
+                self.rows[scenario.name].not_cached_because = self._not_cached_because(scenario)
             self._write_report(run)
         return run
 
