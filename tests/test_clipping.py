@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 
@@ -243,11 +244,26 @@ def test_auto_falls_back_to_torch_when_cupy_cannot_run(monkeypatch):
         get_backend("cupy")
 
 
-def test_torch_and_emulator_backends_are_available_here():
-    backends = available_backends()
-    assert "torch" in backends
-    if unavailable_reason("emulator") is None:
-        assert "emulator" in backends
+@pytest.mark.parametrize("name", clipping.BACKEND_NAMES)
+def test_available_means_it_clips_and_unavailable_means_it_says_why(name):
+    # Listed as available: get_backend works and a global clip through it holds the
+    # measured norm to max_norm. Not listed: get_backend refuses with the one-line reason.
+    if name not in available_backends():
+        reason = unavailable_reason(name)
+        assert reason is not None and "\n" not in reason
+        with pytest.raises(BackendUnavailableError, match=re.escape(reason)):
+            get_backend(name)
+        return
+    assert get_backend(name) is not None
+    params = make_params()
+    clip_grads_(params, 1.0, backend=name)
+    measured = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params))
+    assert measured == pytest.approx(1.0, rel=1e-5)
+
+
+def test_torch_is_always_available():
+    # The fallback of ``auto`` on a machine without CUDA: the whole harness depends on it.
+    assert "torch" in available_backends() and unavailable_reason("torch") is None
 
 
 @pytest.mark.skipif(unavailable_reason("cupy") is None, reason="a CUDA device is present")
@@ -263,8 +279,15 @@ def test_importing_the_clipping_package_imports_neither_torch_nor_cupy():
     assert result.stdout.split() == ["False", "False"]
 
 
-def test_backend_names_are_the_registry_order():
-    assert clipping.BACKEND_NAMES == ("cupy", "torch", "emulator")
+def test_auto_prefers_backends_in_the_registry_order(monkeypatch):
+    # ``auto`` picks cupy where it can run, and torch otherwise; never the emulator.
+    cupy_backend = pytest.importorskip("pytest_spikecheck.clipping.cupy_backend")
+    monkeypatch.setattr(cupy_backend.BACKEND, "unavailable_reason", lambda: None)
+    assert resolve_backend("auto") == "cupy" and resolve_backend("auto", "cpu") == "torch"
+    assert available_backends()[0] == "cupy"
+    monkeypatch.setattr(cupy_backend.BACKEND, "unavailable_reason", lambda: "no GPU in this test")
+    assert resolve_backend("auto") == "torch"
+    assert [n for n in clipping.BACKEND_NAMES if n in available_backends()] == available_backends()
 
 
 @pytest.mark.parametrize("norm_type", [2.0, 2, math.inf])

@@ -77,13 +77,47 @@ def assertion_calls(draw) -> tuple[str, dict]:
     return name, {"run": log, **kwargs}
 
 
+def _expected_verdict(name: str, kwargs: dict) -> bool | None:
+    """Whether ``name`` must pass (True) or fail (False) on this log, from the definitions;
+    None where no simple oracle exists (then only the return value is checked)."""
+    log = kwargs["run"]
+    if name == "assert_clip_contains":
+        if "grad_norm_post" not in log:
+            return False  # no series to judge: a clear failure
+        post, limit = log["grad_norm_post"], kwargs["max_norm"] * (1 + kwargs["rtol"])
+        bad = ~(post <= limit) & ~np.isnan(post)
+        if "grad_norm_pre" in log:
+            bad |= np.isnan(post) & np.isfinite(log["grad_norm_pre"])
+        return not bad.any()
+    if name == "assert_finite":
+        return all(np.isfinite(v).all() for k, v in log.items() if k != "step")
+    if name == "assert_diverges" and kwargs["within"] is None:
+        return any(not np.isfinite(log[k]).all() for k in ("loss", "grad_norm_pre") if k in log)
+    return None
+
+
 @given(assertion_calls())
 def test_assertions_fail_cleanly_on_any_series(call):
     name, kwargs = call
+    expected = _expected_verdict(name, kwargs)
     try:
-        getattr(assertions, name)(**kwargs)
-    except (SpikeCheckError, ValueError):
-        pass  # a failed check, or invalid input named as such: the contract
+        returned = getattr(assertions, name)(**kwargs)
+    except SpikeCheckError:
+        assert expected is not True, f"{name} failed on a log it must pass"
+        return
+    except ValueError:
+        return  # invalid input named as such: the contract
+    assert expected is not False, f"{name} passed on a log it must fail"
+    # what a passing assertion returns is what it claims
+    if name == "assert_spike":
+        assert returned >= kwargs["min_ratio"]
+    elif name == "assert_recovers":
+        assert 0 <= returned <= kwargs["within"]
+    elif name == "assert_diverges":
+        log = kwargs["run"]
+        bad = [int(log["step"][np.flatnonzero(~np.isfinite(log[k]))[0]]) for k in ("loss", "grad_norm_pre")
+               if k in log and not np.isfinite(log[k]).all()]
+        assert returned == min(bad)
 
 
 @given(name=st.sampled_from(sorted(DETECTORS)), data=series(), threshold=st.one_of(st.none(), st.floats(0.01, 100)))
@@ -98,3 +132,20 @@ def test_detectors_never_crash_and_flag_every_nonfinite_value(name, data, thresh
     assert len(flagged) == len(set(flagged)), f"{name} flagged a step twice"
     assert set(steps[~np.isfinite(values)].tolist()) <= set(flagged)
     assert all(isinstance(h.score, float) and not math.isnan(h.score) for h in hits)
+
+
+@given(max_norm=st.floats(0.01, 10), rtol=st.sampled_from([0.0, 1e-5, 0.1]),
+       factors=st.lists(st.sampled_from([0.5, 1.0, 1 + 4e-6, 1 + 2e-5, 1.05, 1.2, math.nan, math.inf]), min_size=1, max_size=20),
+       with_pre=st.booleans())
+def test_clip_contains_fails_exactly_when_a_post_clip_norm_is_over_the_limit(max_norm, rtol, factors, with_pre):
+    post = max_norm * np.asarray(factors)
+    log = {"grad_norm_post": post, **({"grad_norm_pre": np.full(post.size, 2.0 * max_norm)} if with_pre else {})}
+    expected = _expected_verdict("assert_clip_contains", {"run": log, "max_norm": max_norm, "rtol": rtol})
+    try:
+        assertions.assert_clip_contains(log, max_norm, rtol)
+    except SpikeCheckError as exc:
+        assert expected is False
+        first = int(np.flatnonzero(~(post <= max_norm * (1 + rtol)) & ~np.isnan(post) | (np.isnan(post) & with_pre))[0])
+        assert f"at step {first + 1} (" in str(exc)
+    else:
+        assert expected is True
