@@ -89,7 +89,7 @@ def _oracle_logged(rec: Record, name: str, step: int) -> float | None:
 def _oracle_ratio(rec: Record, name: str, step: int, value: float) -> float:
     s, v = rec.metrics["step"], rec.metrics[name]
     window = v[(s >= step - 50) & (s < step) & np.isfinite(v)]
-    if not window.size or not np.median(window) > 0:
+    if window.size < 10 or not np.median(window) > 0:  # a baseline needs 10 finite values
         return math.nan
     return value / float(np.median(window))
 

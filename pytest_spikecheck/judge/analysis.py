@@ -25,7 +25,6 @@ RECOVERY_HORIZON = 50
 #: A post-clip norm is "contained" when at most max_norm·(1 + CLIP_RTOL): float32 rounding of a
 #: norm scaled to exactly max_norm lands a few ulps either side.
 CLIP_RTOL = 1e-5
-#: The baseline of a spike ratio: the median over this many steps before the spike.
 
 #: Means, medians, differences and ratios of values near float64's limit overflow; inf is then
 #: the honest result (a ratio too large to represent is still a spike), so numpy need not warn
