@@ -133,7 +133,10 @@ def test_adaptive_clip_contains_the_entry(seedb_new_source_adaptive_clip, seedb_
 def test_v1_recipe_does_not_lock_in_at_our_scale(andrea_v1_recipe):
     # Seed B: ANDREA-120M v1 ended in repetition lock-in. At 0.1M parameters it does not.
     assert_finite(andrea_v1_recipe)
-    assert_no_lockin(andrea_v1_recipe)
+    # Measured on 2026-11-30 (this scenario, seed 42): top-token share 0.091, distinct-2 0.440;
+    # seeds 0–4 (docs/seed_b.json): 0.073–0.096 and 0.36–0.46. The limits sit at about twice
+    # the share and half the distinct-2 measured: a drift that far is no longer this model.
+    assert_no_lockin(andrea_v1_recipe, max_top_share=0.2, min_distinct_2=0.2)
 
 
 def _assert_found(run, step: int, module: str) -> None:
