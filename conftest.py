@@ -17,4 +17,6 @@ from hypothesis import settings
 settings.register_profile("ci", max_examples=100, derandomize=True, database=None, deadline=None, print_blob=True)
 # Ten times the examples, fresh ones every run, failures remembered in .hypothesis/.
 settings.register_profile("dev", max_examples=1000, deadline=None, print_blob=True)
+# For mutation runs (pyproject's [tool.mutmut]): every mutant reruns its tests, so few examples.
+settings.register_profile("mutation", max_examples=25, derandomize=True, database=None, deadline=None)
 settings.load_profile("ci")
