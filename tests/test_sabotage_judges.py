@@ -89,11 +89,9 @@ class InvertedRatio(RatioToMedian):
     """The ratio detector with median / value: a spike scores below 1 and is never flagged."""
 
     def _detect(self, steps, values):
-        out = []
-        for hit in super(InvertedRatio, self.with_threshold(0.0))._detect(steps, values):
-            if math.isfinite(hit.score) and hit.score > 0 and 1 / hit.score >= self.threshold:
-                out.append(hit)
-        return out
+        every, judged = super(InvertedRatio, self.with_threshold(0.0))._detect(steps, values)
+        inverted = [hit for hit in every if math.isfinite(hit.score) and hit.score > 0 and 1 / hit.score >= self.threshold]
+        return inverted, judged
 
 
 BASELINE_SABOTAGES = [window_one_step_too_long, window_one_step_too_short, window_takes_in_the_step]
