@@ -214,8 +214,10 @@ class Lightning(Detector):
             hist = _history(steps, values, i, self.window, max(1, self.window // 2))
             if hist.size == 0:
                 continue
-            judged += 1
             mean = float(np.mean(hist))
+            if not math.isfinite(mean):
+                continue  # the window's mean overflows float64: no baseline to judge against
+            judged += 1
             if mean != 0 and abs(values[i] - mean) >= self.threshold * abs(mean):
                 out.append(Detection(int(steps[i]), float(values[i]), mean, float(abs(values[i] - mean) / abs(mean))))
         return out, judged
