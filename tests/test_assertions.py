@@ -188,3 +188,10 @@ def test_run_metrics_mark_what_was_not_evaluated(short_runs, tmp_path):
     broken = MetricColumns({**control.metrics, "loss": loss}, control.metrics.missing)
     with pytest.raises(SpikeCheckError, match="non-finite loss at step 5"):
         assert_finite(broken)
+
+
+def test_assert_spike_default_is_ten_times_the_baseline():
+    # A surviving mutant (10 -> 11) showed no test pinned the default threshold.
+    assert assert_spike({"grad_norm_pre": [1.0] * 60 + [10.5]}) == pytest.approx(10.5)
+    with pytest.raises(SpikeCheckError, match="≥ 10×"):
+        assert_spike({"grad_norm_pre": [1.0] * 60 + [9.5]})
