@@ -99,6 +99,28 @@ def plot_grad_norm(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = 
     return path
 
 
+def plot_logits(runs: Sequence[Run], path: Path, title: str = "Attention and output logits") -> Path:
+    """The largest |attention logit| and the mean output log Z per step of each run (log scale):
+    attention-logit growth and output-logit drift, side by side."""
+    plt = _matplotlib()
+    fig, (att, logz) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
+    for run, color in zip(runs, ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]):
+        for ax, name in ((att, "attn_logit_max"), (logz, "logz_mean")):
+            if name in run.metrics:
+                s, v = column(run.metrics, name)
+                ax.plot(s, np.abs(v), color=color, lw=1.0, label=run.name)
+    att.set(yscale="log", xlabel="step", ylabel="largest |q·k/√d|", title="attention logits")
+    logz.set(yscale="log", xlabel="step", ylabel="|mean log Z|", title="output logits: log Z")
+    for ax in (att, logz):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 @dataclass(frozen=True)
 class Comparison:
     names: tuple[str, str]
@@ -149,8 +171,12 @@ def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None =
         plot_loss([run_a, run_b], out / "loss.png", marks, title=f"Loss: {run_a.name} vs {run_b.name}"),
         plot_grad_norm([run_a, run_b], out / "grad_norm.png", marks, max_norm=min(clips) if clips else None),
     ]
+    logits = ""
+    if any("attn_logit_max" in r.metrics for r in (run_a, run_b)):
+        files.append(plot_logits([run_a, run_b], out / "logits.png"))
+        logits = "\n![logits](logits.png)\n"
     md = out / "comparison.md"
     md.write_text(f"# {run_a.name} vs {run_b.name}\n\n{result.text(markdown=True)}\n\n"
-                  f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n")
+                  f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n{logits}")
     files.append(md)
     return result, files
