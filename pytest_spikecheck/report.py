@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -115,6 +115,27 @@ def plot_logits(runs: Sequence[Run], path: Path, title: str = "Attention and out
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_lr_sweep(sweeps: Sequence[Any], path: Path, title: str = "Final loss vs learning rate") -> Path:
+    """Final loss against the learning rate, one line per recipe (Wortsman et al. 2023, Figure 1),
+    with each recipe's LR sensitivity in the legend; a diverged run is drawn at its initial loss."""
+    from pytest_spikecheck.judge.sweeps import lr_sensitivity
+
+    plt = _matplotlib()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for sweep in sweeps:
+        finals = np.minimum(np.asarray(sweep.final_losses, dtype=np.float64), sweep.initial)
+        ax.plot(sweep.lrs, finals, marker="o", label=f"{sweep.name} (LR sensitivity {lr_sensitivity(sweep):.2f})")
+    if sweeps:
+        ax.axhline(sweeps[0].initial, color="grey", ls=":", lw=1, label="loss at initialisation")
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final eval loss (nats)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

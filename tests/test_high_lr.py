@@ -1,5 +1,5 @@
 """High-learning-rate instabilities (issue 14): the model's qk-layernorm, z-loss and logit
-soft-cap, the stats hook and its metric columns, the breaks, and the diagnosis rung.
+soft-cap, the stats hook and its metric columns, the breaks, LR sweeps and their judgement.
 Cheap: the trainings here are a few steps of the nano model."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from pytest_spikecheck import (
-    ConfigError, HighLR, LogitSoftcap, QKLayerNorm, Scenario, ZLoss, diagnose, train,
+    ConfigError, HighLR, LogitSoftcap, LRSweep, QKLayerNorm, Scenario, SpikeCheckError, ZLoss,
+    assert_logits_bounded, assert_lr_sensitivity, assert_stable_up_to, diagnose, lr_sensitivity, lr_sweep, train,
 )
 from pytest_spikecheck.models.config import GPTConfig, model_preset
 from pytest_spikecheck.models.gpt import GPT
@@ -160,6 +161,40 @@ def test_a_model_without_the_hook_gets_no_stat_columns():
     assert not set(MODEL_STAT_KEYS) & run.metrics.keys()
 
 
+# -- sweeps and their judgement (numbers, no training) ------------------------------------------
+
+def test_lr_sensitivity_is_wortsmans_definition():
+    sweep = LRSweep("recipe", lrs=(1e-3, 1e-2, 1e-1), final_losses=(1.0, 2.0, math.inf), initial=5.0)
+    # mean(min(1, 5), min(2, 5), min(inf, 5)) - 1 = 8/3 - 1
+    assert lr_sensitivity(sweep) == pytest.approx(8 / 3 - 1)
+    assert assert_lr_sensitivity(sweep, max=1.7) == pytest.approx(5 / 3)
+    with pytest.raises(SpikeCheckError, match="LR sensitivity 1.667 nats exceeds 1.5"):
+        assert_lr_sensitivity(sweep, max=1.5)
+
+
+def test_stable_up_to():
+    sweep = LRSweep("recipe", lrs=(1e-3, 1e-2, 1e-1), final_losses=(1.1, 1.0, 3.0), initial=5.0)
+    assert_stable_up_to(sweep, lr=1e-2)
+    with pytest.raises(SpikeCheckError, match="lr 0.1 ends at 3.000 nats"):
+        assert_stable_up_to(sweep, lr=1e-1)
+    with pytest.raises(SpikeCheckError, match="lr 0.001"):
+        assert_stable_up_to(sweep, lr=1e-2, within=0.05)
+    with pytest.raises(ConfigError, match="no learning rate"):
+        assert_stable_up_to(sweep, lr=1e-4)
+
+
+def test_logits_bounded_on_arrays():
+    record = {"step": [1, 2, 3], "loss": [3.0, 2.0, 1.0], "attn_logit_max": [5.0, 900.0, 40.0],
+              "logz_absmax": [6.0, 7.0, math.nan]}
+    assert_logits_bounded(record, attention=1000)
+    with pytest.raises(SpikeCheckError, match="attention logit 900 exceeds 100 at step 2"):
+        assert_logits_bounded(record, attention=100)
+    with pytest.raises(SpikeCheckError, match=r"\|log Z\| nan exceeds 10 at step 3"):
+        assert_logits_bounded(record, z=10)
+    with pytest.raises(ConfigError, match="no attn_logit_max column"):
+        assert_logits_bounded({"step": [1], "loss": [1.0]}, attention=1)
+
+
 def test_diagnosis_names_attention_logit_growth():
     steps = np.arange(1, 101)
     grad = np.ones(100)
@@ -172,3 +207,16 @@ def test_diagnosis_names_attention_logit_growth():
     healthy = dict(grown, attn_logit_max=np.full(100, 12.0))
     assert not diagnose(healthy).facts["attention_logit_growth"]
     assert "qk-layernorm" not in diagnose(healthy).verdict
+
+
+# -- lr_sweep trains (two spawned workers, two steps each) ---------------------------------------
+
+def test_lr_sweep_trains_each_lr_as_train_does():
+    scenario = _tiny(HighLR(lr=0.5), steps=2)
+    sweep = lr_sweep(scenario, lrs=(1e-2, 1e-1), processes=2)
+    assert sweep.lrs == (1e-2, 1e-1) and [r.scenario.optimizer.lr for r in sweep.runs] == [1e-2, 1e-1]
+    alone = train(scenario.replace(breaks=()).replace(optimizer__lr=1e-1))
+    np.testing.assert_array_equal(sweep.runs[1]["loss"], alone["loss"])  # bit-identical to a run of its own
+    assert sweep.final_losses[1] == alone["eval_loss"][-1] and sweep.initial == alone["loss"][0]
+    with pytest.raises(ConfigError, match="learning rates > 0"):
+        lr_sweep(scenario, lrs=(0.0,))
