@@ -206,6 +206,10 @@ def test_diagnosis_names_attention_logit_growth():
     assert "qk-layernorm contains it" in d.verdict
     healthy = dict(grown, attn_logit_max=np.full(100, 12.0))
     assert not diagnose(healthy).facts["attention_logit_growth"]
+    # growing 40x but staying small (a healthy run's logits sharpen from ~0.5 early on) is not it either
+    assert not diagnose(dict(grown, attn_logit_max=np.where(steps < 40, 0.5, 20.0))).facts["attention_logit_growth"]
+    # large from the start is not growth (the rung reports the size; the verdict claims no growth)
+    assert not diagnose(dict(grown, attn_logit_max=np.full(100, 5000.0))).facts["attention_logit_growth"]
     assert "qk-layernorm" not in diagnose(healthy).verdict
 
 
