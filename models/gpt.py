@@ -162,8 +162,9 @@ class GPT(nn.Module):
                 stats["z_loss"] = z_term.detach()
             if attention is not None:
                 log_z = log_z.detach()
-                stats.update(logz_mean=log_z.mean(), logz_absmax=log_z.abs().amax() if log_z.numel() else log_z.sum(),
-                             attn_logit_max=torch.stack(attention).amax())
+                # one tensor, so that the engine reads the three with one host sync
+                stats["logz_mean, logz_absmax, attn_logit_max"] = torch.stack([
+                    log_z.mean(), log_z.abs().amax() if log_z.numel() else log_z.sum(), torch.stack(attention).amax()])
         self.spikecheck_stats = stats
         return logits, loss
 

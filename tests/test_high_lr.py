@@ -18,6 +18,7 @@ from pytest_spikecheck import (
 from pytest_spikecheck.models.config import GPTConfig, model_preset
 from pytest_spikecheck.models.gpt import GPT
 from pytest_spikecheck.records.run import MODEL_STAT_KEYS, Run
+from pytest_spikecheck.training.step import model_stats
 
 
 def _tiny(*breaks, steps: int = 2) -> Scenario:
@@ -48,7 +49,7 @@ def test_the_attention_logit_stat_is_the_largest_q_dot_k():
     q, k, _ = attn.c_attn(model.blocks[0].ln_1(model.wte(idx) + model.wpe(torch.arange(8)))).split(16, dim=2)
     q, k = (t.view(3, 8, 2, 8).transpose(1, 2) for t in (q, k))
     logits = (q @ k.transpose(-2, -1)) / math.sqrt(8)
-    stats = {name: float(value) for name, value in model.spikecheck_stats.items()}
+    stats = model_stats(model)
     assert stats["attn_logit_max"] == pytest.approx(float(logits.abs().max()), rel=1e-6)
     log_z = torch.logsumexp(model(idx)[0], dim=-1)
     assert stats["logz_mean"] == pytest.approx(float(log_z.mean()), rel=1e-5)
@@ -89,7 +90,7 @@ def test_qk_layernorm_bounds_attention_logits_however_large_the_weights():
     idx = torch.randint(0, 11, (2, 8))
     model(idx, idx)
     # |q̂·k̂| <= |q̂||k̂| = head_size with unit gains: / sqrt(8) gives <= sqrt(8)
-    assert float(model.spikecheck_stats["attn_logit_max"]) <= math.sqrt(8) + 1e-4
+    assert model_stats(model)["attn_logit_max"] <= math.sqrt(8) + 1e-4
     assert {"blocks.0.attn.q_ln.weight", "blocks.0.attn.k_ln.weight"} <= dict(model.named_parameters()).keys()
 
 

@@ -80,9 +80,15 @@ class TrainingStep:
 
 def model_stats(model: torch.nn.Module) -> dict[str, float]:
     """The model's ``spikecheck_stats`` from its last forward (the stats hook, see
-    :class:`pytest_spikecheck.models.gpt.GPT`) as floats; empty when it has none."""
-    stats = getattr(model, "spikecheck_stats", None) or {}
-    return {name: float(value) for name, value in stats.items()}
+    :class:`pytest_spikecheck.models.gpt.GPT`) as floats; empty when it has none. A key naming
+    several stats (``"a, b"``) holds a 1-d tensor of their values."""
+    out: dict[str, float] = {}
+    for key, value in (getattr(model, "spikecheck_stats", None) or {}).items():
+        if "," in key:  # several stats in one tensor: one host sync for all of them
+            out.update(zip((k.strip() for k in key.split(",")), value.tolist()))
+        else:
+            out[key] = float(value)
+    return out
 
 
 @dataclass
