@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # would make pip download a multi-GB CUDA build, so it is installed first, on its own.
 TORCH  := torch==2.13.0
 
-.PHONY: demo test setup setup-dev clean
+.PHONY: demo demo-high-lr test setup setup-dev clean
 
 $(VENV)/.setup-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,15 @@ demo: $(VENV)/.setup-base
 	 wait $$control && wait $$broken
 	$(BIN)/spikecheck compare experiments/19-control experiments/19-break-no-clip --out out/phase-19
 	$(BIN)/spikecheck diagnose experiments/19-break-no-clip
+
+# The instability that kills: lr 0.1 without and with qk-layernorm (same batches), then the
+# comparison (loss, grad norm and logits panels) in out/high-lr/ and the break's diagnosis.
+demo-high-lr: $(VENV)/.setup-base
+	@$(BIN)/spikecheck train experiments/high-lr-qk-layernorm --quiet & defended=$$!; \
+	 $(BIN)/spikecheck train experiments/high-lr-break --quiet & broken=$$!; \
+	 wait $$defended && wait $$broken
+	$(BIN)/spikecheck compare experiments/high-lr-qk-layernorm experiments/high-lr-break --out out/high-lr
+	$(BIN)/spikecheck diagnose experiments/high-lr-break
 
 test: $(VENV)/.setup-dev
 	$(BIN)/lint-imports --no-cache

@@ -13,3 +13,10 @@ phase-19-train:
 
 phase-19-compare control="experiments/19-control" broken="experiments/19-break-no-clip":
     {{bin}}spikecheck compare {{control}} {{broken}} --out out/phase-19
+
+# The high-LR pair (attention-logit growth and its qk-layernorm twin): just high-lr-demo
+high-lr-demo:
+    {{bin}}spikecheck train experiments/high-lr-qk-layernorm --quiet
+    {{bin}}spikecheck train experiments/high-lr-break --quiet
+    {{bin}}spikecheck compare experiments/high-lr-qk-layernorm experiments/high-lr-break --out out/high-lr
+    {{bin}}spikecheck diagnose experiments/high-lr-break

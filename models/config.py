@@ -27,6 +27,10 @@ class GPTConfig:
     mask_padding: bool = False  # attention ignores padding keys (a row with no key left is all -inf)
     dtype: str = "float32"  # float32 | float16 | bfloat16: parameters, activations and AdamW state
     pad_token_id: int = -1  # set by the engine from the tokenizer (-1 = no padding token)
+    # Large-scale defences against high-learning-rate instabilities (Wortsman et al. 2023); all off by default.
+    qk_layernorm: bool = False  # LayerNorm on each head's queries and keys (Dehghani et al. 2023)
+    z_loss: float = 0.0  # coefficient of the auxiliary loss mean(log(Z)^2) on the output logits (PaLM: 1e-4)
+    logit_softcap: float = 0.0  # > 0: output logits become cap * tanh(logits / cap) (Gemma 2); 0 = none
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_head", "n_embd", "block_size"):
@@ -37,6 +41,10 @@ class GPTConfig:
             raise ConfigError(f"model.n_embd ({self.n_embd}) must be divisible by model.n_head ({self.n_head})")
         if self.vocab_size < 0:
             raise ConfigError(f"model.vocab_size must be >= 0 (0 = from the tokenizer), was {self.vocab_size}")
+        for name in ("z_loss", "logit_softcap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == float("inf"):
+                raise ConfigError(f"model.{name} must be a finite number >= 0 (0 = off), was {value!r}")
         if self.layernorm_eps < 0:
             raise ConfigError(f"model.layernorm_eps must be >= 0, was {self.layernorm_eps}")
         for name, allowed in (("pos_embedding", POS_EMBEDDINGS), ("pad_embedding", PAD_EMBEDDINGS), ("dtype", DTYPES)):

@@ -20,13 +20,23 @@ class CausalSelfAttention(nn.Module):
         self.n_head = config.n_head
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        head_size = config.n_embd // config.n_head
+        # qk-layernorm: q and k normalised over each head's features (one gain shared by the
+        # heads), so q·k/sqrt(d) stays bounded by the gains however large the weights grow.
+        self.q_ln = nn.LayerNorm(head_size, eps=config.layernorm_eps, bias=config.bias) if config.qk_layernorm else None
+        self.k_ln = nn.LayerNorm(head_size, eps=config.layernorm_eps, bias=config.bias) if config.qk_layernorm else None
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None,
+                stats: list[torch.Tensor] | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)
+        if self.q_ln is not None:
+            q, k = self.q_ln(q), self.k_ln(k)
+        if stats is not None:
+            stats.append(_largest_attention_logit(q, k))
         if key_mask is None:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
@@ -39,6 +49,15 @@ class CausalSelfAttention(nn.Module):
             y = att @ v
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C)
         return self.c_proj(y)
+
+
+@torch.no_grad()
+def _largest_attention_logit(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """The largest |q·k/sqrt(d)| over every query-key pair of each sequence, read from the
+    training forward's own q and k (no second forward). Future keys are included: masking them
+    costs as much again, and the largest pair bounds the causal ones. The attention entropy is
+    not recorded: its softmax costs ~1.2 ms per layer on a ~20 ms Phase-19 step (measured)."""
+    return (q @ k.transpose(-2, -1)).abs_().amax() / math.sqrt(k.size(-1))
 
 
 class MLP(nn.Module):
@@ -59,13 +78,25 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layernorm_eps, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x), key_mask)
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None,
+                stats: list[torch.Tensor] | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x), key_mask, stats)
         return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
-    """``forward(idx, targets) -> (logits, loss)``; loss is the mean over non-ignored targets."""
+    """``forward(idx, targets) -> (logits, loss)``; loss is the mean cross-entropy over
+    non-ignored targets, plus ``z_loss * mean(log(Z)^2)`` when the config sets ``z_loss``.
+
+    The spikecheck stats hook (any model may implement it): the engine sets ``record_stats``
+    to True; a forward with targets then leaves ``spikecheck_stats``, a dict of floats or
+    0-d tensors the engine records per step (``attn_logit_max``, ``attn_entropy_min``,
+    ``logz_mean``, ``logz_absmax``, and ``z_loss``: the auxiliary term inside ``loss``, which
+    the engine subtracts so that the ``loss`` column stays the cross-entropy).
+    """
+
+    #: Measure the attention and output-logit statistics (set by the engine; off for bare use).
+    record_stats: bool = False
 
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -108,12 +139,33 @@ class GPT(nn.Module):
             x = x + self.wpe(torch.arange(T, device=idx.device))
         if key_mask is None and self.config.mask_padding and self.config.pad_token_id >= 0:
             key_mask = idx != self.config.pad_token_id  # (B, T): which keys attention may use
+        attention: list[torch.Tensor] | None = [] if self.record_stats and targets is not None else None
         for block in self.blocks:
-            x = block(x, key_mask)
+            x = block(x, key_mask, attention)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        if self.config.logit_softcap > 0:
+            logits = self.config.logit_softcap * torch.tanh(logits / self.config.logit_softcap)
         if targets is None:
             return logits, None
-        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX)
+        flat = logits.view(-1, logits.size(-1))
+        # cross_entropy is nll_loss(log_softmax) (bit-identical, as torch computes it); holding the
+        # log-probabilities gives log Z = logit - log p of any one class, for free
+        log_probs = F.log_softmax(flat, dim=-1)
+        loss = F.nll_loss(log_probs, targets.reshape(-1), ignore_index=IGNORE_INDEX)
+        stats: dict[str, torch.Tensor] = {}
+        if self.config.z_loss > 0 or attention is not None:
+            valid = targets.reshape(-1) != IGNORE_INDEX
+            log_z = (flat[:, 0] - log_probs[:, 0])[valid]
+            if self.config.z_loss > 0:
+                z_term = self.config.z_loss * log_z.square().mean()
+                loss = loss + z_term
+                stats["z_loss"] = z_term.detach()
+            if attention is not None:
+                log_z = log_z.detach()
+                # one tensor, so that the engine reads the three with one host sync
+                stats["logz_mean, logz_absmax, attn_logit_max"] = torch.stack([
+                    log_z.mean(), log_z.abs().amax() if log_z.numel() else log_z.sum(), torch.stack(attention).amax()])
+        self.spikecheck_stats = stats
         return logits, loss
 
     @staticmethod

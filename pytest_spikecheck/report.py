@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -99,6 +99,49 @@ def plot_grad_norm(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = 
     return path
 
 
+def plot_logits(runs: Sequence[Run], path: Path, title: str = "Attention and output logits") -> Path:
+    """The largest |attention logit| and the mean output log Z per step of each run (log scale):
+    attention-logit growth and output-logit drift, side by side."""
+    plt = _matplotlib()
+    fig, (att, logz) = plt.subplots(1, 2, figsize=(12, 4.2), dpi=110)
+    for run, color in zip(runs, ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]):
+        for ax, name in ((att, "attn_logit_max"), (logz, "logz_mean")):
+            if name in run.metrics:
+                s, v = column(run.metrics, name)
+                ax.plot(s, np.abs(v), color=color, lw=1.0, label=run.name)
+    att.set(yscale="log", xlabel="step", ylabel="largest |q·k/√d|", title="attention logits")
+    logz.set(yscale="log", xlabel="step", ylabel="|mean log Z|", title="output logits: log Z")
+    for ax in (att, logz):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def plot_lr_sweep(sweeps: Sequence[Any], path: Path, title: str = "Final loss vs learning rate") -> Path:
+    """Final loss against the learning rate, one line per recipe (Wortsman et al. 2023, Figure 1),
+    with each recipe's LR sensitivity in the legend; a diverged run is drawn at its initial loss."""
+    from pytest_spikecheck.judge.sweeps import lr_sensitivity
+
+    plt = _matplotlib()
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    for sweep in sweeps:
+        finals = np.minimum(np.asarray(sweep.final_losses, dtype=np.float64), sweep.initial)
+        ax.plot(sweep.lrs, finals, marker="o", label=f"{sweep.name} (LR sensitivity {lr_sensitivity(sweep):.2f})")
+    if sweeps:
+        ax.axhline(sweeps[0].initial, color="grey", ls=":", lw=1, label="loss at initialisation")
+    ax.set(xscale="log", xlabel="peak learning rate", ylabel="final eval loss (nats)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 @dataclass(frozen=True)
 class Comparison:
     names: tuple[str, str]
@@ -149,8 +192,12 @@ def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None =
         plot_loss([run_a, run_b], out / "loss.png", marks, title=f"Loss: {run_a.name} vs {run_b.name}"),
         plot_grad_norm([run_a, run_b], out / "grad_norm.png", marks, max_norm=min(clips) if clips else None),
     ]
+    logits = ""
+    if any("attn_logit_max" in r.metrics for r in (run_a, run_b)):
+        files.append(plot_logits([run_a, run_b], out / "logits.png"))
+        logits = "\n![logits](logits.png)\n"
     md = out / "comparison.md"
     md.write_text(f"# {run_a.name} vs {run_b.name}\n\n{result.text(markdown=True)}\n\n"
-                  f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n")
+                  f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n{logits}")
     files.append(md)
     return result, files

@@ -9,7 +9,8 @@ def test_ladder_on_an_unclipped_burst(short_runs):
     d = diagnose(short_runs[1])
     assert d.step == SHORT_BURST
     rungs = [r for r, _ in d.lines]
-    assert rungs == ["1 loss", "2 grad norm", "3 batch", "4 token losses", "5 tensors", "6 Adam v"]
+    assert rungs == ["1 loss", "2 grad norm", "3 batch", "4 token losses", "5 tensors", "6 Adam v", "7 logits"]
+    assert not d.facts["attention_logit_growth"]  # a data spike at lr 1e-2: the attention logits stay small
     assert d.facts["burst_samples"] == 3 and d.facts["ratio"] > 5
     assert "NOT clipped" in dict(d.lines)["2 grad norm"]
     assert d.verdict == "rare tokens + concentrated batch + no clip = one-step destabilisation"

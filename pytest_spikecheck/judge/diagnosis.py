@@ -9,7 +9,8 @@
    and the share of weights whose gradient dwarfs sqrt(v̂) (near-maximal Adam steps);
 7. the verdict in one sentence.
 
-Steps 3-6 need a Run recorded by the engine (events, batches); a bare log gets 1, 2 and 7.
+Rung 7 (``7 logits``, :func:`attention_logit_rung`) reads the attention-logit and log-Z
+columns where the model records them. Steps 3-6 need a Run recorded by the engine (events, batches); a bare log gets 1, 2 and 7.
 numpy only.
 """
 
@@ -232,6 +233,11 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
                                     f"{surprise.get('share', math.nan):.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"))
         d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
 
+    logits = attention_logit_rung(m, step)
+    if logits is not None:
+        d.lines.append(logits[0])
+        d.facts.update(logits[1])
+
     # 7. verdict
     logged = {"loss": loss_now, metric: pre, "grad_norm_post": post}
     nonfinite = [name for name, v in logged.items() if v is not None and not math.isfinite(v)]
@@ -260,4 +266,36 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     else:
         d.verdict = (f"a {fmt(ratio, '.0f')}× gradient spike; the record has no post-clip norm, so whether a "
                      f"clip contained it cannot be told")
+    if d.facts.get("attention_logit_growth"):
+        d.verdict += "; attention logits grew beyond control (attention-logit growth: qk-layernorm contains it)"
     return d
+
+
+#: A largest |attention logit| above this, and ATTENTION_GROWTH_FACTOR x its value at step 10,
+#: is attention-logit growth. Measured (docs/fidelity.md, Wortsman section): healthy Phase-19
+#: runs stay below ~20 (qk-layernorm runs at lr 0.1 too); lr 0.1 without it reaches thousands.
+ATTENTION_LOGIT_LIMIT = 100.0
+ATTENTION_GROWTH_FACTOR = 10.0
+
+
+def attention_logit_rung(m: dict[str, Any], step: int) -> tuple[tuple[str, str], dict[str, Any]] | None:
+    """The rung on the attention logits (the ``attn_logit_max`` column, when the model reports
+    it): their size at ``step``, growth since step 10, the run's largest, and whether that is
+    attention-logit growth. None without the column."""
+    if "attn_logit_max" not in m:
+        return None
+    steps, values = np.asarray(m["step"]), np.asarray(m["attn_logit_max"], dtype=np.float64)
+    if not np.isfinite(values).any():
+        return None
+    now, early = value_at(m, "attn_logit_max", step), value_at(m, "attn_logit_max", 10)
+    worst = int(np.nanargmax(values))
+    growth = now / early if math.isfinite(early) and early > 0 else math.nan
+    grew = bool(values[worst] >= ATTENTION_LOGIT_LIMIT
+                and math.isfinite(early) and values[worst] >= ATTENTION_GROWTH_FACTOR * early)
+    finding = (f"attention logits {fmt(now, ',.0f')} at step {step} (×{fmt(growth, ',.0f')} since step 10); largest "
+               f"{fmt(values[worst], ',.0f')} at step {int(steps[worst])}")
+    if "logz_mean" in m:
+        finding += f"; output log Z {fmt(value_at(m, 'logz_mean', step), '.1f')}"
+    if grew:
+        finding += ": attention-logit growth; qk-layernorm contains it"
+    return ("7 logits", finding), {"attn_logit_max": now, "attn_logit_growth": growth, "attention_logit_growth": grew}

@@ -5,7 +5,8 @@ a folder that other tools can read::
 
     config.yaml      the resolved scenario (breaks folded in; their names are in run.json)
     metrics.jsonl    one JSON object per step: step, loss, grad_norm_pre, grad_norm_post,
-                     clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm
+                     clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm, and
+                     the model's stats where it reports them (MODEL_STAT_KEYS)
     batches.jsonl    one JSON object per step: the batch's samples, sources, rare counts
     events.json      detail at burst steps and detected spikes: per-token losses with token
                      strings, per-tensor grad norms, Adam update statistics
@@ -27,7 +28,12 @@ from pytest_spikecheck.records.series import MetricColumns
 from pytest_spikecheck.scenario import Scenario
 
 #: The per-step metric columns, in file order. ``eval_loss`` is NaN where not evaluated.
+#: ``loss`` and ``eval_loss`` are the cross-entropy (an auxiliary z-loss is its own column).
 METRIC_KEYS = ("step", "loss", "grad_norm_pre", "grad_norm_post", "clip_factor", "lr", "eval_loss", "adam_v_norm")
+#: Columns the model reports through its stats hook (the built-in GPT does): the largest
+#: |attention logit| over the layers, the mean and largest |log Z| of the output logits (over
+#: the batch's targets), and the z-loss term. Absent for a model without it.
+MODEL_STAT_KEYS = ("attn_logit_max", "logz_mean", "logz_absmax", "z_loss")
 
 
 @dataclass
@@ -107,7 +113,7 @@ class Run:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        cols = [k for k in METRIC_KEYS if k in self.metrics]
+        cols = [k for k in METRIC_KEYS + MODEL_STAT_KEYS if k in self.metrics]
         rows = []
         for i in range(len(self)):
             row: dict[str, Any] = {}

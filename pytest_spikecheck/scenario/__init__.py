@@ -29,7 +29,9 @@ from pytest_spikecheck.scenario.breaks import (  # noqa: E402  (registers the br
     BlankDocument,
     ClipAt,
     HalfPrecision,
+    HighLR,
     LayerNormEps0,
+    LogitSoftcap,
     LeftPadding,
     MaskPaddingKeys,
     MixtureShift,
@@ -37,16 +39,18 @@ from pytest_spikecheck.scenario.breaks import (  # noqa: E402  (registers the br
     NoWarmup,
     NoWeightDecay,
     RareTokenBurst,
+    QKLayerNorm,
     ShardLocalNorm,
     SkipSpikes,
     StratifiedBatches,
+    ZLoss,
 )
 from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP  # noqa: E402  (registers the presets)
 
 __all__ = [
     "BURST_CONTENTS", "NEW_SOURCES", "PHASE19_BURST_STEP", "BASE_SOURCES", "AdaptiveClip", "BlankDocument", "Break",
-    "BurstSpec", "ClipAt", "DataSpec", "HalfPrecision", "LayerNormEps0", "LeftPadding", "MaskPaddingKeys",
-    "MixtureShift", "MixtureSpec", "NoClip", "NoWarmup", "NoWeightDecay", "OptimizerSpec", "RareTokenBurst",
+    "BurstSpec", "ClipAt", "DataSpec", "HalfPrecision", "HighLR", "LayerNormEps0", "LogitSoftcap", "LeftPadding", "MaskPaddingKeys",
+    "MixtureShift", "MixtureSpec", "NoClip", "NoWarmup", "NoWeightDecay", "OptimizerSpec", "QKLayerNorm", "RareTokenBurst",
     "RecordSpec", "SamplerSpec", "Scenario", "ScheduleSpec", "ShardLocalNorm", "SkipSpikes", "StratifiedBatches",
-    "break_from_config", "break_names", "break_to_config", "register_preset", "scenario_preset_names",
+    "ZLoss", "break_from_config", "break_names", "break_to_config", "register_preset", "scenario_preset_names",
 ]

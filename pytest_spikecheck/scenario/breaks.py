@@ -257,3 +257,77 @@ class ShardLocalNorm(Break):
 
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(optimizer__clip_mode="shard_local")
+
+
+# -- high-learning-rate instabilities (Wortsman et al. 2023) and their defences --------------
+
+
+def _positive_number(b: Break, name: str) -> None:
+    """Check that ``b.<name>`` is a finite number > 0 and store it as a float (YAML reads 1e-4 as a string)."""
+    value = getattr(b, name)
+    try:
+        number = float(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or not 0 < number < float("inf"):
+        raise ConfigError(f"{type(b).__name__} {name} must be a finite number > 0, was {value!r}")
+    object.__setattr__(b, name, number)
+
+
+@dataclass(frozen=True)
+class HighLR(Break):
+    """Train at a high peak learning rate (``optimizer.lr``). At ``lr=0.1`` the Phase-19 model's
+    attention logits grow to thousands within ~50 steps and the run stays stuck near the loss
+    of the unigram distribution: attention-logit growth (Dehghani et al. 2023, Wortsman et al.
+    2023). No multiplier anywhere: the dynamics do it."""
+
+    config_name: ClassVar[str] = "high_lr"
+    lr: float = 0.1
+
+    def __post_init__(self) -> None:
+        _positive_number(self, "lr")
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__lr=float(self.lr))
+
+
+@dataclass(frozen=True)
+class QKLayerNorm(Break):
+    """A defence: LayerNorm on each attention head's queries and keys, so the attention logits
+    stay bounded however far a high learning rate pushes the weights (Dehghani et al. 2023)."""
+
+    config_name: ClassVar[str] = "qk_layernorm"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(model__qk_layernorm=True)
+
+
+@dataclass(frozen=True)
+class ZLoss(Break):
+    """A defence: the auxiliary loss ``coefficient * mean(log(Z)^2)`` on the output logits keeps
+    log Z near 0 (PaLM, Chowdhery et al. 2022: 1e-4). The ``loss`` columns stay the
+    cross-entropy; the term is recorded as ``z_loss``."""
+
+    config_name: ClassVar[str] = "z_loss"
+    coefficient: float = 1e-4
+
+    def __post_init__(self) -> None:
+        _positive_number(self, "coefficient")
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(model__z_loss=float(self.coefficient))
+
+
+@dataclass(frozen=True)
+class LogitSoftcap(Break):
+    """A defence: output logits pass through ``cap * tanh(logits / cap)`` (Gemma 2 uses 30), so
+    no logit, and no log Z, can run away."""
+
+    config_name: ClassVar[str] = "logit_softcap"
+    cap: float = 30.0
+
+    def __post_init__(self) -> None:
+        _positive_number(self, "cap")
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(model__logit_softcap=float(self.cap))

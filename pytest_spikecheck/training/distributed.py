@@ -83,6 +83,9 @@ def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     if resolved.optimizer.clip_mode == "per_tensor":
         raise ConfigError("per-tensor clipping is not defined on flat shards (a shard holds parts of tensors); "
                           "clip globally with nproc > 1")
+    if resolved.model.z_loss > 0:
+        raise ConfigError("z-loss (model.z_loss) is not supported with nproc > 1 yet: each rank's z-loss term "
+                          "covers its own rows only, so the loss column could not be told apart from it")
     if resolved.sampler.batch_size < nproc:
         raise ConfigError(f"nproc {nproc} exceeds the batch size {resolved.sampler.batch_size}: "
                           f"every rank needs at least one sample of each batch")

@@ -134,6 +134,10 @@ class _Training:
         model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
         model = model.to(device=device, dtype=DTYPES[resolved.model.dtype])
         model.train()
+        # The stats hook (models.gpt.GPT's docstring), on one process only: a rank's forward sees
+        # its part of the batch, so its attention logits and log Z are not the batch's.
+        if hasattr(model, "record_stats") and isinstance(sharding, SingleProcess):
+            model.record_stats = True
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("the model has no trainable parameters")

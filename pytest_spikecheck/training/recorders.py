@@ -26,10 +26,10 @@ import torch.nn.functional as F
 
 from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset
 from pytest_spikecheck.data.samplers import batch_composition
-from pytest_spikecheck.records.run import METRIC_KEYS
+from pytest_spikecheck.records.run import METRIC_KEYS, MODEL_STAT_KEYS
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.sharding import EventView, Sharding
-from pytest_spikecheck.training.step import StepOutcome, StepVerdict
+from pytest_spikecheck.training.step import StepOutcome, StepVerdict, model_stats
 
 #: |g| / sqrt(v̂) above this means Adam takes a near-maximal step on that weight.
 ADAM_SURPRISE_THRESHOLD = 10.0
@@ -39,21 +39,27 @@ class MetricsRecorder:
     """The per-step columns of ``metrics.jsonl`` (:data:`~pytest_spikecheck.records.run.METRIC_KEYS`)."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[float]] = {k: [] for k in METRIC_KEYS}
+        self.columns: dict[str, list[float]] = {k: [] for k in METRIC_KEYS + MODEL_STAT_KEYS}
 
     def add(self, s: StepOutcome, *, clip_factor: float, grad_norm_post: float, eval_loss: float,
             adam_v_norm: float) -> dict[str, float]:
         return self.add_row(step=s.step, loss=s.loss, grad_norm_pre=s.grad_norm_pre, grad_norm_post=grad_norm_post,
-                            clip_factor=clip_factor, lr=s.lr, eval_loss=eval_loss, adam_v_norm=adam_v_norm)
+                            clip_factor=clip_factor, lr=s.lr, eval_loss=eval_loss, adam_v_norm=adam_v_norm,
+                            **{k: s.stats[k] for k in MODEL_STAT_KEYS if k in s.stats})
 
     def add_row(self, **row: float) -> dict[str, float]:
-        """One row, every :data:`~pytest_spikecheck.records.run.METRIC_KEYS` column given by name."""
-        for k in METRIC_KEYS:
-            self.columns[k].append(row[k])
+        """One row, every :data:`~pytest_spikecheck.records.run.METRIC_KEYS` column given by name;
+        the model's stats (:data:`~pytest_spikecheck.records.run.MODEL_STAT_KEYS`) where it reported them."""
+        for k in MODEL_STAT_KEYS:
+            row.setdefault(k, math.nan)
+        for k, column in self.columns.items():
+            column.append(row[k])
         return row
 
     def arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in self.columns.items()}
+        """The columns; a model stat the model never reported is left out (not a column of NaN)."""
+        return {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in self.columns.items()
+                if k in METRIC_KEYS or not all(math.isnan(x) for x in v)}
 
 
 class CompositionRecorder:
@@ -102,7 +108,7 @@ def _mean_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> floa
             n = int((ys != IGNORE_INDEX).sum())
             if n:
                 _, loss = model(xs, ys)
-                total += float(loss) * n
+                total += (float(loss) - model_stats(model).get("z_loss", 0.0)) * n  # the cross-entropy
                 count += n
     return total / count if count else math.nan
 

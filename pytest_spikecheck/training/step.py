@@ -37,6 +37,9 @@ class StepOutcome:
     #: The global L2 norm of the gradients as the optimizer will receive them, measured after the
     #: clip in float64 by code independent of the backend (never computed from its scale).
     grad_norm_post: float
+    #: What the model reported through the spikecheck stats hook on this forward (attention
+    #: logits, log Z, the z-loss term; empty for a model without the hook), as floats.
+    stats: dict[str, float] = field(default_factory=dict)
 
     @property
     def nonfinite(self) -> bool:
@@ -58,11 +61,14 @@ class TrainingStep:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         logits, loss = self.sharding.forward_backward(self.model, x, y)
+        stats = model_stats(self.model)
         clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_mode)
         post = self.sharding.grad_norm()
-        return StepOutcome(step=step, lr=lr, batch=batch, x=x, y=y, logits=logits, loss=float(loss.detach()),
+        # The loss column is the cross-entropy: an auxiliary z-loss the model added is reported apart.
+        cross_entropy = float(loss.detach()) - stats["z_loss"] if "z_loss" in stats else float(loss.detach())
+        return StepOutcome(step=step, lr=lr, batch=batch, x=x, y=y, logits=logits, loss=cross_entropy,
                            clip=clip, max_norm=max_norm, grad_norm_pre=float(clip.total_norm),
-                           grad_norm_post=float(post))
+                           grad_norm_post=float(post), stats=stats)
 
     def update(self, *, skip: bool = False) -> None:
         """AdamW's step (unless ``skip``: then nothing reaches the weights or Adam's moments),
@@ -70,6 +76,19 @@ class TrainingStep:
         if not skip:
             self.sharding.optimizer_step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+
+
+def model_stats(model: torch.nn.Module) -> dict[str, float]:
+    """The model's ``spikecheck_stats`` from its last forward (the stats hook, see
+    :class:`pytest_spikecheck.models.gpt.GPT`) as floats; empty when it has none. A key naming
+    several stats (``"a, b"``) holds a 1-d tensor of their values."""
+    out: dict[str, float] = {}
+    for key, value in (getattr(model, "spikecheck_stats", None) or {}).items():
+        if "," in key:  # several stats in one tensor: one host sync for all of them
+            out.update(zip((k.strip() for k in key.split(",")), value.tolist()))
+        else:
+            out[key] = float(value)
+    return out
 
 
 @dataclass
