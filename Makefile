@@ -42,7 +42,7 @@ demo-high-lr: $(VENV)/.setup-base
 
 test: $(VENV)/.setup-dev
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest --spikecheck
+	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope
 
 clean:
 	rm -rf out experiments/*/run .pytest_cache

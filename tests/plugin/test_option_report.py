@@ -2,7 +2,7 @@ import json
 import re
 
 
-def test_report_files_appear_only_with_the_option(tiny):
+def test_report_files_appear_only_with_the_option_and_runs_are_cached_on_disk(tiny):
     report = tiny.path / "report"
     tiny.runpytest("--spikecheck").assert_outcomes(passed=3)
     assert not report.exists()
@@ -20,13 +20,10 @@ def test_report_files_appear_only_with_the_option(tiny):
     assert len(table_rows) >= 6 and any("|g\\|/√v̂" in row for row in table_rows)
     assert all(len(re.split(r"(?<!\\)\|", row)) == 4 for row in table_rows)  # two cells: "|" in a cell is escaped
 
-
-def test_runs_are_cached_on_disk_by_content_hash(tiny):
-    report = tiny.path / "report"
-    tiny.runpytest("--spikecheck", f"--spikecheck-report={report}").assert_outcomes(passed=3)
-    result = tiny.runpytest("--spikecheck", f"--spikecheck-report={report}")
-    result.assert_outcomes(passed=3)
-    result.stdout.fnmatch_lines(["2 scenarios checked (0 trained, 2 from the disk cache)."])
+    # The report folder holds a disk cache keyed by content hash: the same session again trains nothing.
+    again = tiny.runpytest("--spikecheck", f"--spikecheck-report={report}")
+    again.assert_outcomes(passed=3)
+    again.stdout.fnmatch_lines(["2 scenarios checked (0 trained, 2 from the disk cache)."])
     cached = list((report / ".cache").iterdir())
     assert len(cached) == 2 and all("-torch-cpu-t1-v" in p.name for p in cached)
 

@@ -4,9 +4,7 @@ def test_seed_override_reaches_every_scenario(tiny):
     result.stdout.fnmatch_lines(["*seeds all overridden to 7*", "*SEED 7*"])
 
 
-def test_default_seed_is_the_scenarios_own(tiny):
-    result = tiny.runpytest("--spikecheck", "-s", "-k", "test_seed")
-    result.stdout.fnmatch_lines(["*seeds the scenarios' own*", "*SEED 42*"])
+# The default seed (the scenario's own, 42) is checked by test_option_spikecheck.py::test_ini_turns_it_on.
 
 
 def test_bad_seed_is_a_usage_error(pytester):

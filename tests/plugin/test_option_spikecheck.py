@@ -31,8 +31,12 @@ def test_with_the_flag_scenarios_train_and_the_summary_counts_them(tiny):
 
 
 def test_ini_turns_it_on(tiny):
+    # One inner session checks both the ini switch and the default seed (each inner session
+    # pays torch's start-up, so the cheap checks share one).
     tiny.makeini("[pytest]\nspikecheck = true\n")
-    tiny.runpytest().assert_outcomes(passed=3)
+    result = tiny.runpytest("-s", "-k", "test_seed")
+    result.assert_outcomes(passed=1, deselected=2)
+    result.stdout.fnmatch_lines(["*seeds the scenarios' own*", "*SEED 42*"])
 
 
 def test_marker_alone_skips_and_selects(pytester):
