@@ -77,7 +77,7 @@ def main() -> int:
     from pytest_spikecheck import Scenario, train
 
     scenario = Scenario.from_yaml(ROOT / "experiments" / "19-control")
-    train(scenario.replace(steps=20))  # warm the tokenizer cache and torch's kernels
+    train(scenario.replace(steps=20, breaks=()))  # warm the tokenizer cache and torch's kernels (no burst: 20 steps)
 
     pairs, harness, bare, evals = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:

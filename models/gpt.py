@@ -89,7 +89,8 @@ class GPT(nn.Module):
     non-ignored targets, plus ``z_loss * mean(log(Z)^2)`` when the config sets ``z_loss``.
 
     The spikecheck stats hook (any model may implement it): the engine sets ``record_stats``
-    to True; a forward with targets then leaves ``spikecheck_stats``, a dict of floats or
+    to True; a training forward (targets given, gradients enabled: not an evaluation under
+    ``no_grad``) then leaves ``spikecheck_stats``, a dict of floats or
     0-d tensors the engine records per step (``attn_logit_max``, ``attn_entropy_min``,
     ``logz_mean``, ``logz_absmax``, and ``z_loss``: the auxiliary term inside ``loss``, which
     the engine subtracts so that the ``loss`` column stays the cross-entropy).
@@ -139,7 +140,9 @@ class GPT(nn.Module):
             x = x + self.wpe(torch.arange(T, device=idx.device))
         if key_mask is None and self.config.mask_padding and self.config.pad_token_id >= 0:
             key_mask = idx != self.config.pad_token_id  # (B, T): which keys attention may use
-        attention: list[torch.Tensor] | None = [] if self.record_stats and targets is not None else None
+        # Stats of the training forward only: evaluation runs under no_grad and is not a step.
+        record = self.record_stats and targets is not None and torch.is_grad_enabled()
+        attention: list[torch.Tensor] | None = [] if record else None
         for block in self.blocks:
             x = block(x, key_mask, attention)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)

@@ -81,7 +81,6 @@ def test_z_loss_is_added_to_the_loss_and_reported_apart():
     assert float(plain(idx, idx)[1]) == pytest.approx(float(ce), rel=1e-6)  # same init: the same cross-entropy
 
 
-@torch.no_grad()
 def test_qk_layernorm_bounds_attention_logits_however_large_the_weights():
     model = _gpt(qk_layernorm=True)
     model.record_stats = True
