@@ -193,3 +193,15 @@ def test_parameters_without_a_gradient_are_skipped_like_torch_skips_them(mode):
     assert np.isfinite(run["grad_norm_post"]).all() and (run["grad_norm_post"] <= 1.0 + 1e-5).all()
     text = diagnose(run, SHORT_BURST).text()
     assert "table.weight" in text and f"at step {SHORT_BURST}" in text
+
+
+def test_diagnose_defaults_to_the_declared_event_over_a_larger_spike_elsewhere():
+    from pytest_spikecheck import diagnose
+
+    run = train(short_scenario(steps=SHORT_BURST + 5))
+    assert diagnose(run).step == SHORT_BURST
+    # declare a quiet step instead: the diagnosis follows the declaration, not the largest ratio
+    run.meta["declared_events"] = [SHORT_BURST - 10]
+    assert diagnose(run).step == SHORT_BURST - 10
+    run.meta["declared_events"] = []
+    assert diagnose(run).step == SHORT_BURST  # no declaration: the largest spike

@@ -205,3 +205,22 @@ def test_the_conformance_kit_rejects_a_broken_clip(name):
     backend = SABOTAGE[name]
     with pytest.raises(ConformanceError):
         check_clip_function(lambda grads, max_norm: backend.clip_(grads, max_norm), max_examples=20)
+
+
+def test_the_phase19_control_fails_with_a_clip_that_never_scales():
+    # Seed A's control exactly as shipped (clip 1.0, 8 unseen sentences at step 312), stopped
+    # after 40 steps: warmup already pushes the pre-clip norm past 1, so a clip that never
+    # scales leaks there, and the honest clip holds on the same steps.
+    from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP
+
+    control = Scenario.preset("phase-19").with_breaks(RareTokenBurst(count=8, at_step=PHASE19_BURST_STEP))
+
+    def stop_after_40(ctx):
+        if ctx.step == 40:
+            ctx.stop()
+
+    honest = train(control, backend="torch", callbacks=[stop_after_40])
+    assert (honest["clip_factor"] < 1).any(), "the control must clip within its first 40 steps"
+    assert_clip_contains(honest, max_norm=MAX_NORM)
+    with pytest.raises(AssertionError, match="the clip did not contain the gradient"):
+        assert_clip_contains(train(control, backend="never-scales", callbacks=[stop_after_40]), max_norm=MAX_NORM)

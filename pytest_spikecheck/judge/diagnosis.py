@@ -129,8 +129,20 @@ def clip_claims(pre: float | None, post: float | None, factor: float | None,
     return clipped, contained
 
 
+def _declared_event(rec: Record, metric: str) -> int | None:
+    """The engine run's declared event with the largest spike ratio (the first when none has one)."""
+    declared = [int(s) for s in (getattr(rec.run, "declared_events", None) or ()) if s in set(rec.metrics["step"].tolist())]
+    if not declared:
+        return None
+    ratios = [spike_ratio(rec.metrics, s, metric) for s in declared]
+    finite = [(r, s) for r, s in zip(ratios, declared) if np.isfinite(r)]
+    return max(finite)[1] if finite else declared[0]
+
+
 def diagnose(record: Any, step: int | None = None, max_norm: float | None = None) -> Diagnosis:
-    """Walk the ladder at ``step`` (default: the largest pre-clip grad-norm spike).
+    """Walk the ladder at ``step`` (default: the run's declared event — a burst, a new source —
+    with the largest spike ratio, since that is the event the scenario is about; without one,
+    the largest pre-clip grad-norm spike).
 
     ``max_norm`` is the clip limit to judge containment against; a Run recorded by the engine
     carries its own. Every claim is computed from the record: what it does not hold is said to
@@ -138,6 +150,8 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     rec: Record = as_record(record)
     m = rec.metrics
     metric = "grad_norm_pre" if "grad_norm_pre" in m else ("grad_norm" if "grad_norm" in m else "loss")
+    if step is None:
+        step = _declared_event(rec, metric)
     if step is None:
         step, _ = largest_spike(m, metric)
     d = Diagnosis(step)
@@ -154,8 +168,10 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         jump = loss_jump(m, step)
         rec_steps = recovery_steps(m, step)
         d.facts.update(eval_jump=jump, recovery=rec_steps)
-        eval_text = (f"; eval loss jumps {fmt_measure(jump, '+.3f')} and is back within 1.10× in "
-                     f"{fmt(rec_steps)}{' steps' if rec_steps is not None else ' (not back within 50 steps)'}")
+        back = (f"is back within 1.10× in {fmt(rec_steps)} steps" if rec_steps is not None
+                else "is not back within 1.10× in the 50 steps after")
+        eval_text = (f"; eval loss jumps {fmt_measure(jump, '+.3f')} and {back}" if np.isfinite(jump)
+                     else "; the eval loss around this step was not logged")
     loss_text = ("train loss not logged" if loss_now is None else
                  f"train loss {fmt(loss_now, '.3f')} vs median {fmt_measure(loss_base, '.3f')} over the 50 steps before")
     d.lines.append(("1 loss", f"{loss_text}{eval_text}"))
