@@ -135,6 +135,37 @@ def _nonfinite(steps: np.ndarray, values: np.ndarray, i: int, baseline: float = 
     return Detection(int(steps[i]), float(values[i]), baseline, math.inf)
 
 
+class _HistoryRule(Detector):
+    """A detector that judges each value against the history before it alone (no state carried
+    from one value to the next): one loop, each rule its own :meth:`_rule`. A non-finite value
+    is always flagged; a value whose history is empty, or gives no baseline, is not judged."""
+
+    def _history_points(self) -> int:
+        return self.min_history  # type: ignore[attr-defined]
+
+    def _rule(self, value: float, history: np.ndarray) -> tuple[float, float, bool] | None:  # pragma: no cover
+        """(baseline, score, flagged) for one value, or None when its history gives no baseline."""
+        raise NotImplementedError
+
+    def _detect(self, steps, values):
+        ok = np.isfinite(values)
+        out, judged = [], 0
+        for i in range(values.size):
+            if not ok[i]:
+                out.append(_nonfinite(steps, values, i))
+                judged += 1
+                continue
+            history = _history(steps, values, i, self.window, self._history_points())  # type: ignore[attr-defined]
+            verdict = self._rule(float(values[i]), history) if history.size else None
+            if verdict is None:
+                continue
+            judged += 1
+            baseline, score, flagged = verdict
+            if flagged:
+                out.append(Detection(int(steps[i]), float(values[i]), baseline, score))
+        return out, judged
+
+
 @dataclass(frozen=True)
 class RatioToMedian(Detector):
     name: ClassVar[str] = "ratio"
@@ -143,6 +174,8 @@ class RatioToMedian(Detector):
     min_history: int = MIN_BASELINE_POINTS
 
     def _detect(self, steps, values):
+        # Its own loop, through spike_baseline: the ratio detector is the engine's online trigger
+        # offline, so both read the one baseline function.
         ok = np.isfinite(values)
         out, judged = [], 0
         for i in range(values.size):
@@ -194,7 +227,7 @@ class LLMFoundry(Detector):
 
 
 @dataclass(frozen=True)
-class Lightning(Detector):
+class Lightning(_HistoryRule):
     name: ClassVar[str] = "lightning"
     threshold: float = 2.0
     window: int = 10
@@ -202,29 +235,22 @@ class Lightning(Detector):
     def needs(self) -> str:
         return f"{max(1, self.window // 2)} earlier logged points (over at least {self.window} steps)"
 
-    def _detect(self, steps, values):
-        ok = np.isfinite(values)
-        out, judged = [], 0
-        for i in range(values.size):
-            if not ok[i]:
-                out.append(_nonfinite(steps, values, i))
-                judged += 1
-                continue
-            # Lightning needs half its window filled: on a sparse log, that many logged values.
-            hist = _history(steps, values, i, self.window, max(1, self.window // 2))
-            if hist.size == 0:
-                continue
-            mean = float(np.mean(hist))
-            if not math.isfinite(mean):
-                continue  # the window's mean overflows float64: no baseline to judge against
-            judged += 1
-            if mean != 0 and abs(values[i] - mean) >= self.threshold * abs(mean):
-                out.append(Detection(int(steps[i]), float(values[i]), mean, float(abs(values[i] - mean) / abs(mean))))
-        return out, judged
+    def _history_points(self) -> int:
+        # Lightning needs half its window filled: on a sparse log, that many logged values.
+        return max(1, self.window // 2)
+
+    def _rule(self, value, history):
+        mean = float(np.mean(history))
+        if not math.isfinite(mean):
+            return None  # the window's mean overflows float64: no baseline to judge against
+        if mean == 0:
+            return mean, math.nan, False
+        score = abs(value - mean) / abs(mean)
+        return mean, score, abs(value - mean) >= self.threshold * abs(mean)
 
 
 @dataclass(frozen=True)
-class OLMoCore(Detector):
+class OLMoCore(_HistoryRule):
     """``value > mean + sigmas * std`` over the previous ``window`` steps. (OLMo-core once
     compared against ``sigmas * std`` alone, which flags every step of a series whose mean
     is large against its spread; the tests keep that bug out.)"""
@@ -239,25 +265,12 @@ class OLMoCore(Detector):
     def threshold_name(self) -> str:
         return "sigmas"
 
-    def _detect(self, steps, values):
-        ok = np.isfinite(values)
-        out, judged = [], 0
-        for i in range(values.size):
-            if not ok[i]:
-                out.append(_nonfinite(steps, values, i))
-                judged += 1
-                continue
-            hist = _history(steps, values, i, self.window, self.min_history)
-            if hist.size == 0:
-                continue
-            mean, std = float(np.mean(hist)), float(np.std(hist))
-            if not (math.isfinite(mean) and math.isfinite(std)):
-                continue  # the window's moments overflow float64: no baseline to judge against
-            judged += 1
-            z = (values[i] - mean) / std if std > 0 else (math.inf if values[i] > mean else 0.0)
-            if z > self.sigmas:
-                out.append(Detection(int(steps[i]), float(values[i]), mean, float(z)))
-        return out, judged
+    def _rule(self, value, history):
+        mean, std = float(np.mean(history)), float(np.std(history))
+        if not (math.isfinite(mean) and math.isfinite(std)):
+            return None  # the window's moments overflow float64: no baseline to judge against
+        z = (value - mean) / std if std > 0 else (math.inf if value > mean else 0.0)
+        return mean, float(z), z > self.sigmas
 
 
 class EmaMoments:
@@ -372,7 +385,7 @@ def _median_and_spread(hist: np.ndarray) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
-class LossJump(Detector):
+class LossJump(_HistoryRule):
     """The loss is a log-likelihood, so a spike is an *additive* event: a jump of ``nats``
     above the median of the previous points means the same thing at any baseline (ln 2: the
     model's perplexity doubled). On a noisy per-batch loss the bar rises to ``sigmas``
@@ -390,23 +403,10 @@ class LossJump(Detector):
     def threshold_name(self) -> str:
         return "nats"
 
-    def _detect(self, steps, values):
-        ok = np.isfinite(values)
-        out, judged = [], 0
-        for i in range(values.size):
-            if not ok[i]:
-                out.append(_nonfinite(steps, values, i))
-                judged += 1
-                continue
-            hist = _history(steps, values, i, self.window, self.min_history)
-            if hist.size == 0:
-                continue
-            judged += 1
-            med, spread = _median_and_spread(hist)
-            jump = float(values[i]) - med
-            if jump >= max(self.nats, self.sigmas * spread):
-                out.append(Detection(int(steps[i]), float(values[i]), med, jump))
-        return out, judged
+    def _rule(self, value, history):
+        med, spread = _median_and_spread(history)
+        jump = value - med
+        return med, jump, jump >= max(self.nats, self.sigmas * spread)
 
 
 @dataclass(frozen=True)
