@@ -205,3 +205,19 @@ def test_diagnose_defaults_to_the_declared_event_over_a_larger_spike_elsewhere()
     assert diagnose(run).step == SHORT_BURST - 10
     run.meta["declared_events"] = []
     assert diagnose(run).step == SHORT_BURST  # no declaration: the largest spike
+
+
+
+def test_the_measured_norm_is_float64_where_torchs_float32_reduction_drifts():
+    """Why the records pay for a float64 pass: torch's CPU float32 norm of one 2**20-element
+    tensor is ~1e-5 off (8e-4 at 2**24), as large as the containment tolerance; the measured
+    norm (sharding.float64_norm) stays at float64 accuracy. A float32 measurement fails this."""
+    from pytest_spikecheck.training.sharding import float64_norm
+
+    gen = torch.Generator().manual_seed(0)
+    grads = [torch.randn(2**20, generator=gen) * 1e-4, torch.randn(4096, generator=gen), torch.zeros(3)]
+    reference = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads))
+    float32_drift = abs(float(torch.linalg.vector_norm(grads[0])) / float(grads[0].double().norm()) - 1)
+    assert float32_drift > 1e-6  # the premise: if torch's reduction gets exact, this test has no point left
+    assert float(float64_norm(grads)) == pytest.approx(reference, rel=1e-12)
+    assert float(float64_norm([])) == 0.0

@@ -30,7 +30,6 @@ from __future__ import annotations
 import math
 import platform
 import time
-from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +43,6 @@ from pytest_spikecheck.data.corpus import Sample
 from pytest_spikecheck.data.samplers import batch_composition
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.integrations.burst import BurstStream
-from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.scenario.spec import OptimizerSpec, RecordSpec, SamplerSpec
@@ -53,8 +51,6 @@ from pytest_spikecheck.training.sharding import EventView, SingleProcess, float6
 from pytest_spikecheck.training.step import SpikeWatch, StepVerdict
 
 IGNORE_INDEX = -100  # torch's and Hugging Face's "no target here"
-#: A step that cannot be a spike and declares nothing: no event.
-_QUIET = StepVerdict(baseline=math.nan, ratio=math.nan, is_spike=False, skip=False, declared=None, nonfinite=False)
 
 
 @dataclass(frozen=True)
@@ -154,7 +150,6 @@ class Recorder:
             raise ConfigError("Recorder: the model has no trainable parameters")
         self.declared = {**(self.stream.declared if self.stream is not None else {}), **dict(self.declared)}
         self._watch = SpikeWatch(self.spike_ratio, self.window, None, dict(self.declared))
-        self._recent: deque[float] = deque(maxlen=self.window)  # the pre-clip norms SpikeWatch holds
         self._adam_reader = SingleProcess([p for _, p in self.named])
         self._metrics = MetricsRecorder()
         self.events: list[dict[str, Any]] = []
@@ -207,7 +202,7 @@ class Recorder:
         if self._tapped is not None:
             self._tapped.fill_(math.nan)
         pre = float(torch.linalg.vector_norm(per))
-        verdict = self._judge(step, pre)
+        verdict = self._watch.judge_norm(step, pre, nonfinite=not math.isfinite(pre))
         states = None
         if verdict.is_event and self.optimizer is not None:
             # cloned now: a trainer whose hook after the clip comes after the update (Lightning)
@@ -216,15 +211,6 @@ class Recorder:
                       for st in (self.optimizer.state.get(p, {}) for _, p in self.named)]
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else math.nan
         self._pending = _Pending(step, pre, per, has_grad, lr, verdict, states)
-
-    def _judge(self, step: int, pre: float) -> StepVerdict:
-        """The engine's verdict (SpikeWatch), skipped on the many steps that cannot be a spike:
-        below spike_ratio x the smallest of the values the baseline's median is taken over."""
-        recent = self._recent
-        if (step not in self.declared and math.isfinite(pre) and len(recent) >= MIN_BASELINE_POINTS
-                and all(map(math.isfinite, recent)) and pre < self.spike_ratio * min(recent)):
-            return _QUIET
-        return self._watch.judge_norm(step, pre, nonfinite=not math.isfinite(pre))
 
     def after_clip(self) -> None:
         """Measure the gradients as the optimizer receives them (after the clip; before or after
@@ -270,7 +256,6 @@ class Recorder:
                                     lr=p.lr if lr is None else float(lr), eval_loss=float(eval_loss),
                                     adam_v_norm=math.sqrt(v_sum))
         self._watch.observe_norm(p.step, p.grad_norm_pre)
-        self._recent.append(p.grad_norm_pre)
         self._pending = None
         return row
 

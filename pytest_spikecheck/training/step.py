@@ -133,7 +133,17 @@ class SpikeWatch:
 
     def judge_norm(self, step: int, grad_norm_pre: float, *, nonfinite: bool) -> StepVerdict:
         """The verdict on a step known only by its pre-clip norm (what a recorder inside someone
-        else's trainer sees before the clip)."""
+        else's trainer sees before the clip).
+
+        Most steps cannot be a spike: their norm is under ``threshold x`` the smallest value the
+        baseline's median could be taken over (its history is always among the last ``window``
+        norms held here). Those get a quiet verdict without computing the baseline (``baseline``
+        and ``ratio`` NaN: nothing reads them on a step that is not an event)."""
+        threshold = self.spike_ratio if self.skip_ratio is None else min(self.spike_ratio, self.skip_ratio)
+        norms = self._norms
+        if step not in self.declared and not nonfinite and norms and grad_norm_pre < threshold * min(norms):
+            return StepVerdict(baseline=math.nan, ratio=math.nan, is_spike=False, skip=False, declared=None,
+                               nonfinite=False)
         base = spike_baseline(np.fromiter(self._steps, np.int64, len(self._steps)),
                               np.fromiter(self._norms, np.float64, len(self._norms)), step, self.window)
         ratio = grad_norm_pre / base if base > 0 else math.nan
