@@ -107,7 +107,7 @@ def main() -> int:
     from pytest_spikecheck import Scenario
 
     scenario = Scenario.from_yaml(ROOT / "experiments" / "19-control")
-    paired_run(scenario.replace(steps=20))  # warm caches and kernels
+    paired_run(scenario.replace(steps=20, breaks=()))  # warm caches and kernels (no burst: it is past step 20)
     bare, recorded = [], []
     for _ in range(args.repeats):
         b, r = paired_run(scenario)

@@ -1,10 +1,25 @@
-"""pytester helpers (every inner run is a subprocess: see ``--runpytest=subprocess`` in
-pyproject.toml; torch cannot be unloaded and reloaded in one process): tiny scenarios (declared in a conftest.py, as users share them) that
-train in well under a second."""
+"""pytester helpers: tiny scenarios (declared in a conftest.py, as users share them) that
+train in well under a second.
+
+Inner sessions run in this process (``pytester.runpytest``), which saves each of them ~4 s of
+imports: torch, and ``torch._dynamo``, which torch imports the first time an optimizer is built.
+Pytester removes the modules an inner run imported when it ends, and torch cannot be unloaded
+and imported again, so everything an inner run would import that is heavy or registers itself
+with torch is imported here first and stays. What must see a fresh interpreter (the plugin
+imports nothing heavy; xdist workers) uses ``runpytest_subprocess``.
+"""
 
 from __future__ import annotations
 
+import matplotlib.pyplot  # noqa: F401
 import pytest
+import torch
+import torch._dynamo  # noqa: F401  (torch.optim imports it on the first optimizer; here, once)
+
+import pytest_spikecheck.cli.commands  # noqa: F401
+import pytest_spikecheck.report  # noqa: F401
+import pytest_spikecheck.training.engine  # noqa: F401
+
 
 TINY_CONFTEST = '''
 from pytest_spikecheck import NoClip, RareTokenBurst, Scenario, spikecheck_scenario

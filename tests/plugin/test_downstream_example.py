@@ -29,7 +29,7 @@ def test_the_downstream_example_passes_with_the_same_summary_on_one_and_two_work
             target = pytester.path / path.relative_to(EXAMPLE)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, target)
-    serial = pytester.runpytest_subprocess("--spikecheck", "-p", "no:randomly")
+    serial = pytester.runpytest("--spikecheck", "-p", "no:randomly")
     parallel = pytester.runpytest_subprocess("--spikecheck", "-n", "2", "-p", "no:randomly")
     for result in (serial, parallel):
         result.assert_outcomes(passed=6, xfailed=1)
