@@ -161,12 +161,16 @@ class FlatShard:
         # tensor. torch's float32 norm of a 75k-element vector is off by ~1e-6 relative, of a
         # parameter-sized one by ~1e-7, as in the single-process clip.
         self._clip_parts: list[torch.Tensor] = []
+        position = {p: k for k, p in enumerate(self.params)}
+        part_of = []  # each clip part's parameter, as its index in the engine's order
         for p in ordered:
             a, b = max(self._slices[p].start, lo) - lo, min(self._slices[p].stop, hi) - lo
             if a < b:
                 part = self.shard_params[a:b]
                 part.grad = self.shard_grads[a:b]
                 self._clip_parts.append(part)
+                part_of.append(position[p])
+        self._part_of = torch.tensor(part_of, dtype=torch.long, device=first.device)
         # (AdamW's parameter: a view of shard_params, its gradient: the same span of shard_grads)
         self._pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
         shard_groups = []
@@ -182,7 +186,6 @@ class FlatShard:
         if not shard_groups:
             raise ConfigError(f"the model's {numel} parameters are too few to give each of "
                               f"{self.world_size} ranks a shard")
-        self._scale_applied = torch.ones((), dtype=torch.float32, device=first.device)
         return build_optimizer(model, scenario, shard_groups)
 
     # -- one step -------------------------------------------------------------------------
@@ -210,13 +213,15 @@ class FlatShard:
         return logits, batch_loss
 
     def clip(self, max_norm: float, *, backend: str, mode: str) -> ClipResult:
+        # Measured before the clip, every step: this rank's part of each parameter's squared
+        # norm (the event record adds them over the ranks; never recovered from a scale).
+        grads = [part.grad for part in self._clip_parts]
+        self._pre_clip_squares = (torch.stack(torch._foreach_norm(grads)).double().square() if grads
+                                  else torch.zeros(0, dtype=torch.float64))
         if mode != "shard_local":
-            result = clip_grads_(self._clip_parts, max_norm, backend=backend, mode=mode, process_group=self.group)
-            self._scale_applied = result.scale
-            return result
+            return clip_grads_(self._clip_parts, max_norm, backend=backend, mode=mode, process_group=self.group)
         # ShardLocalNorm, the bug: no process group, so each rank clips to its own shard's norm.
         local = clip_grads_(self._clip_parts, max_norm, backend=backend, mode="global")
-        self._scale_applied = local.scale
         # Recording only, not part of the buggy clip: the whole gradient's norm before and after
         # it, from one all-reduce of both squared shard norms (exact in float64).
         squares = torch.stack([local.total_norm, local.total_norm * local.scale]).to(torch.float64).square()
@@ -252,11 +257,10 @@ class FlatShard:
         takes part; only event steps pay for it)."""
         grads = torch.empty_like(self.flat_grads)
         _all_gather(grads, self.shard_grads, group=self.group)
-        # Each shard was multiplied by its rank's scale (the same one, unless ShardLocalNorm):
-        # dividing by it gives back the pre-clip gradient, for the per-tensor norms.
-        scales = torch.empty(self.world_size, dtype=torch.float32, device=grads.device)
-        _all_gather(scales, self._scale_applied.reshape(1).to(torch.float32), group=self.group)
-        pre_clip = grads / scales.repeat_interleave(self.shard_numel).to(grads.dtype)
+        # Each parameter's pre-clip squared norm, summed over the ranks' parts (measured in clip).
+        pre_clip_squares = torch.zeros(len(self.params), dtype=torch.float64, device=grads.device)
+        pre_clip_squares.index_add_(0, self._part_of, self._pre_clip_squares.to(grads.device))
+        dist.all_reduce(pre_clip_squares, op=dist.ReduceOp.SUM, group=self.group)
 
         step = next((optimizer.state[piece]["step"] for piece, _ in self._pieces if piece in optimizer.state), None)
         moments = None
@@ -277,7 +281,7 @@ class FlatShard:
         return EventView(
             logits=full_logits,
             grads=[grads[s].view_as(p) for s, p in zip(per_param, self.params)],
-            pre_clip_norms=torch.stack([torch.linalg.vector_norm(pre_clip[s]) for s in per_param]),
+            pre_clip_norms=pre_clip_squares.sqrt().to(torch.float32),
             states=[{} if moments is None else {"exp_avg_sq": moments[s].view_as(p), "step": step}
                     for s, p in zip(per_param, self.params)],
         )
