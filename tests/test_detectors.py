@@ -3,6 +3,7 @@ import math
 import numpy as np
 import pytest
 
+from pytest_spikecheck.judge.baseline import baseline_history, spike_baseline
 from pytest_spikecheck.judge.detectors import DETECTORS, OLMoCore, get_detector
 
 
@@ -98,3 +99,127 @@ def test_every_detector_judges_a_log_written_every_50_steps(name):
     assert judgement.points == 60 and judgement.interval == 50 and judgement.judged >= 30, judgement
     short = get_detector(name).judge(steps[:1], v[:1])
     assert short.judged == 0 and short.not_judged_text().startswith("not judged: 1 point, needs ")
+
+
+# -- each rule at its threshold, with how many values it judged ---------------------------------
+
+def _judge(name, values, steps=None, **params):
+    values = np.asarray(values, dtype=float)
+    steps = np.arange(1, values.size + 1) if steps is None else np.asarray(steps)
+    judgement = get_detector(name, **params).judge(steps, values)
+    # NaN -> None so that a flagged NaN compares equal to the expectation
+    clean = lambda x: None if isinstance(x, float) and math.isnan(x) else pytest.approx(x)  # noqa: E731
+    return judgement.judged, [(d.step, clean(d.value), clean(d.baseline), clean(d.score)) for d in judgement.detections]
+
+
+NAN = math.nan
+AT_THE_THRESHOLD = [
+    # (detector, params, values, judged, [(step, value, baseline, score)])
+    # ratio: 10 earlier points needed (steps 11-23 judged); exactly 5x is a spike, 4.99x is not
+    ("ratio", {}, [1.0] * 20 + [5.0, 4.99, NAN], 13, [(21, 5.0, 1.0, 5.0), (23, None, None, math.inf)]),
+    # llm-foundry: 2x the running mean (exactly 2 at step 21 counts), 4 in a row, flagged at the 4th
+    ("llm-foundry", {}, [1.0] * 20 + [2.0, 3, 3, 3, 1], 15, [(24, 3.0, 28 / 23, 3 / (28 / 23))]),
+    # ... and a non-finite value breaks the streak: 3 high, NaN, 3 high is no spike
+    ("llm-foundry", {}, [1.0] * 20 + [3, 3, 3, NAN, 3, 3, 3], 17, [(24, None, None, math.inf)]),
+    # lightning: |x - mean| >= 2|mean| (3 vs mean 1); 5 earlier points (half its window) needed
+    ("lightning", {}, [1.0] * 10 + [3.0, 1.0, 2.9], 8, [(11, 3.0, 1.0, 2.0)]),
+    ("lightning", {}, [0.0] * 8 + [5.0], 4, []),  # a zero mean: judged, no relative score, not flagged
+    # olmo-core: strictly above mean + 6 sigma (mean 1, sigma 1: 7 is not above)
+    ("olmo-core", {}, [0.0, 2.0] * 20 + [7.0], 21, []),
+    # ... with no spread, only a value above the mean is infinitely far
+    ("olmo-core", {"sigmas": 0.5}, [1.0] * 20 + [1.0, 1.5], 2, [(22, 1.5, 1.0, math.inf)]),
+    # megatron: the reference is the first 100 steps (1-100); step 101 is the first judged
+    ("megatron", {}, [1.0] * 100 + [10.0, 9.99, NAN], 3, [(101, 10.0, 1.0, 10.0), (103, None, 1.0, math.inf)]),
+    # loss-jump: a jump of exactly `nats` over the median
+    ("loss-jump", {"nats": 0.5}, [2.0] * 5 + [2.5, 2.49], 2, [(6, 2.5, 2.0, 0.5)]),
+    # ... and of 6 robust sigmas on a noisy history (median 2, MAD 1: bar 6 x 1.4826 = 8.8956);
+    # the alternation's first points, judged on 5 values with no spread yet, are flagged too
+    ("loss-jump", {}, [1.0, 3.0] * 5 + [10.9, 10.8], 7,
+     [(6, 3.0, 1.0, 2.0), (8, 3.0, 1.0, 2.0), (10, 3.0, 1.0, 2.0), (11, 10.9, 2.0, 8.9)]),
+    # loss-sustained: up 1 nat and staying up for `hold` points; once per episode; the last two
+    # points lack 2 later ones (not judged)
+    ("loss-sustained", {}, [2.0] * 6 + [3.0] * 4 + [2.0] * 3 + [3.0] * 3, 13, [(7, 3.0, 2.0, 1.0), (14, 3.0, 2.0, 1.0)]),
+    # grad-ratio: exactly 10x the median of the last 10 points
+    ("grad-ratio", {}, [1.0] * 10 + [10.0, 9.9], 2, [(11, 10.0, 1.0, 10.0)]),
+    # ... never against less than half the long-run level: after a collapse to 0.001, 0.6 is no spike
+    ("grad-ratio", {}, [1.0] * 20 + [0.001] * 10 + [0.6], 21, []),
+]
+
+
+@pytest.mark.parametrize(("name", "params", "values", "judged", "found"), AT_THE_THRESHOLD,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(AT_THE_THRESHOLD)])
+def test_each_rule_at_its_threshold(name, params, values, judged, found):
+    assert _judge(name, values, **params) == (judged, found)
+
+
+def test_megatron_without_a_finite_reference_flags_only_the_non_finite_values():
+    assert _judge("megatron", [NAN, NAN, NAN, 5.0], steps=[1, 2, 3, 200]) == (3, [
+        (1, None, None, math.inf), (2, None, None, math.inf), (3, None, None, math.inf)])
+
+
+def test_zclip_follows_the_ema_of_zclip():
+    # An oracle from ZClip's definition: plain mean/variance of the first 25 values, then
+    # mean <- a mean + (1 - a) x, var <- a var + (1 - a) (x - old mean)^2; a flagged value enters clipped.
+    values = [1.0, 1.2] * 13 + [5.0, 1.1, NAN]
+    mean, var = float(np.mean(values[:25])), float(np.var(values[:25]))
+    expected = []
+    for step, x in enumerate(values[25:], 26):
+        if not math.isfinite(x):
+            expected.append((step, None, pytest.approx(mean), math.inf))
+            continue
+        z = (x - mean) / math.sqrt(var)
+        if z > 2.5:
+            expected.append((step, x, pytest.approx(mean), pytest.approx(z)))
+            x = mean + 2.5 * math.sqrt(var)
+        mean, var = 0.97 * mean + 0.03 * x, 0.97 * var + 0.03 * (x - mean) ** 2
+    assert [s for s, *_ in expected] == [27, 29]
+    assert _judge("zclip", values) == (4, expected)
+
+
+def test_what_a_detector_says_it_needs_and_could_not_judge():
+    judgement = get_detector("ratio").judge([10, 20, 30], [1.0, 1.0, 1.0])
+    assert judgement.blind and judgement.not_judged_text() == (
+        "not judged: 3 points, interval 10 steps, needs 10 earlier logged points (over at least 50 steps)")
+    assert get_detector("ratio").judge([5], [1.0]).not_judged_text() == (
+        "not judged: 1 point, needs 10 earlier logged points (over at least 50 steps)")
+    assert get_detector("lightning").judge([1, 2], [1.0, 1.0]).not_judged_text() == (
+        "not judged: 2 points, interval 1 step, needs 5 earlier logged points (over at least 10 steps)")
+    assert not get_detector("ratio").judge(np.arange(1, 12), np.ones(11)).blind
+    assert [get_detector(name, **params).needs() for name, params in [
+        ("ratio", {"min_history": 1}), ("lightning", {"window": 1}), ("lightning", {"window": 7}),
+        ("loss-sustained", {}), ("loss-sustained", {"min_history": 2, "hold": 2}), ("zclip", {"warmup": 3}),
+        ("megatron", {"reference_steps": 7})]] == [
+        "1 earlier logged point (over at least 50 steps)",
+        "1 earlier logged points (over at least 1 steps)",
+        "3 earlier logged points (over at least 7 steps)",
+        "1 earlier logged point and 2 later ones",
+        "2 earlier logged points and 1 later one",
+        "3 earlier logged points (the EMA's warm-up)",
+        "a finite value in the first 7 steps and a value after them"]
+    assert get_detector("olmo-core", sigmas=4).describe() == "olmo-core(sigmas=4, window=128, min_history=20)"
+    assert get_detector("lightning", window=7).judge(np.arange(1, 5), np.ones(4)).judged == 1  # 3 earlier points
+
+
+# -- the spike baseline every judge shares (pytest_spikecheck.judge.baseline) ----------------------
+
+_EVERY_10 = np.arange(10, 1001, 10)  # a log written every 10 steps, values 1, 2, ..., 100
+_VALUES = np.arange(1.0, 101.0)
+
+
+@pytest.mark.parametrize(("values", "at", "window", "min_points", "expected"), [
+    (_VALUES, 500, 50, 10, list(range(40, 50))),  # 5 in [450, 500), widened back to 10 points
+    (_VALUES, 500, 50, 3, [45, 46, 47, 48, 49]),  # the window alone has enough
+    (_VALUES, 500, 50, 0, [45, 46, 47, 48, 49]),  # at least one point, always
+    (_VALUES, 500, 20, 2, [48, 49]),  # [480, 500): 490 and 480
+    (_VALUES, 100, 50, 10, []),  # 9 points before step 100: no baseline
+    (_VALUES, 110, 50, 10, list(range(1, 11))),  # exactly 10
+    (np.where((_VALUES > 40) & (_VALUES < 46), np.nan, _VALUES), 500, 50, 10, [35, 36, 37, 38, 39, 40, 46, 47, 48, 49]),
+])
+def test_the_baseline_history_is_the_window_widened_to_min_points(values, at, window, min_points, expected):
+    assert baseline_history(_EVERY_10, values, at, window, min_points).tolist() == expected
+
+
+def test_the_spike_baseline_is_the_median_of_that_history():
+    assert spike_baseline(_EVERY_10, _VALUES, 500) == 44.5
+    assert math.isnan(spike_baseline(_EVERY_10, _VALUES, 100))
+    assert spike_baseline(_EVERY_10, _VALUES, 500, window=20, min_points=2) == 48.5

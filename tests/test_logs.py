@@ -435,3 +435,82 @@ def test_no_spike_on_a_log_without_grad_norm_falls_back_to_the_loss(tmp_path):
         assert_no_spike(path)
     with pytest.raises(SpikeCheckError, match=r"ratio\(.*\) flagged a loss spike at step 160"):
         assert_no_spike(path, detector="ratio", threshold=2.0, min_history=5)
+
+
+# -- trainer_state.json: every message and note, word for word ---------------------------------
+
+HF_EXPECTED = "expected a Hugging Face trainer_state.json (an object with a log_history list)"
+
+
+@pytest.mark.parametrize(("state", "message"), [
+    ([1, 2], f"no log_history list (it has a JSON list); {HF_EXPECTED}"),
+    ({"log_history": [], "max_steps": 9}, f"log_history is empty: the trainer logged nothing (max_steps 9); {HF_EXPECTED}"),
+    ({"log_history": []}, f"log_history is empty: the trainer logged nothing; {HF_EXPECTED}"),
+    ({"log_history": [{"loss": 1}, {"loss": 2}, {"loss": 3}]},
+     f"no log_history entry has a step (log_history[0] and 2 more); {HF_EXPECTED}"),
+    ({"log_history": [{"loss": 1}, {"loss": 2}]}, f"no log_history entry has a step (log_history[0] and 1 more); {HF_EXPECTED}"),
+    ({"log_history": [{"step": 1.5, "loss": 2.0}]},
+     "log_history[0]: 'step' holds 1.5, expected a step number (a whole number >= 0)"),
+    ({"log_history": [{"step": 3, "loss": 2.0}, {"step": -1, "loss": 2.0}]},
+     "log_history[1]: 'step' holds -1, expected a step number (a whole number >= 0)"),
+    ({"log_history": [{"step": 3, "loss": 2.0}, 5]}, f"log_history[1] is not an object; {HF_EXPECTED}"),
+])
+def test_trainer_state_errors_word_for_word(tmp_path, state, message):
+    path = write(tmp_path, "trainer_state.json", json.dumps(state))
+    with pytest.raises(ConfigError) as info:
+        read_log(path, format="hf-trainer")
+    assert str(info.value) == f"{path}: {message}"
+
+
+@pytest.mark.parametrize(("stepless", "note"), [
+    (1, "1 log_history entry without a step skipped (log_history[1])"),
+    (2, "2 log_history entries without a step skipped (log_history[1], log_history[2])"),
+    (3, "3 log_history entries without a step skipped (log_history[1], log_history[2], log_history[3])"),
+    (4, "4 log_history entries without a step skipped (log_history[1], log_history[2], log_history[3], ...)"),
+])
+def test_trainer_state_rows_without_a_step_are_counted_in_the_note(tmp_path, stepless, note):
+    # the end-of-training summary (train_runtime) is skipped silently, and reading goes on after it
+    rows = ([{"step": 1, "loss": 2.0}] + [{"predict_loss": 1.0}] * stepless
+            + [{"step": 2, "train_runtime": 5.0, "train_loss": 9.0}, {"step": 3, "loss": 1.5}])
+    record = read_log(write(tmp_path, "trainer_state.json", hf_state(rows)))
+    assert record.notes == (note,)
+    assert record.metrics["step"].tolist() == [1, 3] and record.metrics["loss"].tolist() == [2.0, 1.5]
+    assert "train_loss" not in record.metrics and "step" not in [k for k in record.metrics if k != "step"]
+
+
+# -- CSV and JSONL: messages, notes and what is read, word for word ------------------------------
+
+_THIRTEEN = ",".join(f"c{i}" for i in range(13))
+
+
+@pytest.mark.parametrize(("name", "content", "kwargs", "message"), [
+    ("log.csv", f"{_THIRTEEN}\n{','.join('1' * 13)}\n", {"mapping": {"loss": "zz"}},
+     "cannot map loss=zz: the log has no 'zz' column (it has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, ... (1 more))"),
+    ("log.csv", f"{_THIRTEEN[:-4]}\n{','.join('1' * 12)}\n", {"mapping": {"loss": "zz"}},
+     "cannot map loss=zz: the log has no 'zz' column (it has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11)"),
+    ("log.csv", "step,loss\n1,2\n,3\n", {}, "line 3: 'step' holds nothing, expected a step number (a whole number >= 0)"),
+    ("log.csv", "it,loss\n1,2\n1.5,3\n", {"mapping": {"step": "it"}},
+     "line 3: 'it' holds '1.5', expected a step number (a whole number >= 0)"),
+    ("log.csv", 'step,note,loss\n1,"two\nlines",2.0\nx,y,1.5\n', {},  # a quoted newline is inside the cell
+     "line 4: 'step' holds 'x', expected a step number (a whole number >= 0)"),
+    ("log.csv", "", {"format": "csv"}, "no logged steps; expected a CSV log with a header row"),
+    ("log.csv", "step,loss,lr\n1,2.0,0.1\n2,1.9\n", {}, "line 3 has 2 cells but the header has 3; expected a CSV log with a header row"),
+    ("latin.csv", b"step,loss\n1,\xff\n", {}, "not UTF-8 text; expected a CSV log with a header row"),
+])
+def test_csv_errors_word_for_word(tmp_path, name, content, kwargs, message):
+    path = write(tmp_path, name, content)
+    with pytest.raises(ConfigError) as info:
+        read_log(path, **kwargs)
+    assert str(info.value) == f"{path}: {message}"
+
+
+def test_csv_and_jsonl_edge_cases_read_as_written(tmp_path):
+    record = read_log(write(tmp_path, "log.csv", "a,b\n1,2\n3,4\n"))
+    assert record.notes == ("no step column: rows are numbered 1, 2, 3, ... (name one with --map step=COLUMN)",)
+    assert record.metrics["step"].tolist() == [1, 2] and record.metrics["b"].tolist() == [2.0, 4.0]
+    # a byte-order mark (Excel's CSV, some JSONL writers) is no part of the first column's name
+    bom = "\ufeff".encode()
+    assert read_log(write(tmp_path, "bom.csv", bom + b"step,loss\n7,2.0\n")).metrics["step"].tolist() == [7]
+    assert read_log(write(tmp_path, "bom.jsonl", bom + b'{"step": 7, "loss": 2.0}\n')).metrics["loss"].tolist() == [2.0]
+    # blank lines and rows of empty cells are skipped
+    assert read_log(write(tmp_path, "gaps.csv", "step,loss\n\n1,2.0\n  ,  \n2,1.0\n")).metrics["loss"].tolist() == [2.0, 1.0]

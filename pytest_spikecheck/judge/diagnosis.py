@@ -88,10 +88,6 @@ def _logged(rec: Record, name: str, step: int) -> float | None:
     return float(np.asarray(m[name], dtype=np.float64)[i])
 
 
-def _shown(value: float | None, spec: str = ".3g") -> str:
-    return "not logged" if value is None else fmt(value, spec)
-
-
 def _max_norm_of(rec: Record, step: int, max_norm: float | None) -> float | None:
     """The clip limit at ``step``: the caller's, else the engine's record of it (the event at
     that step, else the scenario's fixed limit); None where the record does not say."""
