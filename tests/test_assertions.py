@@ -495,3 +495,36 @@ def test_recovery_steps(kwargs, took):
     steps = np.arange(1, 101)
     curve = np.where((steps >= 61) & (steps <= 65), 3.0, 2.0)
     assert recovery_steps({"step": steps, "e": curve}, 61, name="e", **kwargs) == took
+
+
+def test_the_evidence_table_is_eleven_rows_around_the_step():
+    loss = [2.0] * 30
+    loss[14] = math.nan
+    assert _failure(assert_finite, {"loss": loss, "eval_loss": [None] * 10 + [1.23456] * 20, "grad_norm_post": [0.5] * 30,
+                                    "other": [1.0] * 30}) == "\n".join([
+        "non-finite loss at step 15 (nan)", "",
+        "step  loss  eval_loss  grad_norm_post",
+        "----  ----  ---------  --------------",
+        "  10  2     —          0.5",
+        *[f"  {s}  2     1.235      0.5" for s in range(11, 15)],
+        "→ 15  nan   1.235      0.5",
+        *[f"  {s}  2     1.235      0.5" for s in range(16, 21)], "",
+        "loss: " + "▁" * 29, "",
+        "record: arrays"])
+    at_the_start = _failure(assert_finite, {"loss": [math.nan] + [2.0] * 30}).split("\n\n")[1].splitlines()
+    assert at_the_start[2] == "→ 1   nan" and at_the_start[-1] == "  11  2" and len(at_the_start) == 13
+    at_the_end = _failure(assert_finite, {"loss": [2.0] * 30 + [math.nan]}).split("\n\n")[1].splitlines()
+    assert at_the_end[2] == "  26  2" and at_the_end[-1] == "→ 31  nan"
+    assert "\n\nloss: !!!\n\n" in _failure(assert_finite, {"loss": [math.nan] * 3})  # no finite value: all marks
+
+
+def test_a_broken_diagnosis_never_hides_the_failure(monkeypatch):
+    import pytest_spikecheck.judge.diagnosis as diagnosis
+
+    def broken(*args, **kwargs):
+        raise ValueError("boom")
+
+    monkeypatch.setattr(diagnosis, "diagnose", broken)
+    text = _failure(assert_spike, {"grad_norm_pre": np.ones(60)}, at=55)
+    assert text.startswith("expected a grad_norm_pre spike of ≥ 10× at step 55")
+    assert "\n\n(diagnosis unavailable: ValueError: boom)\n\n" in text

@@ -139,10 +139,27 @@ AT_THE_THRESHOLD = [
     # loss-sustained: up 1 nat and staying up for `hold` points; once per episode; the last two
     # points lack 2 later ones (not judged)
     ("loss-sustained", {}, [2.0] * 6 + [3.0] * 4 + [2.0] * 3 + [3.0] * 3, 13, [(7, 3.0, 2.0, 1.0), (14, 3.0, 2.0, 1.0)]),
+    ("loss-sustained", {"nats": 0.5}, [2.0] * 6 + [2.5] * 3, 6, [(7, 2.5, 2.0, 0.5)]),  # exactly `nats`, point and level
+    ("loss-sustained", {"nats": 0.5}, [2.0] * 6 + [2.5, 2.4, 2.4], 6, []),  # the point is up, the level is not
+    ("loss-sustained", {}, [2.0] + [3.0] * 3, 1, [(2, 3.0, 2.0, 1.0)]),  # early in a log: every earlier point (1)
+    ("loss-sustained", {}, [2.0] * 6 + [3.0, NAN, 3.0], 7, [(8, None, None, math.inf)]),  # a NaN ahead: no level
+    ("loss-sustained", {}, [2.0] * 6 + [3.0] * 6, 9, [(7, 3.0, 2.0, 1.0)]),  # one episode, one flag
     # grad-ratio: exactly 10x the median of the last 10 points
     ("grad-ratio", {}, [1.0] * 10 + [10.0, 9.9], 2, [(11, 10.0, 1.0, 10.0)]),
     # ... never against less than half the long-run level: after a collapse to 0.001, 0.6 is no spike
     ("grad-ratio", {}, [1.0] * 20 + [0.001] * 10 + [0.6], 21, []),
+    # ... half the long-run median exactly: 10 values 1-10 then 10 of 0.01 (median (0.01 + 1) / 2)
+    ("grad-ratio", {}, list(range(1, 11)) + [0.01] * 10 + [10 * 0.5 * (0.01 + 1.0) / 2], 11,
+     [(21, 10 * 0.5 * (0.01 + 1.0) / 2, 0.5 * (0.01 + 1.0) / 2, 10.0)]),
+    ("grad-ratio", {}, list(range(1, 12)) + [0.01] * 10 + [5.0], 12, [(22, 5.0, 0.5, 10.0)]),  # odd count: median 1
+    ("grad-ratio", {}, list(range(1, 12)) + [0.01] * 10 + [4.99], 12, []),
+    # zero norms (no gradient) are judged but are no level: the 10 after them is 10x the ones before
+    ("grad-ratio", {}, [1.0] * 10 + [0.0] * 5 + [10.0], 6, [(16, 10.0, 1.0, 10.0)]),
+    # the window is the caller's: over 100 steps the level is 100 (no spike); over the last 10, 1 (floored at 50)
+    ("grad-ratio", {"window": 100, "min_history": 5}, [1.0] * 5 + [100.0] * 20 + [1.0] * 10 + [1000.0], 31,
+     [(s, 100.0, 1.0, 100.0) for s in range(6, 11)]),
+    ("grad-ratio", {"min_history": 5}, [1.0] * 5 + [100.0] * 20 + [1.0] * 10 + [1000.0], 31,
+     [(s, 100.0, 1.0, 100.0) for s in range(6, 11)] + [(36, 1000.0, 50.0, 20.0)]),
 ]
 
 

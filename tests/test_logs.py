@@ -514,3 +514,68 @@ def test_csv_and_jsonl_edge_cases_read_as_written(tmp_path):
     assert read_log(write(tmp_path, "bom.jsonl", bom + b'{"step": 7, "loss": 2.0}\n')).metrics["loss"].tolist() == [2.0]
     # blank lines and rows of empty cells are skipped
     assert read_log(write(tmp_path, "gaps.csv", "step,loss\n\n1,2.0\n  ,  \n2,1.0\n")).metrics["loss"].tolist() == [2.0, 1.0]
+
+
+def _jsonl(tmp_path, name, rows):
+    return write(tmp_path, name, "\n".join(json.dumps(r) for r in rows))
+
+
+def test_the_default_policy_headlines_on_a_log(tmp_path):
+    def headline(call, *args, **kwargs):
+        with pytest.raises(SpikeCheckError) as info:
+            call(*args, **kwargs)
+        return str(info.value).split("\n\n")[0]
+
+    two = _jsonl(tmp_path, "two.jsonl", [{"step": s, "loss": 2.0, "grad_norm": 40.0 if s in (30, 45) else 1.0}
+                                         for s in range(1, 60)])
+    assert headline(assert_no_spike, two) == (
+        "the default policy flagged a grad_norm spike at step 30: 40 vs baseline 1 (grad-ratio 40×) (and 1 more)")
+    assert assert_spike(two, at=45) == 40.0
+    one = _jsonl(tmp_path, "one.jsonl", [{"step": s, "loss": 2.0, "grad_norm": 40.0 if s == 30 else 1.0} for s in range(1, 60)])
+    assert headline(assert_no_spike, one).endswith("(grad-ratio 40×)")
+    lr = _jsonl(tmp_path, "lr.jsonl", [{"step": s, "loss": 2.0, "lr": math.inf if s == 30 else 0.1} for s in range(1, 60)])
+    assert headline(assert_no_spike, lr) == "non-finite lr at step 30 (inf)"
+    short = _jsonl(tmp_path, "short.jsonl", [{"step": s, "loss": 2.0} for s in range(1, 4)])
+    assert_no_spike(short)  # too short to judge is no failure, unless strict
+    assert headline(assert_no_spike, short, strict=True).startswith("not judged (strict): loss: not judged: 3 points")
+    # with a detector or a metric named, the log is judged as any record is
+    assert headline(assert_spike, LOGS / "hf" / "trainer_state.json", metric="loss") == (
+        "expected a loss spike of ≥ 10× anywhere (largest: step 90), got 3.57× the median of the 50 steps before")
+    assert headline(assert_spike, LOGS / "hf" / "trainer_state.json", at=95) == (
+        "expected the default policy to flag a spike at step 95, but it flagged other steps "
+        "(grad_norm: judged 14 of 24 points; loss: judged 21 of 24 points)")
+    assert headline(assert_spike, LOGS / "hf" / "trainer_state_healthy.json").startswith(
+        "expected the default policy to flag a spike anywhere, but it flagged none (")
+
+
+@pytest.mark.parametrize(("name", "content", "fmt"), [
+    ("log.jsonl", '{"global_step": 10}', "hf-trainer"),  # a compact trainer state: any of its keys tells it
+    ("log.jsonl", '{"max_steps": 10, "loss": 2.0}', "hf-trainer"),
+    ("log.jsonl", '{"logging_steps": 5, "loss": 2.0}', "hf-trainer"),
+    ("log.jsonl", '{"log_history": []}', "hf-trainer"),
+    ("trainer_state.json", '{"loss": 2.0}', "hf-trainer"),  # so named: a trainer state without those keys
+    ("log.jsonl", '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}', "jsonl"),
+    ("log.jsonl", '{\n  "log_history": []\n}', "hf-trainer"),  # an indented object: its first line is no JSON
+    ("log.csv", "step,epoch\n1,0\n", "lightning"),  # exactly the Lightning columns
+    ("log.csv", "epoch,loss\n0,2.0\n", "csv"),
+    ("log.csv", "\ufeffstep,epoch,loss\r\n1,0,2.0\r\n", "lightning"),  # a BOM and CRLF do not hide the header
+    ("log.csv", "\ufeff\n  {\"step\": 1}", "jsonl"),  # the BOM is a prefix, then blank space before the object
+])
+def test_format_sniffing_details(tmp_path, name, content, fmt):
+    assert detect_format(write(tmp_path, name, content)) == fmt
+
+
+def test_bookkeeping_columns_are_left_out_and_restarts_are_noted(tmp_path):
+    columns = ["step", "loss", "_runtime", "eval_runtime", "train_samples_per_second", "total_flos", "total_steps",
+               "percentage", "global_step", "_step", "mystep"]
+    text = ",".join(columns) + "\n" + "\n".join(",".join(str(s) for _ in columns) for s in (1, 2, 3)) + "\n"
+    record = read_log(write(tmp_path, "log.csv", text))
+    assert [k for k in record.metrics] == ["step", "loss", "mystep"]
+    assert record.source == str(tmp_path / "log.csv") and record.metrics["step"].dtype == np.int64
+    one = read_log(write(tmp_path, "one.csv", "step,loss\n1,2\n2,2\n5,2\n3,1\n"))
+    assert one.notes == ("steps go back from 5 to 3 at line 5: read as a restart from a checkpoint "
+                         "(1 earlier logged step from 3 on replaced)",)
+    two = read_log(write(tmp_path, "two.csv", "step,loss\n1,2\n2,2\n3,2\n2,1\n"))
+    assert two.notes == ("steps go back from 3 to 2 at line 5: read as a restart from a checkpoint "
+                         "(2 earlier logged steps from 2 on replaced)",)
+    assert two.metrics["loss"].tolist() == [2.0, 1.0]
