@@ -579,3 +579,22 @@ def test_bookkeeping_columns_are_left_out_and_restarts_are_noted(tmp_path):
     assert two.notes == ("steps go back from 3 to 2 at line 5: read as a restart from a checkpoint "
                          "(2 earlier logged steps from 2 on replaced)",)
     assert two.metrics["loss"].tolist() == [2.0, 1.0]
+
+
+def test_kind_and_strict_on_a_log(tmp_path):
+    loss_spike = _jsonl(tmp_path, "loss.jsonl", [{"step": s, "loss": 9.0 if s == 40 else 2.0} for s in range(1, 60)])
+    with pytest.raises(SpikeCheckError) as info:
+        assert_no_spike(loss_spike)
+    headline, table = str(info.value).split("\n\n")[:2]
+    assert headline == "the default policy flagged a loss spike at step 40: 9 vs baseline 2 (loss-jump +7 nats)"
+    assert "→ 40  9" in table.splitlines()  # the evidence is framed on the flagged step
+    assert_no_spike(loss_spike, kind="rl")  # an RL loss is no likelihood: the loss rules step aside
+    # strict: one series judged and one not is still a failure, naming the one not judged
+    sparse = _jsonl(tmp_path, "sparse.jsonl", [{"step": s, "loss": 2.0, **({"grad_norm": 1.0} if s in (10, 20, 30) else {})}
+                                               for s in range(1, 60)])
+    assert_no_spike(sparse)
+    with pytest.raises(SpikeCheckError) as info:
+        assert_no_spike(sparse, strict=True)
+    assert str(info.value).split("\n\n")[0] == (
+        "not judged (strict): grad_norm: not judged: 3 points, interval 10 steps, needs grad-ratio 10 earlier logged "
+        "points (over at least 10 steps)")
