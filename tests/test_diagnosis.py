@@ -257,3 +257,11 @@ def test_the_declared_event_with_the_largest_ratio_is_diagnosed():
 def test_adam_v_fade(adam_v, fade):
     assert _fade_steps({"step": np.array([80, 81, 82, 83]), "adam_v_norm": np.array(adam_v)}, 81) == fade
     assert _fade_steps({"step": np.array([80, 81])}, 81) is None  # no adam_v_norm column
+
+
+def test_the_facts_are_the_records_numbers():
+    d = diagnose(_grad(loss=np.full(100, 2.5), grad_norm_post=lambda p: np.minimum(p, 1.0),
+                       clip_factor=lambda p: np.minimum(1, 1 / p)), max_norm=1.0)
+    assert d.facts == {"loss": 2.5, "loss_baseline": 2.5, "grad_norm_pre": 40.0, "baseline": 1.0, "ratio": 40.0,
+                       "grad_norm_post": 1.0, "clip_factor": 0.025, "max_norm": 1.0, "clipped": True, "contained": True,
+                       "nonfinite": []}
