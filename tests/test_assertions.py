@@ -528,3 +528,18 @@ def test_a_broken_diagnosis_never_hides_the_failure(monkeypatch):
     text = _failure(assert_spike, {"grad_norm_pre": np.ones(60)}, at=55)
     assert text.startswith("expected a grad_norm_pre spike of ≥ 10× at step 55")
     assert "\n\n(diagnosis unavailable: ValueError: boom)\n\n" in text
+
+
+def test_assert_recovers_reads_the_eval_loss_first_and_times_it_from_the_norm_spike():
+    steps = np.arange(1, 101)
+    loss = np.where((steps >= 61) & (steps <= 70), 5.0, 2.0)  # back at step 71
+    eval_loss = np.where((steps >= 61) & (steps <= 63), 5.0, 2.0)  # back at step 64
+    eval_loss[20] = 50.0  # the eval loss's own largest jump is not the event: the norm's spike is
+    data = {"grad_norm": _spiked(), "loss": loss, "eval_loss": eval_loss}
+    assert assert_recovers(data, within=10) == 3
+    assert assert_recovers(data, within=10, metric="loss") == 10
+    assert assert_recovers({**data, "eval_loss": np.full(100, np.nan)}, within=10) == 10  # never evaluated: the loss
+    assert assert_recovers(data, within=10, factor=2.6) == 0  # 5.0 is within 2.6x of 2.0
+    with pytest.raises(SpikeCheckError) as info:
+        assert_recovers(data, within=2)
+    assert "→ 61" in str(info.value) and any(line.startswith("eval_loss: ") for line in str(info.value).splitlines())

@@ -598,3 +598,29 @@ def test_kind_and_strict_on_a_log(tmp_path):
     assert str(info.value).split("\n\n")[0] == (
         "not judged (strict): grad_norm: not judged: 3 points, interval 10 steps, needs grad-ratio 10 earlier logged "
         "points (over at least 10 steps)")
+
+
+def test_folder_and_mapping_messages(tmp_path):
+    for i in range(7):
+        (tmp_path / "runs" / f"r{i}").mkdir(parents=True)
+        (tmp_path / "runs" / f"r{i}" / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n')
+    with pytest.raises(ConfigError) as info:
+        read_log(tmp_path / "runs")
+    shown = ", ".join(f"r{i}/metrics.jsonl" for i in range(6))
+    assert str(info.value) == f"{tmp_path / 'runs'}: holds 7 logs ({shown}, ...); name one (`spikecheck check` checks each)"
+    # a metrics.csv without Lightning's columns (a W&B export so named) is read as a plain CSV
+    (tmp_path / "wandb").mkdir()
+    (tmp_path / "wandb" / "metrics.csv").write_text("_step,loss\n1,2.0\n2,1.9\n")
+    assert read_log(tmp_path / "wandb").log_format == "csv"
+    with pytest.raises(ConfigError, match="trainer_state.json entries carry their own step; mapping step= applies to CSV"):
+        read_log(LOGS / "hf" / "trainer_state.json", mapping={"step": "epoch"})
+    jsonl = tmp_path / "runs" / "r0" / "metrics.jsonl"
+    with pytest.raises(ConfigError) as info:
+        read_log(jsonl, mapping={"step": "it"})
+    assert str(info.value) == f"{jsonl}: no 'it' column; expected a step column (it has step, loss)"
+
+
+@needs_tensorboard
+def test_a_tensorboard_log_refuses_a_step_mapping():
+    with pytest.raises(ConfigError, match="a TensorBoard event carries its own step; mapping step= applies to CSV"):
+        read_log(LOGS / "tensorboard", mapping={"step": "x"})
