@@ -201,27 +201,44 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
               f"{fmt_measure(first.baseline, '.4g')} (score {fmt_measure(first.score, '.2f')}{det.unit}){more}", rec, first.step, metric)
 
 
+#: How far torch's own float32 clip can overshoot on the CPU, where its norm of one large tensor
+#: drifts (measured, torch 2.13: 1.1e-5 at 2**20 elements, 9.5e-5 at 2**22, 7.5e-4 at 2**24).
+FLOAT32_NORM_DRIFT = 1e-3
+
+
 def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> None:
-    """Assert the post-clip gradient norm never exceeds ``max_norm * (1 + rtol)`` (and is finite)."""
+    """Assert the post-clip gradient norm never exceeds ``max_norm * (1 + rtol)`` (and is finite
+    where the pre-clip norm was). A record with no finite norm at all fails: it shows nothing.
+    The default ``rtol`` (1e-5) holds for float32 clips whose norm is accurate (our backends, torch
+    on a GPU); torch's CPU clip of a model with tensors of millions of elements overshoots by up to
+    ~1e-3 (the failure says so), so pass ``rtol=1e-3`` there."""
     __tracebackhide__ = True
     rec = as_record(run)
     metric = _pick_metric(rec, "grad_norm_post")
     steps = np.asarray(rec.metrics["step"])
     post = np.asarray(rec.metrics[metric], dtype=float)
+    pre = np.asarray(rec.metrics["grad_norm_pre"], dtype=float) if "grad_norm_pre" in rec.metrics else None
+    if not np.isfinite(post).any() and (pre is None or not np.isfinite(pre).any()):
+        # Nothing finite before or after the clip: no value shows the clip held (or that it broke).
+        _fail(f"no finite {metric} in the record ({post.size} step{'s' if post.size != 1 else ''}), and no finite "
+              f"grad_norm_pre either: nothing shows whether the clip held", rec, None, metric, max_norm=max_norm)
     limit = max_norm * (1 + rtol)
     bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post)) if not np.isnan(post).all() else np.array([], int)
     nans = np.flatnonzero(np.isnan(post))
-    if nans.size and "grad_norm_pre" in rec.metrics:
+    if nans.size and pre is not None:
         # NaN post-clip where the pre-clip norm was finite means the clip itself broke something.
-        pre = np.asarray(rec.metrics["grad_norm_pre"], dtype=float)
         bad = np.union1d(bad, nans[np.isfinite(pre[nans])]).astype(int)
     if bad.size:
         i = int(bad[0])
         worst = int(bad[np.nanargmax(np.where(np.isfinite(post[bad]), post[bad], np.inf))])
+        rounding = (f"; an overshoot of at most {FLOAT32_NORM_DRIFT:g} is float32 rounding in the clip's own norm "
+                    f"(torch's CPU norm of one tensor of millions of elements drifts that much): pass "
+                    f"rtol={FLOAT32_NORM_DRIFT:g} if that is what you see"
+                    if post[worst] <= max_norm * (1 + FLOAT32_NORM_DRIFT) else "")
         _fail(f"the clip did not contain the gradient: post-clip norm {fmt(float(post[i]), '.4g')} > max_norm "
               f"{max_norm:g} at step {int(steps[i])} ({bad.size} step{'s' if bad.size > 1 else ''} over; worst "
-              f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])})", rec, int(steps[worst]), metric,
-              max_norm=max_norm)
+              f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])}){rounding}", rec, int(steps[worst]),
+              metric, max_norm=max_norm)
 
 
 def assert_recovers(run: Any, within: int = 50, factor: float = RECOVERY_FACTOR, reference: Any = None,
