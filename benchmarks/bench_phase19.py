@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_recorder import UserLoop  # noqa: E402  (the bare loop: the same model, batches, optimizer, clip)
 
 
 def pair_wall_time(out: Path) -> float:
@@ -38,45 +40,6 @@ def pair_wall_time(out: Path) -> float:
     return time.perf_counter() - start
 
 
-class BareLoop:
-    """The same training with nothing recorded, one step at a time: the floor the harness is
-    compared against (same model, batches, optimizer, schedule and torch.nn.utils.clip_grad_norm_)."""
-
-    def __init__(self, scenario) -> None:
-        import torch
-
-        from pytest_spikecheck.data.dataset import build_dataset
-        from pytest_spikecheck.data.samplers import plan_batches
-        from pytest_spikecheck.training.build import build_model, build_optimizer
-
-        r = self.r = scenario.resolved()
-        data = build_dataset(r)
-        self.plan = plan_batches(r.sampler, steps=r.steps, seed=r.seed, n_corpus=data.n_corpus,
-                                 burst_members=data.burst_members, is_rare=data.is_rare)
-        torch.manual_seed(r.seed)
-        self.model = build_model(r, data.tokenizer.vocab_size)
-        self.opt = build_optimizer(self.model, r)
-        self.inputs, self.targets = torch.from_numpy(data.train.inputs), torch.from_numpy(data.train.targets)
-
-    def step(self, step: int) -> float:
-        """Train step ``step``; its seconds."""
-        import torch
-
-        from pytest_spikecheck.training.schedule import lr_at
-
-        r, opt = self.r, self.opt
-        start = time.perf_counter()
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, base_lr=r.optimizer.lr, total_steps=r.steps, spec=r.schedule)
-        idx = torch.tensor(self.plan[step - 1])
-        _, loss = self.model(self.inputs[idx], self.targets[idx])
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), r.max_norm)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return time.perf_counter() - start
-
-
 def harness_and_bare_step_seconds(scenario) -> tuple[float, float, float]:
     """Seconds per step of the harness (``train``'s training steps, evaluation excluded) and of
     the bare loop, trained side by side in one process and one torch thread: after each harness
@@ -85,7 +48,7 @@ def harness_and_bare_step_seconds(scenario) -> tuple[float, float, float]:
     Also returns the run's seconds outside its training steps (data, model set-up, evaluations)."""
     from pytest_spikecheck import train
 
-    bare = BareLoop(scenario)
+    bare = UserLoop(scenario, recorded=False)
     bare_seconds: list[float] = []
     run = train(scenario, threads=1, callbacks=[lambda ctx: bare_seconds.append(bare.step(ctx.step))])
     outside_steps = run.meta["seconds"] - run.meta["train_seconds"] - sum(bare_seconds)  # data, model, evals

@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class _Loop:
+class UserLoop:
     """One user loop (model, optimizer, batches), recorded or not, stepped one step at a time."""
 
     def __init__(self, scenario, *, recorded: bool) -> None:
@@ -84,7 +84,7 @@ def paired_run(scenario) -> tuple[float, float]:
     import torch
 
     torch.set_num_threads(1)
-    bare, recorded = _Loop(scenario, recorded=False), _Loop(scenario, recorded=True)
+    bare, recorded = UserLoop(scenario, recorded=False), UserLoop(scenario, recorded=True)
     t_bare = t_rec = 0.0
     for step in range(1, scenario.steps + 1):
         if step % 2:
