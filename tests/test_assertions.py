@@ -89,6 +89,20 @@ def test_a_record_with_no_finite_norm_shows_nothing_and_fails(record):
     assert message.startswith("no finite grad_norm_post in the record (2 steps), and no finite grad_norm_pre either")
 
 
+def test_no_finite_norm_in_a_one_step_record_says_one_step():
+    assert _headline(assert_clip_contains, {"grad_norm_post": [math.nan]}, 1.0).startswith(
+        "no finite grad_norm_post in the record (1 step), and no finite grad_norm_pre either")
+
+
+def test_the_float32_hint_reaches_exactly_the_drift_and_the_table_points_at_the_worst_step():
+    at_the_drift = {"grad_norm_post": [0.5, 1.0 + 1e-3, 1.0, 0.9]}  # exactly max_norm * (1 + FLOAT32_NORM_DRIFT)
+    assert "is float32 rounding" in _headline(assert_clip_contains, at_the_drift, 1.0)
+    with pytest.raises(SpikeCheckError) as info:
+        assert_clip_contains({"grad_norm_post": [0.5, 1.5, 0.8, 3.0, 0.9]}, 1.0)
+    assert "is float32 rounding" not in str(info.value)
+    assert [line.split()[1] for line in str(info.value).splitlines() if line.lstrip().startswith("→")] == ["4"]
+
+
 def test_a_non_finite_step_after_finite_ones_is_not_blamed_on_the_clip():
     assert_clip_contains({"grad_norm_pre": [2.0, math.nan], "grad_norm_post": [1.0, math.nan]}, 1.0)
 

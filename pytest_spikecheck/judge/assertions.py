@@ -223,7 +223,7 @@ def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> 
         _fail(f"no finite {metric} in the record ({post.size} step{'s' if post.size != 1 else ''}), and no finite "
               f"grad_norm_pre either: nothing shows whether the clip held", rec, None, metric, max_norm=max_norm)
     limit = max_norm * (1 + rtol)
-    bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post)) if not np.isnan(post).all() else np.array([], int)
+    bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post))
     nans = np.flatnonzero(np.isnan(post))
     if nans.size and pre is not None:
         # NaN post-clip where the pre-clip norm was finite means the clip itself broke something.
