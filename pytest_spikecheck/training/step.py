@@ -137,7 +137,8 @@ class SpikeWatch:
 
         Most steps cannot be a spike: their norm is under ``threshold x`` the smallest value the
         baseline's median could be taken over (its history is always among the last ``window``
-        norms held here). Those get a quiet verdict without computing the baseline (``baseline``
+        norms held here; a NaN among them makes Python's ``min`` either NaN, which turns this
+        off, or another of them, a bound all the same). Those get a quiet verdict without computing the baseline (``baseline``
         and ``ratio`` NaN: nothing reads them on a step that is not an event)."""
         threshold = self.spike_ratio if self.skip_ratio is None else min(self.spike_ratio, self.skip_ratio)
         norms = self._norms
