@@ -10,7 +10,8 @@ end of each step (logits and targets handed over, batch indices, catalog). No st
 float64 norm passes over the gradients, Σv of Adam, the batch composition and one row.
 The bare and the recorded loop train side by side in one process, one torch thread, their
 steps alternating (a shared machine's load then slows both alike); the ratio of medians over
-the repeats is the number.
+the repeats is the number. ``--parts`` also times each recorder call in place (one more
+paired run, ``perf_counter`` around ``before_clip``, ``after_clip``, ``step`` and the Σv read).
 """
 
 from __future__ import annotations
@@ -98,9 +99,40 @@ def paired_run(scenario) -> tuple[float, float]:
     return t_bare / scenario.steps, t_rec / scenario.steps
 
 
+def parts_in_place(scenario) -> dict[str, float]:
+    """Milliseconds per step spent in each recorder call, timed inside one paired run."""
+    from pytest_spikecheck.integrations.recorder import Recorder
+    from pytest_spikecheck.training.sharding import SingleProcess
+
+    spent: dict[str, float] = {}
+    originals = {}
+
+    def timed(cls, name, label):
+        original = originals[label] = (cls, name, getattr(cls, name))
+
+        def call(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original[2](*args, **kwargs)
+            finally:
+                spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+        setattr(cls, name, call)
+
+    for name in ("before_clip", "after_clip", "step"):
+        timed(Recorder, name, name)
+    timed(SingleProcess, "adam_v_sum", "step: sum of v")
+    try:
+        paired_run(scenario)
+    finally:
+        for cls, name, original in originals.values():
+            setattr(cls, name, original)
+    return {label: 1e3 * seconds / scenario.steps for label, seconds in spent.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--parts", action="store_true", help="also time each recorder call in place")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
 
@@ -122,6 +154,9 @@ def main() -> int:
         "recorded_over_bare": statistics.median(recorded) / statistics.median(bare),
         "recorded_over_bare_min": min(recorded) / min(bare),
     }
+    if args.parts:
+        result["ms_per_step_in_place"] = parts_in_place(scenario)
+        print("in place, ms per step: " + ", ".join(f"{k} {v:.3f}" for k, v in result["ms_per_step_in_place"].items()))
     print(f"recorded loop {statistics.median(result['recorded_ms_per_step']):.2f} ms/step vs bare loop "
           f"{statistics.median(result['bare_ms_per_step']):.2f} ms/step (medians over {args.repeats} paired runs, steps alternating): "
           f"{result['recorded_over_bare']:.3f}x; fastest run of each: {min(result['recorded_ms_per_step']):.2f} vs "
