@@ -7,7 +7,7 @@ The Phase-19 control (micro GPT, batch 8, AdamW, clip 1.0, 500 steps, no burst) 
 bare loop, and by the same loop with ``pytest_spikecheck.record`` around its clip and at the
 end of each step (logits and targets handed over, batch indices, catalog). No step is an event
 (no burst; the spike trigger set out of reach), so this is the cost outside event steps: two
-float64 norm passes over the gradients, Σv of Adam, the batch composition and one row.
+norm passes over the gradients (pre- and post-clip), Σv of Adam, the batch indices and one row.
 The bare and the recorded loop train side by side in one process, one torch thread, their
 steps alternating (a shared machine's load then slows both alike); the ratio of medians over
 the repeats is the number. ``--parts`` also times each recorder call in place (one more
@@ -101,31 +101,28 @@ def paired_run(scenario) -> tuple[float, float]:
 
 def parts_in_place(scenario) -> dict[str, float]:
     """Milliseconds per step spent in each recorder call, timed inside one paired run."""
+    from contextlib import ExitStack
+    from unittest import mock
+
     from pytest_spikecheck.integrations.recorder import Recorder
     from pytest_spikecheck.training.sharding import SingleProcess
 
     spent: dict[str, float] = {}
-    originals = {}
 
-    def timed(cls, name, label):
-        original = originals[label] = (cls, name, getattr(cls, name))
-
+    def timed(function, label):
         def call(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return original[2](*args, **kwargs)
+                return function(*args, **kwargs)
             finally:
                 spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
-        setattr(cls, name, call)
+        return call
 
-    for name in ("before_clip", "after_clip", "step"):
-        timed(Recorder, name, name)
-    timed(SingleProcess, "adam_v_sum", "step: sum of v")
-    try:
+    with ExitStack() as patches:
+        for cls, name, label in [(Recorder, "before_clip", "before_clip"), (Recorder, "after_clip", "after_clip"),
+                                 (Recorder, "step", "step"), (SingleProcess, "adam_v_sum", "step: sum of v")]:
+            patches.enter_context(mock.patch.object(cls, name, timed(getattr(cls, name), label)))
         paired_run(scenario)
-    finally:
-        for cls, name, original in originals.values():
-            setattr(cls, name, original)
     return {label: 1e3 * seconds / scenario.steps for label, seconds in spent.items()}
 
 
