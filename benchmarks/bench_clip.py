@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from pytest_spikecheck.clipping import available_backends, clip_grad_norm_
-from pytest_spikecheck.conformance import model_gradient_shapes
+from pytest_spikecheck.clipping.conformance import model_gradient_shapes
 
 #: Copy bandwidth of an H200's HBM3e, the bound the effective bandwidth is compared to.
 H200_BYTES_PER_SECOND = 4.3e12

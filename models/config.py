@@ -10,6 +10,9 @@ from pytest_spikecheck.errors import ConfigError
 POS_EMBEDDINGS = ("learned", "none")
 PAD_EMBEDDINGS = ("learned", "zero")
 DTYPES = ("float32", "float16", "bfloat16")
+#: The target id that adds nothing to the loss (padding): torch's and Hugging Face's default
+#: ``ignore_index``. The one definition: the models, the datasets and the recorders import it.
+IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)

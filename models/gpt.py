@@ -8,10 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from pytest_spikecheck.models.config import GPTConfig
-
-#: Targets equal to this are ignored by the loss (padding).
-IGNORE_INDEX = -100
+from pytest_spikecheck.models.config import IGNORE_INDEX, GPTConfig
 
 
 class CausalSelfAttention(nn.Module):

@@ -12,12 +12,13 @@ enforces this in the test command, see ``[tool.importlinter]`` in pyproject.toml
 docs/architecture.md):
 
     cli | plugin                  the spikecheck command; the pytest plugin, its session and fixtures
-    fuzz | conformance | integrations   Hypothesis strategies, the worst-batch search; the kernel conformance kit;
+    fuzz | integrations           Hypothesis strategies, the worst-batch search;
                                   recording your own trainer (plain loop, Hugging Face, Lightning) and bursts in your data
     training | report             the engine, probes, N ranks (torch); panels and comparison tables (matplotlib)
     judge                         detectors, analysis, diagnosis, assertions (numpy only)
     records                       Run, Record, log readers (numpy only)
-    clipping | data               clipping backends (torch, cupy, emulator); corpus, tokenizer, samplers
+    clipping | data               clipping backends (torch, cupy, emulator) and their conformance kit;
+                                  corpus, tokenizer, samplers
     scenario                      Scenario, breaks, presets, YAML (no torch)
     models | kernels              the tiny GPT and its config; the CUDA sources
     errors
@@ -27,8 +28,6 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
-
-from pytest_spikecheck import _moved
 
 __version__ = "0.2.0"
 
@@ -77,7 +76,7 @@ _EXPORTS = {
     "clip_grad_norm_": "pytest_spikecheck.clipping",
     "SpikecheckBackendWarning": "pytest_spikecheck.clipping",
     "spikecheck_scenario": "pytest_spikecheck.plugin.fixtures",
-    "IGNORE_INDEX": "pytest_spikecheck.data.dataset",
+    "IGNORE_INDEX": "pytest_spikecheck.models.config",
     "record": "pytest_spikecheck.integrations.recorder",
     "Recorder": "pytest_spikecheck.integrations.recorder",
     "SampleCatalog": "pytest_spikecheck.integrations.recorder",
@@ -85,8 +84,6 @@ _EXPORTS = {
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])
-
-_moved.install()  # the 0.1.0 module paths, for one release
 
 
 def __getattr__(name: str) -> Any:

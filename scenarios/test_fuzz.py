@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from pytest_spikecheck import RareTokenBurst, Scenario, assert_clip_contains, assert_spike, train
 from pytest_spikecheck.cli import main
-from pytest_spikecheck.data.dataset import IGNORE_INDEX
+from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP
 from pytest_spikecheck.training.probe import probe_at
 from pytest_spikecheck.fuzz.search import find_worst_batch

@@ -149,7 +149,7 @@ run_conformance() {
     # The conformance kit on the device, more examples than the GPU tests: the cupy backend
     # (every dtype, exact elements, no flush to zero) and, as a control, the torch backend.
     "$PYTHON" - <<'PY'
-from pytest_spikecheck.conformance import Tolerances, check_backend, check_case, every_value_case
+from pytest_spikecheck.clipping.conformance import Tolerances, check_backend, check_case, every_value_case
 from pytest_spikecheck.clipping import get_backend
 
 exact = Tolerances(norm_rtol=2e-6, element_ulps=0, allow_flush_to_zero=False)

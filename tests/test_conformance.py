@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_spikecheck import clipping, conformance
+from pytest_spikecheck import clipping
+from pytest_spikecheck.clipping import conformance
 from pytest_spikecheck.clipping._kernel_runner import SMALL_LAUNCH
 from pytest_spikecheck.clipping._registry import unavailable_reason
-from pytest_spikecheck.conformance import (
+from pytest_spikecheck.clipping.conformance import (
     ConformanceError,
     Tolerances,
     check_backend,
@@ -216,6 +217,6 @@ def test_bad_arguments_are_rejected(kwargs, message):
 
 
 def test_importing_the_kit_imports_neither_hypothesis_nor_torch():
-    code = "import pytest_spikecheck.conformance, sys; print('hypothesis' in sys.modules, 'torch' in sys.modules)"
+    code = "import pytest_spikecheck.clipping.conformance, sys; print('hypothesis' in sys.modules, 'torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["False", "False"]

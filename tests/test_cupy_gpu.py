@@ -16,7 +16,7 @@ import torch
 from pytest_spikecheck.clipping import clip_grads_, get_backend, resolve_backend
 from pytest_spikecheck.clipping._kernel_runner import SMALL_LAUNCH, LaunchConfig
 from pytest_spikecheck.clipping._registry import unavailable_reason
-from pytest_spikecheck.conformance import (
+from pytest_spikecheck.clipping.conformance import (
     DTYPES,
     Tolerances,
     check_backend,

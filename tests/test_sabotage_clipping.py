@@ -36,7 +36,7 @@ from pytest_spikecheck import (
 )
 from pytest_spikecheck.clipping import _registry
 from pytest_spikecheck.clipping.torch_backend import BACKEND as TORCH, clip_scale
-from pytest_spikecheck.conformance import ConformanceError, check_clip_function
+from pytest_spikecheck.clipping.conformance import ConformanceError, check_clip_function
 from pytest_spikecheck.fuzz.strategies import batch_compositions
 from pytest_spikecheck.models.config import model_preset
 from pytest_spikecheck.plugin.session import summarise

@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 from pytest_spikecheck import RareTokenBurst, SampleCatalog, Scenario, inject_burst
-from pytest_spikecheck.data.dataset import IGNORE_INDEX, build_dataset
+from pytest_spikecheck.data.dataset import build_dataset
+from pytest_spikecheck.models.config import IGNORE_INDEX
 
 BURST_STEP, STEPS, BATCH, MAX_NORM = 30, 40, 8, 1.0
 

@@ -16,9 +16,8 @@ import numpy as np
 from pytest_spikecheck.data.corpus import Sample, burst_pool, phase19_corpus, phase19_eval_set
 from pytest_spikecheck.data.sources import BASE_SOURCES, mixture_corpus, mixture_eval_set, source_samples
 from pytest_spikecheck.data.tokenizer import BPETokenizer, train_bpe
+from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.scenario import Scenario
-
-IGNORE_INDEX = -100  # same value as pytest_spikecheck.models.gpt.IGNORE_INDEX (torch's default)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import random
 from functools import lru_cache
 
 from pytest_spikecheck.data.corpus import Sample, to_greek
-from pytest_spikecheck.scenario.spec import BASE_SOURCES, NEW_SOURCES
+from pytest_spikecheck.scenario.sections import BASE_SOURCES, NEW_SOURCES
 
 # The source names (BASE_SOURCES, NEW_SOURCES) are the scenario layer's vocabulary; built here.
 

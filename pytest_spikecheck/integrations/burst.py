@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset, Sampler, get_worker_info
 
 from pytest_spikecheck.data.samplers import plan_batches
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.scenario.spec import BurstSpec, SamplerSpec
+from pytest_spikecheck.scenario.sections import BurstSpec, SamplerSpec
 
 
 class BurstStream(IterableDataset):

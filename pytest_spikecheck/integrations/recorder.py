@@ -42,15 +42,14 @@ from pytest_spikecheck import __version__
 from pytest_spikecheck.data.corpus import Sample
 from pytest_spikecheck.data.samplers import batch_composition
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
+from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.integrations.burst import BurstStream
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.scenario.spec import OptimizerSpec, RecordSpec, SamplerSpec
+from pytest_spikecheck.scenario.sections import OptimizerSpec, RecordSpec, SamplerSpec
 from pytest_spikecheck.training.recorders import MetricsRecorder, adam_surprise, token_loss_table
 from pytest_spikecheck.training.sharding import EventView, SingleProcess, float64_norm
 from pytest_spikecheck.training.step import SpikeWatch, StepVerdict
-
-IGNORE_INDEX = -100  # torch's and Hugging Face's "no target here"
 
 
 @dataclass(frozen=True)

@@ -1,29 +1,27 @@
 """The scenario layer: what decides a training run, as frozen data (no torch).
 
-``spec`` holds :class:`Scenario`, its sections, the :class:`Break` base class and the YAML
-codec; ``breaks`` the concrete breaks and defences; ``presets`` the named starting points.
-Importing this package registers every break and preset.
+One job per module: ``sections`` (the frozen section specs and their checks), ``spec`` (the
+:class:`Scenario` type: replace, with_breaks, resolved, content hash), ``config`` (the YAML
+codec), ``naming`` (derived names), ``break_base`` (the :class:`Break` base class and its
+registry) beside ``breaks`` (the concrete breaks and defences), ``preset_registry`` beside
+``presets`` (the named starting points). Importing this package registers every break and preset.
 """
 
-from pytest_spikecheck.scenario.spec import (
+from pytest_spikecheck.scenario.break_base import Break, break_from_config, break_names, break_to_config
+from pytest_spikecheck.scenario.preset_registry import register_preset, scenario_preset_names
+from pytest_spikecheck.scenario.sections import (
+    BASE_SOURCES,
     BURST_CONTENTS,
     NEW_SOURCES,
-    BASE_SOURCES,
-    Break,
     BurstSpec,
     DataSpec,
     MixtureSpec,
     OptimizerSpec,
     RecordSpec,
     SamplerSpec,
-    Scenario,
     ScheduleSpec,
-    break_from_config,
-    break_names,
-    break_to_config,
-    register_preset,
-    scenario_preset_names,
 )
+from pytest_spikecheck.scenario.spec import Scenario
 from pytest_spikecheck.scenario.breaks import (  # noqa: E402  (registers the breaks)
     AdaptiveClip,
     BlankDocument,

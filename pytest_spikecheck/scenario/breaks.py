@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.scenario.spec import BURST_CONTENTS, BASE_SOURCES, CLIP_MODES, NEW_SOURCES, Break, BurstSpec, MixtureSpec, Scenario
+from pytest_spikecheck.scenario.break_base import Break
+from pytest_spikecheck.scenario.sections import BASE_SOURCES, BURST_CONTENTS, CLIP_MODES, NEW_SOURCES, BurstSpec, MixtureSpec
+from pytest_spikecheck.scenario.spec import Scenario
 
 @dataclass(frozen=True)
 class NoClip(Break):

@@ -4,7 +4,9 @@ YAML files start from ``preset: phase-19`` and add only their breaks)."""
 from __future__ import annotations
 
 from pytest_spikecheck.models.config import model_preset
-from pytest_spikecheck.scenario.spec import DataSpec, OptimizerSpec, SamplerSpec, ScheduleSpec, Scenario, register_preset
+from pytest_spikecheck.scenario.preset_registry import register_preset
+from pytest_spikecheck.scenario.sections import DataSpec, OptimizerSpec, SamplerSpec, ScheduleSpec
+from pytest_spikecheck.scenario.spec import Scenario
 
 #: The step at which Seed A's break spikes; the Phase-19 bursts are placed there.
 PHASE19_BURST_STEP = 312

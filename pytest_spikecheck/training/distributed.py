@@ -47,7 +47,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
-from pytest_spikecheck.data.dataset import IGNORE_INDEX
+from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.training.build import build_optimizer, parameter_groups
 from pytest_spikecheck.training.engine import train_with_sharding, validate_nproc
 from pytest_spikecheck.training.sharding import EventView

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from pytest_spikecheck.data.dataset import IGNORE_INDEX
+from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.models.config import GPTConfig
 from pytest_spikecheck.scenario import Scenario

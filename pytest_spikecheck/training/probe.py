@@ -30,7 +30,8 @@ import torch.nn.functional as F
 
 from pytest_spikecheck.judge.analysis import BASELINE_WINDOW, baseline
 from pytest_spikecheck.clipping import resolve_backend, validate_max_norm
-from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset
+from pytest_spikecheck.data.dataset import Dataset
+from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.data.samplers import plan_batches
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario

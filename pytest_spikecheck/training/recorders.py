@@ -24,7 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from pytest_spikecheck.data.dataset import IGNORE_INDEX, Dataset
+from pytest_spikecheck.data.dataset import Dataset
+from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.data.samplers import batch_composition
 from pytest_spikecheck.records.run import METRIC_KEYS, MODEL_STAT_KEYS
 from pytest_spikecheck.scenario import Scenario

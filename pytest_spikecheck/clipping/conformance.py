@@ -4,7 +4,7 @@ A clip function takes a list of gradient tensors (or numpy arrays) and ``max_nor
 tensors in place and returns ``(pre-clip total norm, scale applied)``, each anything ``float()``
 accepts (a 0-d tensor, a numpy scalar, a float)::
 
-    from pytest_spikecheck.conformance import check_clip_function
+    from pytest_spikecheck.clipping.conformance import check_clip_function
 
     def my_clip(grads, max_norm):
         norm, scale = my_kernels.clip(grads, max_norm)

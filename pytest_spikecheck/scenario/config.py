@@ -1,0 +1,227 @@
+"""The YAML codec of scenarios: ``config.yaml`` to a :class:`~.spec.Scenario` and back.
+
+Loading checks as it goes: an unknown key, a key given twice, a value of the wrong type is
+one line naming the file and the field (the section specs in :mod:`.sections` do the range
+checks). Values are coerced to their field's type (YAML reads ``1e-2`` as a string).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.models.config import GPTConfig, model_preset
+from pytest_spikecheck.scenario.break_base import break_from_config, break_to_config
+from pytest_spikecheck.scenario.sections import IMPORT_PATH, SCALARS, SECTIONS, BurstSpec
+
+if TYPE_CHECKING:
+    from pytest_spikecheck.scenario.spec import Scenario
+
+
+def scenario_from_dict(cls: type["Scenario"], raw: Mapping[str, Any], *, where: str = "config") -> "Scenario":
+    """``cls`` built from the YAML shape (see ``experiments/*/config.yaml``); unknown keys raise."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping at the top level, was {type(raw).__name__}")
+    raw = dict(raw)
+    base = cls.preset(raw.pop("preset")) if "preset" in raw else cls()
+    known = set(SECTIONS) | set(SCALARS) | {"breaks"}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(known | {'preset'}))}")
+    changes: dict[str, Any] = {k: raw[k] for k in SCALARS if k in raw}
+    if isinstance(raw.get("model"), Mapping) and ("factory" in raw["model"] or "kwargs" in raw["model"]):
+        model = dict(raw["model"])
+        factory, kwargs = model.pop("factory", None), model.pop("kwargs", None) or {}
+        if not isinstance(factory, str) or not IMPORT_PATH.match(factory):
+            raise ConfigError(f"{where}: model.factory must be an import path 'package.module:function', was {factory!r}")
+        if not isinstance(kwargs, Mapping):
+            raise ConfigError(f"{where}: model.kwargs must be a mapping of keyword arguments, was {kwargs!r}")
+        changes["model_factory"], changes["model_kwargs"] = factory, dict(kwargs)
+        raw["model"] = model
+    for section, spec_type in SECTIONS.items():
+        if section in raw:
+            changes[section] = _section_from_dict(section, spec_type, getattr(base, section), raw[section], where)
+    try:
+        scenario = replace(base, **changes)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    breaks = raw.get("breaks") or []
+    if not isinstance(breaks, list):
+        raise ConfigError(f"{where}: breaks must be a list, was {type(breaks).__name__}")
+    declared = [break_from_config(b, where=where) for b in breaks]
+    try:
+        return scenario.with_breaks(*declared)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
+def scenario_from_yaml(cls: type["Scenario"], path: str | Path) -> "Scenario":
+    """``cls`` loaded from a YAML file, or from an experiment directory holding ``config.yaml``."""
+    import yaml
+
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.yaml"
+    if not path.is_file():
+        raise ConfigError(f"no such config file or experiment directory: {path}")
+    try:
+        raw = yaml.load(path.read_text(), Loader=_unique_key_loader())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    if raw is None or raw == {}:
+        raise ConfigError(f"{path} is empty (or only comments): a config needs at least a preset, "
+                          f"e.g. 'preset: phase-19'")
+    scenario = cls.from_dict(raw, where=str(path))
+    if "name" not in raw:
+        scenario = replace(scenario, name=path.parent.name if path.name == "config.yaml" else path.stem)
+    return scenario
+
+
+def scenario_to_dict(scenario: "Scenario") -> dict[str, Any]:
+    """The YAML shape of ``scenario`` (breaks listed by name, not folded in)."""
+    out: dict[str, Any] = {"name": str.__str__(scenario.name), "seed": scenario.seed, "steps": scenario.steps}
+    for section in SECTIONS:
+        out[section] = _plain(dataclasses.asdict(getattr(scenario, section)))
+    if scenario.model_factory is not None:
+        out["model"]["factory"] = scenario.model_factory_path
+        if scenario.model_kwargs:
+            out["model"]["kwargs"] = _plain(dict(scenario.model_kwargs))
+    if scenario.breaks:
+        out["breaks"] = [break_to_config(b) for b in scenario.breaks]
+    return out
+
+
+def scenario_to_yaml(scenario: "Scenario") -> str:
+    import yaml
+
+    return yaml.safe_dump(scenario_to_dict(scenario), sort_keys=False, allow_unicode=True)
+
+
+def _unique_key_loader() -> type:
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        """A SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one silently)."""
+
+        def construct_mapping(scenario, node: Any, deep: bool = False) -> Any:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = scenario.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"duplicate key {key!r} (the second one would silently win)", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+
+def _plain(value: Any) -> Any:
+    """Tuples to lists and inf to the string 'inf' so YAML/JSON round-trip cleanly."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> Any:
+    """Convert a YAML value to the type of the field's current value, with a clear error."""
+    label = f"{where}: {section}.{name}"
+    if name == "grad_clip":
+        if value is None or (isinstance(value, str) and value.lower() in ("inf", "none", "null")):
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{label} must be a number, inf or null, was {value!r}")
+        return float(value)
+    if name in ("skip_spike_ratio", "new_source"):
+        if value is None:
+            return None
+        if name == "new_source":
+            if not isinstance(value, str):
+                raise ConfigError(f"{label} must be a source name or null, was {value!r}")
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{label} must be a number or null, was {value!r}")
+        return float(value)
+    if dataclasses.is_dataclass(current):
+        return _section_from_dict(f"{section}.{name}", type(current), current, value, where)
+    if name == "bursts":
+        if not isinstance(value, list):
+            raise ConfigError(f"{label} must be a list of bursts, was {value!r}")
+        return tuple(_section_from_dict(f"{section}.bursts", BurstSpec, None, b, where) for b in value)
+    if isinstance(current, bool):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{label} must be true or false, was {value!r}")
+        return value
+    if isinstance(current, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{label} must be an integer, was {value!r}")
+        return value
+    if isinstance(current, float):
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads 1e-2 as a string; accept it
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{label} must be a number, was {value!r}")
+        return float(value)
+    if name == "texts":
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{label} must be a list of strings, was {type(value).__name__}")
+        return tuple(value)
+    if name == "phase_lengths":
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{label} must be a list of integers, was {value!r}")
+        return tuple(_coerce(section, name, 0, v, where) for v in value)
+    if isinstance(current, tuple):
+        if not isinstance(value, (list, tuple)) or len(value) != len(current):
+            raise ConfigError(f"{label} must be a list of {len(current)} numbers, was {value!r}")
+        return tuple(_coerce(section, name, c, v, where) for c, v in zip(current, value))
+    if isinstance(current, str):
+        if not isinstance(value, str):
+            raise ConfigError(f"{label} must be a string, was {value!r}")
+        return value
+    return value
+
+
+def _section_from_dict(section: str, spec_type: type, base: Any, raw: Any, where: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: {section} must be a mapping, was {raw!r}")
+    raw = dict(raw)
+    if spec_type is GPTConfig and "preset" in raw:
+        base = model_preset(str(raw.pop("preset")))
+    names = [f.name for f in fields(spec_type)]
+    unknown = sorted(set(raw) - set(names))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {section}.{unknown[0]}; expected one of {', '.join(names)}")
+    if base is None:  # a fresh item (a burst): required fields must be present
+        required = [f.name for f in fields(spec_type)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [n for n in required if n not in raw]
+        if missing:
+            raise ConfigError(f"{where}: {section} needs {missing[0]}")
+        defaults = {f.name: f.default for f in fields(spec_type) if f.default is not dataclasses.MISSING}
+        values = {n: _coerce(section, n, defaults.get(n, 0), v, where) for n, v in raw.items()}
+        try:
+            return spec_type(**values)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {section}: {exc}") from None
+    values = {n: _coerce(section, n, getattr(base, n), v, where) for n, v in raw.items()}
+    try:
+        return replace(base, **values)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+

@@ -1,0 +1,249 @@
+"""The sections of a scenario (model, data, sampler, optimizer, schedule, record) as frozen
+specs, and their checks: each field has its default's type, and every value is in range.
+
+A field is added here (with an inline comment on its default and its check in
+:func:`check_section_values`); the YAML codec (:mod:`.config`) and the derived names
+(:mod:`.naming`) pick it up from the dataclass. No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.models.config import GPTConfig
+
+if TYPE_CHECKING:
+    from pytest_spikecheck.scenario.spec import Scenario
+
+#: Rare content a RareTokenBurst can inject (built by pytest_spikecheck.data.corpus). ``written``
+#: is Seed A's own rare family (corpus sentences held out until the burst); ``caps`` and
+#: ``greek`` are fresh sentences the model has never seen: ALL-CAPS English and English
+#: transliterated into Greek script; ``blank`` is an empty document (a blank line in a data
+#: shard), which encodes to a row of padding only: harmless unless the model masks padding
+#: keys (then a numeric break).
+BURST_CONTENTS = ("written", "caps", "greek", "blank")
+#: The three sources of Seed B's mixture corpus (pytest_spikecheck.data.sources builds them).
+BASE_SOURCES = ("docs", "prose", "qa")
+#: Sources that can enter the mixture late, never seen before (MixtureShift(new_source=...)).
+NEW_SOURCES = ("foreign",)
+
+
+def check(condition: bool, message: str) -> None:
+    """Raise ConfigError(``message``) unless ``condition`` holds."""
+    if not condition:
+        raise ConfigError(message)
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: Where the import path of a model factory must look like ``pkg.module:function``.
+IMPORT_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+@dataclass(frozen=True)
+class BurstSpec:
+    """Put ``count`` samples of rare ``content`` into the batch of step ``at_step``.
+
+    ``content="written"`` holds Seed A's *written* sentences out of the rotation until the
+    burst (first seen there) and lets them rejoin afterwards; ``caps``/``greek`` inject
+    fresh sentences that appear at the burst only (a contaminated batch).
+    """
+
+    at_step: int
+    count: int = 3
+    content: str = "greek"
+
+    def __post_init__(self) -> None:
+        check(is_int(self.at_step) and self.at_step >= 1, f"burst at_step must be an integer >= 1, was {self.at_step!r}")
+        check(is_int(self.count) and self.count >= 1, f"burst count must be an integer >= 1, was {self.count!r}")
+        check(self.content in BURST_CONTENTS,
+              f"burst content must be one of {', '.join(BURST_CONTENTS)}, was {self.content!r}")
+
+
+#: optimizer.clip_mode values.
+CLIP_MODES = ("global", "per_tensor", "adaptive", "shard_local")
+
+#: Corpora the engine can build: Seed A's sentences, or Seed B's three-source mixture.
+CORPORA = ("phase19", "mixture", "texts")
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    corpus: str = "phase19"  # phase19 (data.corpus) | mixture (data.sources) | texts (your own, below)
+    n_sentences: int = 240  # Seed A: 240 training sentences (mixture: split evenly over its sources)
+    eval_sentences: int = 96  # fixed in-distribution eval set
+    vocab_size: int = 384  # byte-level BPE; 312-448 split " written" into Ġwri + tt + en
+    corpus_seed: int = 0  # the corpus is fixed; the training seed changes init and batch order
+    padding_side: str = "right"  # right | left (left puts padding first: meets mask_padding as all-masked rows)
+    texts: tuple[str, ...] = ()  # corpus "texts": your documents; the last eval_sentences are the eval set
+
+
+@dataclass(frozen=True)
+class MixtureSpec:
+    """Seed B's bandit: source weights redrawn from Dirichlet(``concentration``) at phase
+    boundaries whose lengths are drawn from ``phase_lengths`` (empty: fixed uniform weights).
+    ``new_source`` is held out until the first boundary at or after ``new_source_at``, where
+    the bandit tries it alone for one phase; it then joins the draws."""
+
+    phase_lengths: tuple[int, ...] = ()
+    concentration: float = 0.3
+    new_source: str | None = None
+    new_source_at: int = 0
+
+
+@dataclass(frozen=True)
+class SamplerSpec:
+    kind: str = "shuffle"  # shuffle (epochs in random order) | stratified (caps rare samples per batch) | mixture
+    batch_size: int = 8
+    rare_cap: int = 1  # stratified: at most this many rare samples per batch
+    rare_doc_freq: int = 5  # a token is rare if at most this many training samples contain it
+    bursts: tuple[BurstSpec, ...] = ()
+    mixture: MixtureSpec = MixtureSpec()
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str = "adamw"
+    lr: float = 1e-2
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.1  # applied to matrices (embeddings included), not to biases and norms
+    grad_clip: float | None = 1.0  # global-L2 max_norm; None (YAML null) or inf = no clipping
+    clip_mode: str = "global"  # global | per_tensor | adaptive (ZClip-style: max_norm from an EMA z-score)
+    # | shard_local (on several ranks, each clips its gradient shard to its own norm: a bug, see ShardLocalNorm)
+    adaptive_z: float = 2.5  # adaptive: clip at EMA mean + z * EMA std of the pre-clip norm ...
+    adaptive_alpha: float = 0.97  # ... with this EMA decay (ZClip's defaults); grad_clip until warm
+    skip_spike_ratio: float | None = None  # skip the optimizer step when pre-clip norm / median >= this
+
+    def __post_init__(self) -> None:
+        clip = self.grad_clip
+        check(clip is None or is_number(clip),
+              f"optimizer.grad_clip must be a number, inf or None (no clipping), was {clip!r}")
+        check(clip is None or not math.isnan(clip), "optimizer.grad_clip must be a number, inf or None, was nan")
+        check(clip is None or clip > 0,
+              f"optimizer.grad_clip must be > 0, was {clip!r} (0 would zero every update; to clip as hard as "
+              f"possible use a tiny max_norm such as 1e-3, for no clipping use None or inf)")
+        # One spelling of "no clipping" so equal runs hash equal: inf becomes None.
+        if clip is not None and math.isinf(clip):
+            object.__setattr__(self, "grad_clip", None)
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    name: str = "cosine"  # cosine | constant
+    warmup_steps: int = 20  # linear warmup from lr/warmup_steps to lr
+    min_lr_ratio: float = 0.1  # cosine decays to lr * min_lr_ratio at the last step
+
+
+@dataclass(frozen=True)
+class RecordSpec:
+    eval_every: int = 20  # evaluate the fixed eval set every N steps ...
+    dense_before: int = 10  # ... and at every step from burst-10 ...
+    dense_after: int = 50  # ... to burst+50 (and for 50 steps after any detected spike)
+    spike_ratio: float = 5.0  # online detector: pre-clip norm / median of the last 50 steps
+    spike_window: int = 50
+    top_tokens: int = 20  # per-token losses kept at event steps
+
+
+
+SECTIONS: dict[str, type] = {
+    "model": GPTConfig,
+    "data": DataSpec,
+    "sampler": SamplerSpec,
+    "optimizer": OptimizerSpec,
+    "schedule": ScheduleSpec,
+    "record": RecordSpec,
+}
+
+SCALARS = ("name", "steps", "seed")
+
+#: Section fields that may be None (YAML null) besides their type.
+NULLABLE = {("optimizer", "grad_clip"), ("optimizer", "skip_spike_ratio"), ("sampler.mixture", "new_source")}
+
+
+def check_types(section: str, spec: Any) -> None:
+    """Every field of a section has its default's type: one line naming the field otherwise
+    (a string where a number belongs would else fail later as a bare TypeError)."""
+    defaults = type(spec)()
+    for f in fields(spec):
+        value, default = getattr(spec, f.name), getattr(defaults, f.name)
+        label = f"{section}.{f.name}"
+        if value is None and (section, f.name) in NULLABLE:
+            continue
+        if dataclasses.is_dataclass(default):
+            check(isinstance(value, type(default)), f"{label} must be a {type(default).__name__}, was {value!r}")
+            check_types(label, value)
+        elif isinstance(default, bool):
+            check(isinstance(value, bool), f"{label} must be True or False, was {value!r}")
+        elif isinstance(default, int):
+            check(is_int(value), f"{label} must be an integer, was {value!r}")
+        elif isinstance(default, float) or (section, f.name) in NULLABLE and default is None and f.name != "new_source":
+            check(is_number(value), f"{label} must be a number, was {value!r}")
+        elif isinstance(default, str) or f.name == "new_source":
+            check(isinstance(value, str), f"{label} must be a string, was {value!r}")
+        elif isinstance(default, tuple):
+            check(isinstance(value, tuple), f"{label} must be a tuple, was {value!r}")
+
+
+def check_section_types(scenario: "Scenario") -> None:
+    """Each section is its spec type and each field has its default's type (one line otherwise)."""
+    for section, spec_type in SECTIONS.items():
+        check(isinstance(getattr(scenario, section), spec_type),
+              f"{section} must be a {spec_type.__name__}, was {getattr(scenario, section)!r}")
+        check_types(section, getattr(scenario, section))
+
+
+def check_section_values(scenario: "Scenario") -> None:
+    """Every section value in range, and the sections agree with each other and with the
+    scenario's steps (a burst after the last step, a mixture sampler without the mixture corpus)."""
+    s, o, sch = scenario.sampler, scenario.optimizer, scenario.schedule
+    check(s.kind in ("shuffle", "stratified", "mixture"),
+          f"sampler.kind must be shuffle, stratified or mixture, was {s.kind!r}")
+    check((s.kind == "mixture") == (scenario.data.corpus == "mixture"),
+          f"sampler.kind mixture goes with data.corpus mixture (was {s.kind!r} with {scenario.data.corpus!r})")
+    m = s.mixture
+    check(all(isinstance(n, int) and n >= 1 for n in m.phase_lengths),
+          f"sampler.mixture.phase_lengths must be positive integers, was {m.phase_lengths!r}")
+    check(m.concentration > 0, f"sampler.mixture.concentration must be > 0, was {m.concentration}")
+    check(scenario.data.padding_side in ("right", "left"), f"data.padding_side must be right or left, was {scenario.data.padding_side!r}")
+    check(s.batch_size >= 1, f"sampler.batch_size must be >= 1, was {s.batch_size}")
+    check(s.rare_cap >= 0, f"sampler.rare_cap must be >= 0, was {s.rare_cap}")
+    for b in s.bursts:
+        check(b.content != "written" or scenario.data.corpus == "phase19",
+              f"a 'written' burst needs the phase19 corpus (its rare sentences), not {scenario.data.corpus!r}")
+        check(b.count >= 1, f"burst count must be >= 1, was {b.count}")
+        check(b.count <= s.batch_size, f"burst count {b.count} exceeds the batch size {s.batch_size}")
+        check(1 <= b.at_step, f"burst at_step must be >= 1, was {b.at_step}")
+        check(b.at_step <= scenario.steps, f"a burst at step {b.at_step} is after the last step ({scenario.steps} steps): "
+                                           f"move it to a step <= {scenario.steps} or train more steps")
+    check(o.name == "adamw", f"optimizer.name must be adamw (the only optimizer so far), was {o.name!r}")
+    check(o.lr > 0, f"optimizer.lr must be > 0, was {o.lr}")
+    check(all(0 <= b < 1 for b in o.betas) and len(o.betas) == 2, f"optimizer.betas must be two numbers in [0, 1), was {o.betas!r}")
+    check(o.eps >= 0, f"optimizer.eps must be >= 0, was {o.eps}")
+    check(o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, was {o.weight_decay}")
+    check(o.clip_mode in CLIP_MODES, f"optimizer.clip_mode must be one of {', '.join(CLIP_MODES)}, was {o.clip_mode!r}")
+    check(o.adaptive_z > 0 and 0 < o.adaptive_alpha < 1,
+          f"optimizer.adaptive_z must be > 0 and adaptive_alpha in (0, 1), was {o.adaptive_z}, {o.adaptive_alpha}")
+    check(o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
+          f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}")
+    check(sch.name in ("cosine", "constant"), f"schedule.name must be cosine or constant, was {sch.name!r}")
+    check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
+    check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
+    check(scenario.data.corpus in CORPORA, f"data.corpus must be one of {', '.join(CORPORA)}, was {scenario.data.corpus!r}")
+    if scenario.data.corpus == "texts":
+        n_train = len(scenario.data.texts) - scenario.data.eval_sentences
+        check(n_train >= s.batch_size and scenario.data.eval_sentences >= 1,
+              f"data.texts needs more than eval_sentences + batch_size texts ({scenario.data.eval_sentences} + "
+              f"{s.batch_size}), had {len(scenario.data.texts)}")
+        check(all(isinstance(t, str) for t in scenario.data.texts), "data.texts must be strings")
