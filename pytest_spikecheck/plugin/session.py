@@ -1,9 +1,13 @@
 """The per-session scenario runner behind the ``spikecheck`` fixture.
 
-It trains each distinct scenario once per session, optionally caches runs on disk under the
-report directory (a :class:`~pytest_spikecheck.training.store.RunStore`, whose key says what made
-a run), writes each scenario's report folder, and keeps the rows of the terminal summary. The
-engine (and torch) are imported on the first ``run()``.
+It trains each distinct scenario once per session, across xdist workers too: the runs go into a
+:class:`~pytest_spikecheck.training.store.RunStore` (whose key says what made a run) under the
+report directory (``--spikecheck-report``: a disk cache that outlives the session) or, under
+xdist without one, in the session's shared temporary folder. The first worker that needs a
+scenario trains it under the store's lock; the others wait and load it. The session counts how
+each run came (trained, loaded from another worker, from the disk cache), writes each scenario's
+report folder, and keeps the rows of the summary. The engine (and torch) are imported on the
+first ``run()``.
 """
 
 from __future__ import annotations
@@ -11,12 +15,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the store imports records (numpy, yaml): loading the plugin stays light
-    from pytest_spikecheck.training.store import RunKey, RunStore
+    from pytest_spikecheck.progress import Progress
+    from pytest_spikecheck.report.summary import ScenarioRow
+    from pytest_spikecheck.training.store import Provenance, RunKey, RunStore
 
 
 @dataclass(frozen=True)
@@ -30,80 +38,29 @@ class Settings:
 
 
 @dataclass
-class ScenarioRow:
-    """One line of the terminal summary (JSON-able so xdist workers can send it)."""
-
-    scenario: str
-    steps: int
-    spike_step: int | None
-    spike_ratio: float
-    containment: str
-    recovery: str
-    cached: bool
-    stopped: str | None = None
-    not_cached_because: str | None = None  # why a run of this scenario is never cached on disk
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def _containment(run: Any) -> str:
-    """The summary's clip-containment cell: did the post-clip norm stay under the limit?"""
-    import numpy as np
-
-    from pytest_spikecheck.judge.analysis import CLIP_RTOL
-    from pytest_spikecheck.judge.text import fmt
-
-    post = np.asarray(run.metrics["grad_norm_post"], dtype=float)
-    finite = post[np.isfinite(post)]
-    worst = fmt(float(finite.max()), ".3g") if finite.size else "—"
-    if run.scenario.optimizer.clip_mode == "adaptive":
-        return f"adaptive (max {worst})"
-    max_norm = run.scenario.max_norm
-    if math.isinf(max_norm):
-        return "no clip"
-    if run.stopped_early and finite.size < post.size:
-        return f"n/a (non-finite at step {run.meta['stopped_at']})"
-    held = bool(np.all(post <= max_norm * (1 + CLIP_RTOL)))
-    return f"held (max {worst} ≤ {max_norm:g})" if held else f"BROKEN (max {worst} > {max_norm:g})"
-
-
-def summarise(run: Any, cached: bool) -> ScenarioRow:
-    from pytest_spikecheck.judge.analysis import EventSummary
-
-    bursts = run.declared_events
-    s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
-    containment = _containment(run)
-    recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
-    return ScenarioRow(
-        scenario=run.name, steps=len(run), spike_step=s.step, spike_ratio=s.ratio,
-        containment=containment, recovery=recovery, cached=cached,
-        stopped=run.meta["stop_reason"] if run.stopped_early else None,
-    )
-
-
-def _diagnosis_markdown(diagnosis: Any) -> str:
-    """The diagnosis as Markdown, its table through judge.text.table, which escapes a "|" in a
-    cell (the Adam rung's |g|/√v̂ would otherwise split its row into extra columns)."""
-    from pytest_spikecheck.judge.text import table
-
-    if diagnosis.step is None:
-        return diagnosis.markdown()
-    rows = table(["rung", "finding"], [[str(r), str(f)] for r, f in diagnosis.lines], markdown=True)
-    return f"**Diagnosis at step {diagnosis.step}**\n\n{rows}\n\n**Verdict:** {diagnosis.verdict}\n"
-
-
-@dataclass
 class SpikecheckSession:
     settings: Settings
+    #: this test session's id (xdist: the run's id, the same on every worker): a stored run
+    #: labelled with it was trained by another worker of this session, not found on disk
+    session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    #: the xdist worker this session runs on ("gw0"), None outside xdist
+    worker: str | None = None
+    #: a folder every worker of this session sees (xdist), where runs are shared without a report
+    shared_dir: Path | None = None
+    progress: Progress | None = None
     rows: dict[str, ScenarioRow] = field(default_factory=dict)
+    #: how this process got its runs: "trained", "worker" (another worker's), "disk" (an earlier session's)
+    counts: Counter[str] = field(default_factory=Counter)
     _runs: dict[str, Any] = field(default_factory=dict)
-    trained: int = 0
     _backend: str | None = None
     #: name -> content hash of every scenario run this session (a name must mean one scenario)
     _hash_by_name: dict[str, str] = field(default_factory=dict)
     #: names of the scenarios the current test asked for (the plugin links them to its report)
     used_by_current_test: set[str] = field(default_factory=set)
+
+    @property
+    def trained(self) -> int:
+        return self.counts["trained"]
 
     @property
     def backend(self) -> str:
@@ -121,16 +78,24 @@ class SpikecheckSession:
         s = self.settings
         return run_key(scenario, backend=self.backend, device=s.device, threads=s.threads)
 
-    def _disk_cache(self, key: RunKey) -> RunStore | None:
-        """The run store under the report directory, where a run of ``key`` can be stored."""
+    def _store(self, key: RunKey) -> RunStore | None:
+        """Where a run of ``key`` is shared: the disk cache under the report directory, else (under
+        xdist) the session's shared folder; None when it cannot be (an unhashable factory) or
+        need not be (one process, no report)."""
         from pytest_spikecheck.training.store import RunStore
 
-        if self.settings.report_dir is None or not key.shareable:
+        if not key.shareable:
             return None
-        return RunStore(self.settings.report_dir / ".cache")
+        if self.settings.report_dir is not None:
+            root = self.settings.report_dir / ".cache"
+        elif self.shared_dir is not None:
+            root = self.shared_dir / "spikecheck-runs"
+        else:
+            return None
+        return RunStore(root, session=self.session_id, writer=self.worker or "main")
 
     def run(self, scenario: Any, name: str | None = None) -> Any:
-        """Train ``scenario`` (or return this session's or the disk cache's run of it)."""
+        """Train ``scenario`` (or return this session's, another worker's or the disk cache's run of it)."""
         from pytest_spikecheck.scenario import Scenario
 
         if not isinstance(scenario, Scenario):
@@ -149,42 +114,66 @@ class SpikecheckSession:
         self.used_by_current_test.add(scenario.name)
         key = self._key(scenario)
         if key.tag not in self._runs:
-            self._runs[key.tag] = self._load_or_train(scenario, key)
-        run = self._runs[key.tag]
+            run, source, provenance = self._obtain(scenario, key)
+            self.counts[source] += 1
+            self._runs[key.tag] = (run, source, provenance)
+        run, source, provenance = self._runs[key.tag]
         if run.name != scenario.name:
             run = dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
         if scenario.name not in self.rows:
-            self.rows[scenario.name] = summarise(run, cached=run.meta.get("from_disk_cache", False))
+            from pytest_spikecheck.report.summary import summarise
+
+            self.rows[scenario.name] = row = summarise(run, source=source)
             if self.settings.report_dir is not None:
-                self.rows[scenario.name].not_cached_because = key.not_shareable_because
-            self._write_report(run)
+                row.not_cached_because = key.not_shareable_because
+            # The worker that trained a run under this name has written its report folder.
+            if not (source == "worker" and provenance is not None and provenance.name == scenario.name):
+                self._write_report(run)
         return run
 
-    def _load_or_train(self, scenario: Any, key: RunKey) -> Any:
-        cache = self._disk_cache(key)
-        found = cache.get(key) if cache is not None else None
-        if found is not None:
-            run = found[0]
-            run.meta["from_disk_cache"] = True
-            return dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
+    def _obtain(self, scenario: Any, key: RunKey) -> tuple[Any, str, Provenance | None]:
+        """The run of ``scenario`` and where it came from: ``trained`` here, or loaded from the
+        store (``worker``: this session's, ``disk``: an earlier one's), with who stored it."""
+        store = self._store(key)
+        if store is None:
+            return self._train(scenario), "trained", None
+        from pytest_spikecheck.training.store import RunStoreLockError
+
+        try:
+            run, provenance = store.get_or_make(key, lambda: self._train(scenario))
+        except RunStoreLockError as exc:
+            import pytest
+
+            pytest.fail(f"spikecheck: {exc}", pytrace=False)
+        if provenance is None:
+            return run, "trained", None
+        run.meta["from_disk_cache"] = provenance.session != self.session_id
+        run = dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
+        return run, "worker" if provenance.session == self.session_id else "disk", provenance
+
+    def _train(self, scenario: Any) -> Any:
+        from pytest_spikecheck.progress import Progress
         from pytest_spikecheck.training.launch import train
 
         s = self.settings
-        run = train(scenario, backend=self.backend, device=s.device, threads=s.threads)
-        self.trained += 1
+        with (self.progress or Progress(mode="quiet")).task(scenario.name, total=scenario.steps) as task:
+            run = train(scenario, backend=self.backend, device=s.device, threads=s.threads,
+                        callbacks=[task.step_callback()] if task.progress.mode == "bar" else [])
+            stopped = f", stopped at step {run.meta['stopped_at']} ({run.meta['stop_reason']})" if run.stopped_early else ""
+            task.finish(f"trained {scenario.name}: {len(run)} steps in {run.meta['seconds']:.1f} s{stopped}")
         run.meta["reproduce"] = (f"pytest --spikecheck --spikecheck-backend {self.backend}"
                                  + (f" --spikecheck-seed {s.seed}" if s.seed is not None else "")
                                  + f"  # scenario {scenario.name}, content hash {run.meta['content_hash']}")
-        if cache is not None:
-            cache.put(key, run)
         return run
 
     def _write_report(self, run: Any) -> None:
         if self.settings.report_dir is None:
             return
-        from pytest_spikecheck.judge.diagnosis import diagnose
         from pytest_spikecheck.report import plot_grad_norm, plot_loss
+        from pytest_spikecheck.report.summary import diagnosis_markdown, folder_name, markdown_text
         from pytest_spikecheck.training.store import atomic_dir_write
+
+        row = self.rows[run.name]
 
         def write(folder: Path) -> None:
             marks = list(run.declared_events)
@@ -192,8 +181,9 @@ class SpikecheckSession:
             max_norm = run.scenario.max_norm
             plot_grad_norm([run], folder / "grad_norm.png", marks, None if math.isinf(max_norm) else max_norm,
                            title=f"{run.name}: gradient norm, pre- and post-clip")
-            (folder / "diagnosis.md").write_text(f"# {run.name}\n\n{run.scenario.describe()}\n\n{_diagnosis_markdown(diagnose(run))}")
-            (folder / "summary.json").write_text(json.dumps(self.rows[run.name].to_json(), indent=2))
+            (folder / "diagnosis.md").write_text(f"# {markdown_text(run.name)}\n\n{markdown_text(row.description)}\n\n"
+                                                 f"{diagnosis_markdown(row.diagnosis)}")
+            (folder / "summary.json").write_text(json.dumps(row.to_json(), indent=2))
             run.save(folder / "run")
 
-        atomic_dir_write(self.settings.report_dir / run.name, write)
+        atomic_dir_write(self.settings.report_dir / folder_name(run.name), write)
