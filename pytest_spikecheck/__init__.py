@@ -12,7 +12,7 @@ enforces this in the test command, see ``[tool.importlinter]`` in pyproject.toml
 docs/architecture.md):
 
     cli | plugin                  the spikecheck command; the pytest plugin, its session and fixtures
-    fuzz | integrations           Hypothesis strategies, the worst-batch search;
+    fuzz | sweep | integrations   Hypothesis strategies, the worst-batch search; sweeps of many runs (local or Ray);
                                   recording your own trainer (plain loop, Hugging Face, Lightning) and bursts in your data
     training | report             the engine, probes, N ranks (torch); panels and comparison tables (matplotlib)
     judge                         detectors, analysis, diagnosis, assertions (numpy only)
@@ -71,7 +71,9 @@ _EXPORTS = {
     "assert_lr_sensitivity": "pytest_spikecheck.judge.sweeps",
     "assert_stable_up_to": "pytest_spikecheck.judge.sweeps",
     "assert_logits_bounded": "pytest_spikecheck.judge.sweeps",
-    "lr_sweep": "pytest_spikecheck.training.sweep",
+    "lr_sweep": "pytest_spikecheck.sweep",
+    "Sweep": "pytest_spikecheck.sweep",
+    "SweepResult": "pytest_spikecheck.sweep",
     "get_detector": "pytest_spikecheck.judge.detectors",
     "clip_grad_norm_": "pytest_spikecheck.clipping",
     "SpikecheckBackendWarning": "pytest_spikecheck.clipping",

@@ -1,17 +1,16 @@
-"""What the measurement scripts share: seed ranges, running 1-thread trainings in a process
-pool, and summarising cells as ``median [min–max]`` over seeds. Each script trains its own
-scenarios; this module only holds the plumbing (import it from a script in scripts/)."""
+"""What the measurement scripts share: each one's grid is a sweep file in experiments/sweeps/,
+trained through the sweep engine (pytest_spikecheck.sweep: local or Ray, kept in the run store,
+resumed), and the script measures what its docs table needs from the runs. Import it from a
+script in scripts/."""
 
 from __future__ import annotations
 
-import math
-import statistics
-import sys
-from concurrent.futures import ProcessPoolExecutor
-from typing import Callable, Iterable, Sequence
+import argparse
+from pathlib import Path
+from typing import Any
 
-#: Recovery is measured over this many steps after the event (analysis.RECOVERY_HORIZON).
-RECOVERY_HORIZON = 50
+ROOT = Path(__file__).resolve().parents[1]
+SWEEPS = ROOT / "experiments" / "sweeps"
 
 
 def seed_range(text: str) -> list[int]:
@@ -22,39 +21,29 @@ def seed_range(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
-def run_jobs(measure: Callable, jobs: Sequence, jobs_at_once: int, describe: Callable[[dict], str]) -> list[dict]:
-    """Run ``measure(job)`` for every job in a process pool (one 1-thread training each),
-    printing one progress line per finished job to stderr."""
-    records = []
-    with ProcessPoolExecutor(max_workers=jobs_at_once) as pool:
-        for i, record in enumerate(pool.map(measure, jobs), 1):
-            records.append(record)
-            print(f"[{i}/{len(jobs)}] {describe(record)}", file=sys.stderr, flush=True)
-    return records
+def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
+    """The engine's options, as ``spikecheck sweep`` spells them, plus ``--seeds`` (a subset of the file's)."""
+    parser.add_argument("--seeds", default=None, help="replace the sweep file's seed axis, e.g. 0-2 or 0,5")
+    parser.add_argument("--executor", default="local", choices=("local", "ray"))
+    parser.add_argument("--address", default=None, help="with --executor ray: auto or ray://HOST:10001")
+    parser.add_argument("--jobs", type=int, default=2, help="points at a time (default 2)")
+    parser.add_argument("--runs", default=None,
+                        help="the sweep's folder (runs/, run store, sweep.md). Default: out/sweeps/<sweep file stem>, "
+                             "the folder `spikecheck sweep` uses, so either resumes the other")
+    parser.add_argument("--fresh", action="store_true", help="ignore the run store: train every point again")
 
 
-def _present(values: Iterable) -> list[float]:
-    return [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+def run_sweep(name: str, args: argparse.Namespace) -> Any:
+    """Train ``experiments/sweeps/<name>.yaml`` (its seeds replaced by ``--seeds``) and return the
+    :class:`~pytest_spikecheck.sweep.SweepResult`; a failed point stops the script (its numbers
+    would be missing from the table)."""
+    from pytest_spikecheck.sweep import load_sweep, sweep
 
-
-def spread(values: Iterable, spec: str = ".1f") -> str:
-    """``median [min–max]`` of the measured values (missing ones left out), or ``—``."""
-    v = _present(values)
-    if not v:
-        return "—"
-    return f"{format(statistics.median(v), spec)} [{format(min(v), spec)}–{format(max(v), spec)}]"
-
-
-def recovery_spread(values: Sequence[int | None]) -> str:
-    """Recovery steps over seeds; runs that did not recover within the horizon are counted."""
-    back = [v for v in values if v is not None]
-    if not back:
-        return "not back"
-    text = spread(back, ".0f")
-    missing = len(values) - len(back)
-    return f"{text} ({missing}/{len(values)} not back within {RECOVERY_HORIZON})" if missing else text
-
-
-def median(values: Iterable) -> float:
-    v = _present(values)
-    return statistics.median(v) if v else math.nan
+    plan = load_sweep(SWEEPS / f"{name}.yaml")
+    if args.seeds:
+        plan.grid = {**plan.grid, "seed": seed_range(args.seeds)}
+    out = Path(args.runs) if args.runs else ROOT / "out" / "sweeps" / name
+    result = sweep(plan, executor=args.executor, address=args.address, jobs=args.jobs, out=out, fresh=args.fresh)
+    if result.failed:
+        raise SystemExit(f"{len(result.failed)} points failed, first {result.failed[0]['point']}: {result.failed[0]['error']}")
+    return result

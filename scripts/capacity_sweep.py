@@ -1,12 +1,14 @@
 """Seed B's capacity claim, measured: does an unclipped spike hurt bigger models more?
 
-    python scripts/capacity_sweep.py --seeds 0-2 --jobs 2 --out docs/capacity.json
+    python scripts/capacity_sweep.py --out docs/capacity.json
     python scripts/capacity_sweep.py --table --plot docs/capacity.png --out docs/capacity.json
 
-The same break (Phase-19, 8 never-seen sentences in the batch of step 312) on models from
-32 wide x 2 layers to 256 wide x 6 layers, each with and without clip 1.0 on the same
-batches. Measured per size: spike ratio, eval-loss jump and recovery without the clip, the
-final eval-loss gap between the unclipped and the clipped run, and how many runs diverged.
+The grid is experiments/sweeps/capacity.yaml: the same break (Phase-19, 8 never-seen sentences
+in the batch of step 312) on models from 32 wide x 2 layers to 256 wide x 6 layers, each with
+and without clip 1.0 on the same batches, seeds 0-2, trained through the sweep engine (the
+largest first; --jobs, --executor local|ray, resumed from out/sweeps/capacity/). Measured per
+size: spike ratio, eval-loss jump and recovery without the clip, the final eval-loss gap between
+the unclipped and the clipped run, and how many runs diverged.
 """
 
 from __future__ import annotations
@@ -16,27 +18,23 @@ import json
 import sys
 from pathlib import Path
 
-from _sweep import median, run_jobs, seed_range
+from _sweep import add_sweep_arguments, run_sweep
+
+from pytest_spikecheck.sweep.summary import median
 
 EVENT = 312
-#: (width, layers, heads): from half of Phase-19's model (64 x 2) to ~5M parameters.
+#: (width, layers, heads), the sweep file's points: from half of Phase-19's model (64 x 2) to ~5M parameters.
 SHAPES = [(32, 2, 2), (64, 2, 4), (128, 2, 4), (128, 4, 4), (256, 4, 8), (256, 6, 8)]
 
 
-def measure(job: tuple[tuple[int, int, int], str, int]) -> dict:
-    (width, layers, heads), clip, seed = job
-    from pytest_spikecheck import NoClip, RareTokenBurst, Scenario, train
+def measure(point, run) -> dict:
     from pytest_spikecheck.judge.analysis import final_value, loss_jump, recovery_steps, spike_ratio
 
-    scenario = (Scenario.preset("phase-19").replace(seed=seed, model__n_embd=width, model__n_layer=layers, model__n_head=heads)
-                .with_breaks(RareTokenBurst(count=8, at_step=EVENT)))
-    if clip == "no-clip":
-        scenario = scenario.with_breaks(NoClip())
-    run = train(scenario, backend="torch", threads=1)
-    m = run.metrics
-    return {"width": width, "layers": layers, "parameters": run.meta["parameters"], "clip": clip, "seed": seed,
-            "ratio": spike_ratio(m, EVENT), "eval_jump": loss_jump(m, EVENT), "recovery": recovery_steps(m, EVENT),
-            "final_eval": final_value(m), "diverged": run.stopped_early, "train_seconds": run.meta["train_seconds"],
+    m, model = run.metrics, run.scenario.model
+    return {"width": model.n_embd, "layers": model.n_layer, "parameters": run.meta["parameters"], "clip": point.recipe,
+            "seed": run.scenario.seed, "ratio": spike_ratio(m, EVENT), "eval_jump": loss_jump(m, EVENT),
+            "recovery": recovery_steps(m, EVENT), "final_eval": final_value(m), "diverged": run.stopped_early,
+            "train_seconds": run.meta["train_seconds"],
             "adam_surprise": ((run.event_at(EVENT) or {}).get("adam_surprise") or {}).get("share")}
 
 
@@ -95,11 +93,10 @@ def plot(records: list[dict], path: Path) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0-2")
-    parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="docs/capacity.json")
     parser.add_argument("--table", action="store_true")
     parser.add_argument("--plot", default=None)
+    add_sweep_arguments(parser)
     args = parser.parse_args()
     out = Path(args.out)
     if args.table or args.plot:
@@ -108,10 +105,8 @@ def main() -> int:
             plot(records, Path(args.plot))
         print(table(records))
         return 0
-    jobs = [(shape, clip, seed) for shape in SHAPES for clip in ("no-clip", "clip-1.0") for seed in seed_range(args.seeds)]
-    jobs.sort(key=lambda j: -j[0][0] * j[0][0] * j[0][1])  # biggest first: better packing on the pool
-    records = run_jobs(measure, jobs, args.jobs, lambda r: f"{r['width']}x{r['layers']} {r['clip']} seed {r['seed']}: "
-                       f"ratio {r['ratio']:.1f} jump {r['eval_jump']:.3f} ({r['train_seconds']:.0f}s)")
+    result = run_sweep("capacity", args)
+    records = [measure(point, run) for point, run in zip(result.points, result.runs)]
     out.write_text(json.dumps(records, indent=1))
     print(table(records))
     return 0

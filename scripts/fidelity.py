@@ -1,11 +1,13 @@
 """Measure Seed A's claims on our Phase-19 set-up over many seeds; write docs/fidelity data.
 
-    python scripts/fidelity.py --seeds 0-9 --jobs 2 --out docs/fidelity_phase19.json
+    python scripts/fidelity.py --out docs/fidelity_phase19.json
 
-Each configuration trains as a control (clip 1.0), a break (no clip) and, for the
-calibrated burst, the clip-0.5 lesson, on the same batches (same seed). Every run is a
-1-thread process, so results are bit-identical to `spikecheck train` with the same seed.
-The JSON holds one record per run; `--table` prints the markdown used in docs/fidelity.md.
+The grid is experiments/sweeps/fidelity-phase19.yaml: each burst trained as a control (clip
+1.0), a break (no clip) and, for the calibrated burst, the clip-0.5 lesson, on the same batches
+(same seed), seeds 0-9, through the sweep engine (--jobs, --executor local|ray, resumed from
+out/sweeps/fidelity-phase19/). Every run is a 1-thread training, bit-identical to `spikecheck
+train` with the same seed. The JSON holds one record per run; `--table` prints the markdown
+used in docs/fidelity.md.
 """
 
 from __future__ import annotations
@@ -16,32 +18,24 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from _sweep import recovery_spread, run_jobs, seed_range, spread
+from _sweep import add_sweep_arguments, run_sweep
+
+from pytest_spikecheck.sweep import recovery_spread, spread
 
 BURST = 312
-CONFIGS = {
-    # name: (burst content, count, breaks beyond the burst)
-    "greek-3": ("greek", 3),
-    "greek-8": ("greek", 8),
-    "caps-3": ("caps", 3),
-    "written-3": ("written", 3),
-}
-CLIPS = {"clip-1.0": 1.0, "no-clip": None, "clip-0.5": 0.5}
+#: The sweep file's recipes are "<config> <clip>"; the table's rows, in this order.
+CONFIGS = ("greek-3", "greek-8", "caps-3", "written-3")
+CLIPS = ("clip-1.0", "no-clip", "clip-0.5")
 
 
-def measure(job: tuple[str, str, int]) -> dict:
-    config, clip_name, seed = job
-    from pytest_spikecheck import RareTokenBurst, Scenario, train
-    from pytest_spikecheck.judge.analysis import baseline, loss_jump, recovery_steps, spike_ratio, value_at, final_value
+def measure(point, run) -> dict:
+    from pytest_spikecheck.judge.analysis import baseline, final_value, loss_jump, recovery_steps, spike_ratio, value_at
 
-    content, count = CONFIGS[config]
-    scenario = (Scenario.preset("phase-19").replace(seed=seed, optimizer__grad_clip=CLIPS[clip_name])
-                .with_breaks(RareTokenBurst(count=count, at_step=BURST, content=content)))
-    run = train(scenario, backend="torch", threads=1)
+    config, clip_name = point.recipe.split(" ")
     m = run.metrics
     clip_factor = np.asarray(m["clip_factor"])
     return {
-        "config": config, "clip": clip_name, "seed": seed,
+        "config": config, "clip": clip_name, "seed": run.scenario.seed,
         "ratio": spike_ratio(m, BURST),
         "grad_norm_pre": value_at(m, "grad_norm_pre", BURST),
         "grad_norm_post": value_at(m, "grad_norm_post", BURST),
@@ -79,20 +73,16 @@ def summarise(records: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0-9")
-    parser.add_argument("--jobs", type=int, default=2)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--out", default="docs/fidelity_phase19.json")
     parser.add_argument("--table", action="store_true", help="print the markdown table of an existing --out file")
+    add_sweep_arguments(parser)
     args = parser.parse_args()
     out = Path(args.out)
     if args.table:
         print(summarise(json.loads(out.read_text())))
         return 0
-    jobs = [(c, clip, s) for c in args.configs.split(",") for clip in CLIPS for s in seed_range(args.seeds)
-            if clip != "clip-0.5" or c == "greek-3"]
-    records = run_jobs(measure, jobs, args.jobs, lambda r: f"{r['config']} {r['clip']} seed {r['seed']}: ratio "
-                       f"{r['ratio']:.1f}x jump {r['eval_jump']:.3f} recovery {r['recovery']}")
+    result = run_sweep("fidelity-phase19", args)
+    records = [measure(point, run) for point, run in zip(result.points, result.runs)]
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(records, indent=1))
     print(summarise(records))

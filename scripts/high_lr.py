@@ -1,13 +1,16 @@
 """High-learning-rate instabilities (Wortsman et al. 2023) at our scale: LR sweeps per recipe,
 Wortsman's LR sensitivity, and how attention-logit growth depends on the model's size.
 
-    python scripts/high_lr.py sweep --seeds 0-4 --jobs 2 --out docs/high_lr.json --panel docs/lr_sensitivity.png
-    python scripts/high_lr.py sizes --seeds 0-4 --jobs 2 --out docs/high_lr_sizes.json
+    python scripts/high_lr.py sweep --out docs/high_lr.json --panel docs/panels/lr_sensitivity.png
+    python scripts/high_lr.py sizes --out docs/high_lr_sizes.json
     python scripts/high_lr.py table --out docs/high_lr.json [--sizes docs/high_lr_sizes.json]
 
+The grids are the sweep files experiments/sweeps/high-lr.yaml (recipes x peak LR x seeds 0-4 on
+Phase-19's micro model) and high-lr-sizes.yaml (model sizes x {baseline, qk-layernorm} at lr 0.1),
+trained by the sweep engine (--jobs, --executor local|ray, resumed from out/sweeps/<file>/).
 Every run is Phase-19's preset (240 sentences, batch 8, AdamW, weight decay 0.1, clip 1.0)
-for STEPS steps with a cosine schedule; a recipe is a set of breaks/defences, the peak LR the
-sweep's. ``final loss`` is the eval loss at the last step; the initial loss is step 1's train loss.
+for 150 steps with a cosine schedule; ``final loss`` is the eval loss at the last step; the
+initial loss is step 1's train loss.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-from _sweep import median, run_jobs, seed_range, spread
+from _sweep import add_sweep_arguments, run_sweep
+
+from pytest_spikecheck.sweep import spread
+from pytest_spikecheck.sweep.summary import median
 
 STEPS = 150
 LRS = (1e-2, 3e-2, 1e-1, 3e-1)
@@ -27,26 +33,16 @@ RECIPES = ("baseline", "no warmup", "qk-layernorm", "qk-layernorm + z-loss")
 SIZES = ("nano", "micro", "mini")  # models.config.PRESETS: width 32, 64, 128; depth 2, 2, 4
 
 
-def _scenario(recipe: str, lr: float, seed: int, model: str = "micro"):
-    from pytest_spikecheck import HighLR, NoWarmup, QKLayerNorm, Scenario, ZLoss
-    from pytest_spikecheck.models.config import model_preset
-
-    defences = {"baseline": (), "no warmup": (NoWarmup(),), "qk-layernorm": (QKLayerNorm(),),
-                "qk-layernorm + z-loss": (QKLayerNorm(), ZLoss(1e-4))}[recipe]
-    return (Scenario.preset("phase-19").replace(steps=STEPS, seed=seed, model=model_preset(model))
-            .with_breaks(HighLR(lr=lr), *defences))
-
-
-def measure(job: dict) -> dict:
+def measure(point, run) -> dict:
+    """The record of one point of either sweep file."""
     import numpy as np
 
-    from pytest_spikecheck import train
     from pytest_spikecheck.judge.sweeps import final_loss, initial_loss
 
-    run = train(_scenario(job["recipe"], job["lr"], job["seed"], job.get("model", "micro")))
     att = run["attn_logit_max"]
-    return {**job, "final": final_loss(run), "initial": initial_loss(run), "attn_max": float(np.nanmax(att)),
-            "attn_step10": float(att[9]), "logz_end": float(run["logz_mean"][-1]),
+    return {"recipe": point.recipe, "lr": run.scenario.optimizer.lr, "seed": run.scenario.seed,
+            "model": point.value("model.preset") or "micro", "final": final_loss(run), "initial": initial_loss(run),
+            "attn_max": float(np.nanmax(att)), "attn_step10": float(att[9]), "logz_end": float(run["logz_mean"][-1]),
             "seconds": run.meta["train_seconds"]}
 
 
@@ -126,24 +122,17 @@ def panel(data: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("mode", choices=("sweep", "sizes", "table"))
-    parser.add_argument("--seeds", default="0-4")
-    parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", required=True)
     parser.add_argument("--sizes", default=None, help="table: the sizes JSON to add")
     parser.add_argument("--panel", default=None, help="sweep: draw the final-loss-vs-LR panel here")
+    add_sweep_arguments(parser)
     args = parser.parse_args()
     if args.mode == "table":
         sizes = json.loads(Path(args.sizes).read_text()) if args.sizes else None
         print(table(json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else None, sizes))
         return 0
-    seeds = seed_range(args.seeds)
-    if args.mode == "sweep":
-        jobs = [{"recipe": rc, "lr": lr, "seed": s} for s in seeds for rc in RECIPES for lr in LRS]
-    else:
-        jobs = [{"recipe": rc, "lr": 0.1, "seed": s, "model": m} for m in SIZES for s in seeds
-                for rc in ("baseline", "qk-layernorm")]
-    records = run_jobs(measure, jobs, args.jobs,
-                       lambda r: f"{r.get('model', 'micro')} {r['recipe']} lr {r['lr']:g} seed {r['seed']}: {r['final']:.3f}")
+    result = run_sweep("high-lr" if args.mode == "sweep" else "high-lr-sizes", args)
+    records = [measure(point, run) for point, run in zip(result.points, result.runs)]
     data = {"date": time.strftime("%Y-%m-%d"), "steps": STEPS, "records": records}
     Path(args.out).write_text(json.dumps(data, indent=1))
     if args.panel:

@@ -1,12 +1,15 @@
 """Seed B's mitigations side by side, each a config switch, on the same breaks and seeds.
 
-    python scripts/mitigations.py --seeds 0-4 --jobs 2 --out docs/mitigations.json
+    python scripts/mitigations.py --out docs/mitigations.json
     python scripts/mitigations.py --table --out docs/mitigations.json
 
-Two breaks, both unclipped at baseline: ``burst`` (Phase-19, 3 never-seen sentences in the
-batch of step 312) and ``new-source`` (Seed B's mixture; a source in a script the model never
-saw enters at the first phase boundary after step 312 and is tried alone for one phase).
-Each mitigation is a break/defence added to the same scenario, so the batches are the same.
+Two breaks, both unclipped at baseline, each a sweep file: ``burst``
+(experiments/sweeps/mitigations-burst.yaml: Phase-19, 3 never-seen sentences in the batch of
+step 312) and ``new-source`` (mitigations-new-source.yaml: Seed B's mixture; a source in a
+script the model never saw enters at the first phase boundary after step 312 and is tried alone
+for one phase). Each mitigation is a recipe added to the same scenario, so the batches are the
+same; seeds 0-4, trained through the sweep engine (--jobs, --executor local|ray, resumed from
+out/sweeps/<file>/).
 """
 
 from __future__ import annotations
@@ -16,47 +19,27 @@ import json
 import sys
 from pathlib import Path
 
-from _sweep import recovery_spread, run_jobs, seed_range, spread
+from _sweep import add_sweep_arguments, run_sweep
+
+from pytest_spikecheck.sweep import recovery_spread, spread
 
 EVENT = 312
+#: break -> its sweep file in experiments/sweeps/
+BREAKS = {"burst": "mitigations-burst", "new-source": "mitigations-new-source"}
+#: The table's rows in order: the recipes of the sweep files.
+MITIGATIONS = ("no clip", "clip 1.0", "clip 0.5", "per-tensor clip 1.0", "no warmup, no clip", "no warmup, clip 1.0",
+               "stratified batches", "skip step (ratio ≥ 5)", "adaptive clip (ZClip z=2.5)")
 
 
-def _breaks():
-    from pytest_spikecheck import (AdaptiveClip, ClipAt, MixtureShift, NoClip, NoWarmup, RareTokenBurst, Scenario,
-                                   SkipSpikes, StratifiedBatches)
-
-    base = {
-        "burst": Scenario.preset("phase-19").with_breaks(RareTokenBurst(count=3, at_step=EVENT), NoClip()),
-        "new-source": Scenario.preset("seed-b").with_breaks(MixtureShift(new_source="foreign", new_source_at=EVENT), NoClip()),
-    }
-    mitigations = {
-        "no clip": (),
-        "clip 1.0": (ClipAt(1.0),),
-        "clip 0.5": (ClipAt(0.5),),
-        "per-tensor clip 1.0": (ClipAt(1.0, mode="per_tensor"),),
-        "no warmup, no clip": (NoWarmup(),),
-        "no warmup, clip 1.0": (NoWarmup(), ClipAt(1.0)),
-        "stratified batches": (StratifiedBatches(rare_cap=1),),
-        "skip step (ratio ≥ 5)": (SkipSpikes(5.0),),
-        "adaptive clip (ZClip z=2.5)": (AdaptiveClip(),),
-    }
-    return base, mitigations
-
-
-def measure(job: tuple[str, str, int]) -> dict:
-    brk, mitigation, seed = job
-    from pytest_spikecheck import train
+def measure(brk: str, point, run) -> dict:
     from pytest_spikecheck.judge.analysis import final_value, loss_jump, recovery_steps, spike_ratio, value_at
 
-    base, mitigations = _breaks()
-    scenario = base[brk].with_breaks(*mitigations[mitigation]).replace(seed=seed)
-    run = train(scenario, backend="torch", threads=1)
     m = run.metrics
     event = EVENT
     if brk == "new-source":  # the first step whose batch holds the new source
         event = next((b["step"] for b in run.batches if "foreign" in b["sources"]), EVENT)
     return {
-        "break": brk, "mitigation": mitigation, "seed": seed, "event_step": event,
+        "break": brk, "mitigation": point.recipe, "seed": run.scenario.seed, "event_step": event,
         "ratio": spike_ratio(m, event), "grad_norm_post": value_at(m, "grad_norm_post", event),
         "eval_jump": loss_jump(m, event), "recovery": recovery_steps(m, event),
         "final_eval": final_value(m), "nonfinite": run.stopped_early,
@@ -66,12 +49,11 @@ def measure(job: tuple[str, str, int]) -> dict:
 
 
 def summarise(records: list[dict]) -> str:
-    _, mitigations = _breaks()
     lines = []
     for brk in ("burst", "new-source"):
         lines += [f"\n**{brk}**\n", "| mitigation | ratio at the event | post-clip norm | eval jump | recovery (steps) | "
                   "final eval | first-step max \\|Δθ\\| | skipped steps | NaN runs |", "|---|---|---|---|---|---|---|---|---|"]
-        for name in mitigations:
+        for name in MITIGATIONS:
             rs = [r for r in records if r["break"] == brk and r["mitigation"] == name]
             if not rs:
                 continue
@@ -84,20 +66,18 @@ def summarise(records: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0-4")
-    parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="docs/mitigations.json")
     parser.add_argument("--table", action="store_true")
+    add_sweep_arguments(parser)
     args = parser.parse_args()
     out = Path(args.out)
     if args.table:
         print(summarise(json.loads(out.read_text())))
         return 0
-    _, mitigations = _breaks()
-    jobs = [(b, m, s) for b in ("burst", "new-source") for m in mitigations for s in seed_range(args.seeds)
-            if not (b == "new-source" and m == "stratified batches")]  # no rare samples to spread in a source shift
-    records = run_jobs(measure, jobs, args.jobs, lambda r: f"{r['break']} / {r['mitigation']} / seed {r['seed']}: "
-                       f"ratio {r['ratio']:.1f} jump {r['eval_jump']:.3f}")
+    records = []
+    for brk, name in BREAKS.items():
+        result = run_sweep(name, args)
+        records += [measure(brk, point, run) for point, run in zip(result.points, result.runs)]
     out.write_text(json.dumps(records, indent=1))
     print(summarise(records))
     return 0

@@ -2,7 +2,11 @@
 docs/fidelity.md quotes (the new-source and mitigation numbers come from scripts/mitigations.py,
 the capacity numbers from scripts/capacity_sweep.py).
 
-    python scripts/seed_b_fidelity.py --seeds 0-4 --jobs 2 --out docs/seed_b.json
+    python scripts/seed_b_fidelity.py --out docs/seed_b.json
+
+The grid is experiments/sweeps/seed-b.yaml (the bandit with and without clip, ANDREA's v1 and
+v2 recipes, seeds 0-4), trained through the sweep engine (--jobs, --executor local|ray,
+resumed from out/sweeps/seed-b/).
 """
 
 from __future__ import annotations
@@ -11,25 +15,18 @@ import argparse
 import json
 import statistics
 import sys
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from _sweep import add_sweep_arguments, run_sweep
 
-def measure(job: tuple[str, int]) -> dict:
-    kind, seed = job
+KINDS = ("bandit-clip", "bandit-no-clip", "v1-recipe", "v2-recipe")
+
+
+def measure(point, run) -> dict:
     import numpy as np
 
-    from pytest_spikecheck import MixtureShift, NoClip, NoWeightDecay, Scenario, train
     from pytest_spikecheck.judge.analysis import final_value, ratio_series
 
-    base = Scenario.preset("seed-b").replace(seed=seed)
-    scenario = {
-        "bandit-clip": base.with_breaks(MixtureShift()),
-        "bandit-no-clip": base.with_breaks(MixtureShift(), NoClip()),
-        "v1-recipe": base.with_breaks(MixtureShift(phase_lengths=(7, 14)), NoClip(), NoWeightDecay()),
-        "v2-recipe": base.with_breaks(MixtureShift(phase_lengths=(7, 14))),
-    }[kind]
-    run = train(scenario, backend="torch", threads=1)
     steps, ratios = ratio_series(run.metrics)
     weights = [b["weights"] for b in run.batches]
     boundaries = {run.batches[i]["step"] for i in range(1, len(weights)) if weights[i] != weights[i - 1]}
@@ -37,7 +34,7 @@ def measure(job: tuple[str, int]) -> dict:
     at_boundary = np.array([s in boundaries for s in steps]) & after_warmup
     elsewhere = ~np.array([s in boundaries for s in steps]) & after_warmup & np.isfinite(ratios)
     return {
-        "kind": kind, "seed": seed,
+        "kind": point.recipe, "seed": run.scenario.seed,
         "boundary_ratios": [float(r) for r in ratios[at_boundary]],
         "other_max_ratio": float(np.max(ratios[elsewhere])),
         "other_p99_ratio": float(np.percentile(ratios[elsewhere], 99)),
@@ -49,17 +46,13 @@ def measure(job: tuple[str, int]) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0-4")
-    parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default="docs/seed_b.json")
+    add_sweep_arguments(parser)
     args = parser.parse_args()
-    lo, _, hi = args.seeds.partition("-")
-    seeds = range(int(lo), int(hi or lo) + 1)
-    jobs = [(k, s) for k in ("bandit-clip", "bandit-no-clip", "v1-recipe", "v2-recipe") for s in seeds]
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        records = list(pool.map(measure, jobs))
+    result = run_sweep("seed-b", args)
+    records = [measure(point, run) for point, run in zip(result.points, result.runs)]
     Path(args.out).write_text(json.dumps(records, indent=1))
-    for kind in ("bandit-clip", "bandit-no-clip", "v1-recipe", "v2-recipe"):
+    for kind in KINDS:
         rs = [r for r in records if r["kind"] == kind]
         b = [x for r in rs for x in r["boundary_ratios"]]
         print(f"{kind}: {len(b)} boundaries, ratio median {statistics.median(b):.2f}, max {max(b):.2f}; other steps max "

@@ -1,4 +1,4 @@
-"""The ``spikecheck`` command line: train, compare, diagnose, search, check (a training log).
+"""The ``spikecheck`` command line: train, compare, diagnose, search, check (a training log), sweep.
 
 Errors a user can fix (a bad config key, an unknown break, a negative clip, a missing
 directory) print one line ``spikecheck: error: ...`` and exit with status 2, no traceback.
@@ -212,6 +212,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_spikecheck.cli.check import add_parser as add_check_parser
 
     add_check_parser(sub)
+    from pytest_spikecheck.cli.sweep import add_parser as add_sweep_parser
+
+    add_sweep_parser(sub, _positive_int)
     return parser
 
 

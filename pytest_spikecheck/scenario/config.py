@@ -28,25 +28,48 @@ def scenario_from_dict(cls: type["Scenario"], raw: Mapping[str, Any], *, where: 
         raise ConfigError(f"{where}: expected a mapping at the top level, was {type(raw).__name__}")
     raw = dict(raw)
     base = cls.preset(raw.pop("preset")) if "preset" in raw else cls()
-    known = set(SECTIONS) | set(SCALARS) | {"breaks"}
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(set(raw) - CONFIG_KEYS)
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(known | {'preset'}))}")
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(CONFIG_KEYS | {'preset'}))}")
+    return apply_config(base, raw, where=where)
+
+
+#: The keys of a config.yaml besides ``preset``: the scalars, the sections and the breaks.
+CONFIG_KEYS = frozenset(SECTIONS) | frozenset(SCALARS) | {"breaks"}
+
+
+def apply_config(scenario: "Scenario", raw: Mapping[str, Any], *, where: str = "config") -> "Scenario":
+    """``scenario`` with a partial config (the YAML shape, without ``preset``) applied: each
+    scalar replaced, each key of a section replaced on the scenario's own section and coerced to
+    its field's type (``model: {preset: mini}`` takes that shape first), ``model.factory`` and
+    ``model.kwargs`` replaced (kwargs alone are merged onto the current ones), the breaks
+    appended. The one way the YAML reaches a scenario: a config.yaml, a sweep's overrides and
+    a sweep's dotted axes (:func:`dotted_config`) all come through here."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, was {type(raw).__name__}")
+    raw = dict(raw)
+    unknown = sorted(set(raw) - CONFIG_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(CONFIG_KEYS))}")
     changes: dict[str, Any] = {k: raw[k] for k in SCALARS if k in raw}
     if isinstance(raw.get("model"), Mapping) and ("factory" in raw["model"] or "kwargs" in raw["model"]):
         model = dict(raw["model"])
+        given = "factory" in model
         factory, kwargs = model.pop("factory", None), model.pop("kwargs", None) or {}
-        if not isinstance(factory, str) or not IMPORT_PATH.match(factory):
+        if given and (not isinstance(factory, str) or not IMPORT_PATH.match(factory)):
             raise ConfigError(f"{where}: model.factory must be an import path 'package.module:function', was {factory!r}")
+        if not given and scenario.model_factory is None:
+            raise ConfigError(f"{where}: model.kwargs needs a model.factory (they are its keyword arguments)")
         if not isinstance(kwargs, Mapping):
             raise ConfigError(f"{where}: model.kwargs must be a mapping of keyword arguments, was {kwargs!r}")
-        changes["model_factory"], changes["model_kwargs"] = factory, dict(kwargs)
+        changes["model_factory"] = factory if given else scenario.model_factory
+        changes["model_kwargs"] = dict(kwargs) if given else {**scenario.model_kwargs, **kwargs}
         raw["model"] = model
     for section, spec_type in SECTIONS.items():
         if section in raw:
-            changes[section] = _section_from_dict(section, spec_type, getattr(base, section), raw[section], where)
+            changes[section] = _section_from_dict(section, spec_type, getattr(scenario, section), raw[section], where)
     try:
-        scenario = replace(base, **changes)
+        scenario = replace(scenario, **changes)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
     except (TypeError, ValueError) as exc:
@@ -61,21 +84,32 @@ def scenario_from_dict(cls: type["Scenario"], raw: Mapping[str, Any], *, where: 
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def dotted_config(path: str, value: Any, *, where: str = "config") -> dict[str, Any]:
+    """A field's dotted YAML path and a value as the nested config mapping that
+    :func:`apply_config` reads: ``dotted_config("optimizer.lr", 0.01)`` is
+    ``{"optimizer": {"lr": 0.01}}``, ``"sampler.mixture.concentration"`` nests twice, ``"seed"``
+    stays at the top. The path's first part must be a key of a config.yaml."""
+    if not isinstance(path, str) or not path or any(not part for part in path.split(".")):
+        raise ConfigError(f"{where}: a field path is a dotted YAML path such as optimizer.lr, was {path!r}")
+    parts = path.split(".")
+    if parts[0] not in CONFIG_KEYS:
+        raise ConfigError(f"{where}: unknown field {path}; a path starts with one of {', '.join(sorted(CONFIG_KEYS))}")
+    if parts[0] in SCALARS and len(parts) > 1:
+        raise ConfigError(f"{where}: unknown field {path}: {parts[0]} has no fields")
+    nested: Any = value
+    for part in reversed(parts[1:]):
+        nested = {part: nested}
+    return {parts[0]: nested}
+
+
 def scenario_from_yaml(cls: type["Scenario"], path: str | Path) -> "Scenario":
     """``cls`` loaded from a YAML file, or from an experiment directory holding ``config.yaml``."""
-    import yaml
-
     path = Path(path)
     if path.is_dir():
         path = path / "config.yaml"
     if not path.is_file():
         raise ConfigError(f"no such config file or experiment directory: {path}")
-    try:
-        raw = yaml.load(path.read_text(), Loader=_unique_key_loader())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+    raw = read_yaml(path)
     if raw is None or raw == {}:
         raise ConfigError(f"{path} is empty (or only comments): a config needs at least a preset, "
                           f"e.g. 'preset: phase-19'")
@@ -83,6 +117,19 @@ def scenario_from_yaml(cls: type["Scenario"], path: str | Path) -> "Scenario":
     if "name" not in raw:
         scenario = replace(scenario, name=path.parent.name if path.name == "config.yaml" else path.stem)
     return scenario
+
+
+def read_yaml(path: Path) -> Any:
+    """The YAML document of ``path`` (a key given twice in one mapping is refused), or a
+    one-line :class:`ConfigError` naming the file and line where it is not valid YAML."""
+    import yaml
+
+    try:
+        return yaml.load(Path(path).read_text(), Loader=_unique_key_loader())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
 
 
 def scenario_to_dict(scenario: "Scenario") -> dict[str, Any]:

@@ -1,0 +1,46 @@
+"""What the sweep tests train: a tiny sweep, a point that fails, and a model that hangs on one
+Ray node (to lose that node mid-point). A plain module next to the tests: spawned local workers
+import it through the parent's sys.path, Ray workers through the PYTHONPATH the tests give them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pytest_spikecheck import Scenario
+
+#: Nano Phase-19 for 20 steps: ~0.3 s a run once torch is warm.
+TINY = Scenario.preset("phase-19").replace(steps=20, model__n_layer=2, model__n_head=2, model__n_embd=32)
+#: A sweep file of four such points (two LRs x two seeds) and one that cannot build its model.
+SWEEP_FILE = """\
+base: {preset: phase-19, model: {preset: nano}}
+steps: 20
+grid:
+  optimizer.lr: [1e-2, 3e-2]
+points:
+  - {seed: 0}
+  - {seed: 1}
+  - {seed: 0, model.factory: "sweep_points:broken_model"}
+"""
+#: The failing point's error, as the table records it (one line).
+BROKEN = "RuntimeError: this model cannot be built (a sweep point that fails on purpose)"
+
+
+def broken_model(vocab_size: int):
+    raise RuntimeError("this model cannot be built (a sweep point that fails on purpose)\nsecond line, not recorded")
+
+
+def nano_gpt(vocab_size: int, hang_on_node: str = "", started_marker: str = ""):
+    """The built-in GPT at the nano shape; on the Ray node ``hang_on_node`` it first writes
+    ``started_marker`` and then hangs until that node is removed (its point is lost with it)."""
+    if hang_on_node:
+        import ray
+
+        if ray.is_initialized() and ray.get_runtime_context().get_node_id() == hang_on_node:
+            Path(started_marker).write_text(hang_on_node)
+            time.sleep(600)
+    from pytest_spikecheck.models.config import GPTConfig
+    from pytest_spikecheck.models.gpt import GPT
+
+    return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=vocab_size))

@@ -1,0 +1,268 @@
+"""The sweep engine with the local executor: sweep files checked before anything trains, points
+named after their content, runs bit-identical to train() alone, failing points recorded, the
+run store resuming, Ctrl-C keeping what finished, and the outputs (tests/test_sweep_ray.py runs
+the Ray executor on a two-node cluster).
+
+Runs are nano Phase-19 for 20 steps (tests/sweep_points.py); one sweep on spawned workers is
+trained once per module and shared."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sweep_points import BROKEN, SWEEP_FILE, TINY
+
+from pytest_spikecheck import ConfigError, QKLayerNorm, train
+from pytest_spikecheck.cli import main
+from pytest_spikecheck.progress import Progress, ProgressTask
+from pytest_spikecheck.scenario.config import apply_config, dotted_config
+from pytest_spikecheck.sweep import Sweep, SweepInterrupted, load_sweep, spread, sweep
+from pytest_spikecheck.sweep.engine import STORE_DIR
+from pytest_spikecheck.sweep.result import SweepResult, row_for
+from pytest_spikecheck.sweep.summary import lr_sensitivities
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write(tmp_path: Path, text: str, name: str = "sweep.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+# -- the sweep file: checked before anything trains --------------------------------------------
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("grid: {optimizer.lrr: [0.1]}", "unknown key optimizer.lrr; expected one of name, lr,"),
+    ("grid: {optimiser.lr: [0.1]}", "unknown field optimiser.lr; a path starts with one of"),
+    ("grid: {seed: []}", "grid seed is empty: give it at least one value"),
+    ("grid: {seed: 3}", "grid seed must be a list of values, was 3"),
+    ("grid: {optimizer.lr: [0.1, fast]}", "optimizer.lr must be a number, was 'fast'"),
+    ("grid: {seed: [0, 1.5]}", "seed must be an integer, was 1.5"),
+    ("grid: {model.n_embd: [30]}", "model.n_embd (30) must be divisible by model.n_head (4)"),
+    ("recipes: {qk: [qk_layrnorm]}", "recipes.qk: unknown break 'qk_layrnorm'; choose one of"),
+    ("recipes: {qk: qk_layernorm}", "recipes.qk must be a list of breaks ([] for none)"),
+    ("recipes: {fast: [{high_lr: {lr: 0.3}}]}\ngrid: {optimizer.lr: [0.01]}",
+     "optimizer.lr=0.01 is overridden by recipe fast's breaks (the run would train optimizer.lr=0.3)"),
+    ("grid: {seed: [1, 1]}", "two points are the same scenario (seed=1 and seed=1"),
+    ("grid: {breaks: [[no_clip]]}", "breaks are not an axis: sweep them as recipes"),
+    ("gird: {seed: [1]}", "unknown key 'gird'; expected one of base, grid, points, recipes, name"),
+    ("stepz: 10\ngrid: {seed: [1]}", "unknown key 'stepz'"),
+    ("steps: -3\ngrid: {seed: [1]}", "steps must be a positive integer, was -3"),
+    ("points: [{seed: 1}]\ngrid: {seed: [2]}", "seed is both a grid axis and set by points[0]"),
+    ("points: []", "points is empty"),
+    ("", "nothing to sweep: give a grid, points or recipes"),
+])
+def test_a_bad_sweep_file_is_one_line_naming_the_problem(tmp_path, body, message):
+    path = _write(tmp_path, "base: {preset: phase-19}\n" + body + "\n")
+    with pytest.raises(ConfigError) as info:
+        load_sweep(path)
+    text = str(info.value)
+    assert message in text and "\n" not in text and text.startswith(str(path))
+
+
+def test_the_cli_refuses_a_bad_sweep_file_before_anything_trains(tmp_path, capsys):
+    path = _write(tmp_path, "base: experiments/19-control\ngrid: {seed: [0]}\nrecipes: {x: [no_clip], y: [qk_layrnorm]}\n")
+    assert main(["sweep", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("spikecheck: error: ") and "unknown break 'qk_layrnorm'" in err and "\n" not in err
+    assert not (tmp_path / "out").exists()
+    missing = _write(tmp_path, "base: experiments/nope\ngrid: {seed: [0]}\n", "missing.yaml")
+    assert main(["sweep", str(missing)]) == 2
+    assert "no config file or experiment directory experiments/nope" in capsys.readouterr().err
+    good = _write(tmp_path, "base: {preset: phase-19}\ngrid: {seed: [0]}\n", "good.yaml")
+    assert main(["sweep", str(good), "--address", "auto", "--out", str(tmp_path / "out")]) == 2
+    assert "--address joins a Ray cluster: use it with --executor ray" in capsys.readouterr().err
+    assert main(["sweep", str(tmp_path / "absent.yaml")]) == 2
+    assert "no such sweep file" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_file_expands_through_the_yaml_codec(tmp_path, monkeypatch):
+    # The base by path (beside the file first, then the current directory), overrides as in a
+    # config.yaml, a dotted path coerced as the codec coerces it (YAML reads 3e-2 as a string),
+    # model.preset taking its shape before the other model fields, explicit points x grid x recipes.
+    path = _write(tmp_path, """\
+        base: experiments/19-control
+        steps: 400
+        optimizer: {weight_decay: 0.0}
+        points:
+          - {model.preset: nano}
+          - {model.preset: mini, model.n_layer: 2}
+        grid:
+          optimizer.lr: [1e-2, 3e-2]
+        recipes:
+          baseline: []
+          qk-layernorm: [qk_layernorm]
+        """)
+    monkeypatch.chdir(ROOT)  # the base is not beside the file: found from the current directory
+    plan = load_sweep(path)
+    points = plan.expand()
+    assert plan.name == "sweep" and plan.axes == ("recipe", "model.preset", "model.n_layer", "optimizer.lr")
+    assert len(points) == 8 and len({p.name for p in points}) == 8
+    first, last = points[0], points[-1]
+    assert first.recipe == "baseline" and first.value("optimizer.lr") == 0.01 and first.value("model.n_layer") is None
+    assert last.recipe == "qk-layernorm" and last.value("optimizer.lr") == pytest.approx(0.03)
+    trained = last.scenario.resolved()
+    assert (trained.model.n_embd, trained.model.n_layer, trained.model.qk_layernorm) == (128, 2, True)
+    assert trained.steps == 400 and trained.optimizer.weight_decay == 0.0 and trained.optimizer.lr == 0.03
+    assert trained.sampler.bursts[0].count == 8  # the base's own break is kept
+    assert first.name.startswith("phase-19+steps=400+model=na") and first.name.endswith("burst(8×greek@312)~"
+                                                                                       + first.scenario.content_hash()[:8])
+
+
+def test_dotted_paths_are_the_codecs_fields():
+    assert dotted_config("sampler.mixture.concentration", 0.5) == {"sampler": {"mixture": {"concentration": 0.5}}}
+    assert apply_config(TINY, dotted_config("sampler.batch_size", 4)).sampler.batch_size == 4
+    with pytest.raises(ConfigError, match="seed has no fields"):
+        dotted_config("seed.value", 1)
+    with pytest.raises(ConfigError, match="model.kwargs needs a model.factory"):
+        apply_config(TINY, {"model": {"kwargs": {"width": 8}}})
+
+
+# -- training: spawned workers, bit-identical, failures recorded, resumed ----------------------
+
+@pytest.fixture(scope="module")
+def first_sweep(tmp_path_factory):
+    """The sweep file's six points on two spawned workers: four train, two cannot build their model."""
+    folder = tmp_path_factory.mktemp("sweep")
+    path = folder / "tiny.yaml"
+    path.write_text(SWEEP_FILE)
+    return load_sweep(path), sweep(load_sweep(path), jobs=2, out=folder / "out", progress=False), folder / "out"
+
+
+def test_spawned_workers_train_every_point_bit_identical_to_train_alone(first_sweep):
+    plan, result, _ = first_sweep
+    assert [r["status"] for r in result.rows] == ["done"] * 4 + ["failed"] * 2
+    for point, run in zip(result.points[:4], result.runs):
+        alone = train(point.scenario)
+        for column in ("loss", "grad_norm_pre", "grad_norm_post", "eval_loss", "attn_logit_max"):
+            np.testing.assert_array_equal(run[column], alone[column])
+    assert result.executor == "local, 2 jobs" and all(":" in r["where"] for r in result.rows)  # host:pid
+
+
+def test_a_failing_point_is_recorded_in_one_line_and_the_others_go_on(first_sweep):
+    _, result, out = first_sweep
+    failed = result.rows[4]
+    assert failed["status"] == "failed" and failed["error"] == BROKEN and result.runs[4] is None
+    assert result.counts == {"done": 4, "failed": 2}
+    data = json.loads((out / "sweep.json").read_text())
+    assert data["rows"][4]["error"] == BROKEN and data["counts"] == {"done": 4, "failed": 2}
+    assert "| failed |" in (out / "sweep.md").read_text() and BROKEN in (out / "sweep.md").read_text()
+
+
+def test_the_outputs_hold_every_point(first_sweep):
+    _, result, out = first_sweep
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(p.name for p in result.points[:4])
+    lines = (out / "sweep.csv").read_text().splitlines()
+    assert lines[0].startswith("point,seed,model.factory,optimizer.lr,status,final_eval_loss,initial_loss,max_attn_logit")
+    assert len(lines) == 7
+    md = (out / "sweep.md").read_text()
+    assert "## LR sensitivity" in md and "![final_loss_vs_lr](final_loss_vs_lr.png)" in md
+    assert (out / "final_loss_vs_lr.png").stat().st_size > 10_000
+    summary = result.summaries()[0]  # seeds 0 and 1 at lr 0.01
+    finals = [r["final_eval_loss"] for r in result.rows if r["optimizer.lr"] == 0.01 and r["status"] == "done"]
+    assert summary["points"] == 2 and summary["final_eval_loss"] == spread(finals, ".3f")
+
+
+def test_a_second_invocation_trains_nothing(first_sweep):
+    plan, first, out = first_sweep
+    plan.points = plan.points[:2]  # the four points that trained
+    again = sweep(plan, jobs=2, out=out, progress=False)
+    assert again.counts == {"cached": 4}
+    for a, b in zip(first.runs, again.runs):
+        np.testing.assert_array_equal(a["loss"], b["loss"])
+    assert (out / STORE_DIR).is_dir()
+    fresh = sweep(plan, jobs=1, out=out, fresh=True, progress=False)  # the store ignored: all trained again
+    assert fresh.counts == {"done": 4}
+
+
+class _InterruptAfter(Progress):
+    """Progress that presses Ctrl-C once ``after`` points have come back."""
+
+    def __init__(self, after: int) -> None:
+        super().__init__(mode="quiet")
+        self.after = after
+
+    def task(self, name, total=None, unit="step"):
+        after = self.after
+
+        class Task(ProgressTask):
+            def update(self, n=1, *, outcome=None, **shown):
+                super().update(n, outcome=outcome, **shown)
+                if self.done >= after:
+                    raise KeyboardInterrupt
+
+        return Task(self, name, total, unit)
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path, jobs):
+    plan = Sweep(TINY, grid={"seed": [0, 1, 2]})
+    with pytest.raises(SweepInterrupted) as info:
+        sweep(plan, jobs=jobs, out=tmp_path, progress=_InterruptAfter(1))
+    kept = info.value.result
+    assert kept.interrupted and sorted(kept.counts.items()) == [("done", 1), ("not run", 2)]
+    assert multiprocessing.active_children() == []  # the workers were stopped, none left behind
+    assert len(list((tmp_path / "runs").iterdir())) == 1 and "interrupted" in (tmp_path / "sweep.md").read_text()
+    resumed = sweep(plan, jobs=1, out=tmp_path, progress=False)
+    assert sorted(resumed.counts.items()) == [("cached", 1), ("done", 2)]
+
+
+def test_a_script_without_a_main_guard_is_told_why_its_workers_died(tmp_path):
+    # Issue 28: spawned workers re-import the main module; unguarded, it starts the sweep again
+    # in each of them. One line says so, instead of a BrokenProcessPool traceback.
+    script = tmp_path / "unguarded.py"
+    script.write_text("from pytest_spikecheck import Scenario, lr_sweep\n"
+                      "lr_sweep(Scenario.preset('phase-19').replace(steps=2), lrs=(1e-2, 1e-1), processes=2)\n")
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("pytest_spikecheck.sweep.local.WorkersCouldNotStart: the local executor's worker "
+                           "processes exited before they could start")
+    assert f"re-imports the main module ({script})" in last and 'under `if __name__ == "__main__":`' in last
+    assert "BrokenProcessPool" not in result.stderr and "bootstrapping phase" not in result.stderr
+
+
+# -- summaries and panels, on rows (no training) -------------------------------------------------
+
+def _result(rows_by_point, recipes=None):
+    plan = Sweep(TINY, grid={"optimizer.lr": [0.01, 0.1], "model.preset": ["nano", "micro"], "seed": [0, 1]},
+                 recipes=recipes)
+    points = plan.expand()
+    rows = []
+    for point in points:
+        final, initial = rows_by_point(point)
+        rows.append(row_for(point, "done" if final is not None else "failed",
+                            {"final_eval_loss": final, "initial_loss": initial, "is_spike": False}))
+    return SweepResult("fake", plan.axes, points, rows, [None] * len(points))
+
+
+def test_lr_sensitivity_is_wortsmans_per_seed_and_leaves_out_a_seed_with_a_failed_point():
+    # final losses: nano flat (1.0 at both LRs), micro 1.0 at 0.01 and 3.0 (above the initial 2.5) at 0.1
+    def numbers(point):
+        lr, width, seed = point.value("optimizer.lr"), point.value("model.preset"), point.value("seed")
+        if width == "micro" and seed == 1 and lr == 0.1:
+            return None, None  # failed
+        return (3.0 if width == "micro" and lr == 0.1 else 1.0 + 0.01 * seed), 2.5
+
+    found = {s["model.preset"]: s for s in lr_sensitivities(_result(numbers).rows, _result(numbers).axes)}
+    assert found["nano"]["lr_sensitivity_values"] == [0.0, 0.0]
+    # micro seed 0: mean(min(1.0, 2.5), min(3.0, 2.5)) - 1.0 = 0.75; seed 1 left out (a failed point)
+    assert found["micro"]["lr_sensitivity_values"] == [0.75] and found["micro"]["incomplete"] == 1
+    assert found["micro"]["lr_sensitivity"] == "0.750"
+
+
+def test_the_width_panel_is_drawn_when_the_width_varies(tmp_path):
+    result = _result(lambda p: (1.0 + p.value("optimizer.lr"), 2.5), recipes={"baseline": [], "qk": [QKLayerNorm()]})
+    files = result.write(tmp_path)
+    assert {f.name for f in files} >= {"final_loss_vs_lr.png", "lr_sensitivity_vs_width.png", "sweep.md"}
+    assert "![lr_sensitivity_vs_width](lr_sensitivity_vs_width.png)" in (tmp_path / "sweep.md").read_text()
+    assert spread([3.0, 1.0, 2.0]) == "2.0 [1.0–3.0]" and spread([None, float("nan")]) == "—"

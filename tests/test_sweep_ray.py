@@ -1,0 +1,128 @@
+"""The Ray executor on a local two-node Ray cluster (``ray.cluster_utils.Cluster``, one CPU per
+node; one cluster for the module: Ray's start-up is the slow part): points spread over both
+nodes, every run bit-identical to ``train()`` alone and to the local executor's, a failing point
+recorded while the others finish, a second invocation training nothing, and a node lost
+mid-point whose point Ray trains again elsewhere, once, to the same metrics.
+
+Ray is the ``ray`` extra (in the dev extra, so CI runs this module)."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sweep_points import BROKEN, SWEEP_FILE, TINY
+
+ray = pytest.importorskip("ray", reason="the ray executor's tests need Ray: pip install 'pytest-spikecheck[ray]'")
+
+from pytest_spikecheck import train  # noqa: E402
+from pytest_spikecheck.cli import main  # noqa: E402
+from pytest_spikecheck.progress import Progress, ProgressTask  # noqa: E402
+from pytest_spikecheck.records import Run  # noqa: E402
+from pytest_spikecheck.sweep import Sweep, sweep  # noqa: E402
+
+TESTS = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
+    worker = nodes.add_node(num_cpus=1)
+    nodes.wait_for_nodes()
+    # The workers import the tests' model factories (tests/sweep_points.py) from here.
+    ray.init(address=nodes.address, runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}}, logging_level="WARNING")
+    nodes.worker = worker
+    yield nodes
+    ray.shutdown()
+    nodes.shutdown()
+
+
+@pytest.fixture(scope="module")
+def ray_sweep(cluster, tmp_path_factory):
+    """The sweep file trained on the cluster through the CLI: four points train, two fail."""
+    folder = tmp_path_factory.mktemp("ray-sweep")
+    path = folder / "tiny.yaml"
+    path.write_text(SWEEP_FILE)
+    code = main(["sweep", str(path), "--executor", "ray", "--address", cluster.address, "--out", str(folder / "ray")])
+    return path, folder, code, json.loads((folder / "ray" / "sweep.json").read_text())
+
+
+def test_points_spread_over_both_nodes_and_a_failing_point_does_not_stop_the_others(cluster, ray_sweep):
+    _, _, code, data = ray_sweep
+    assert code == 1  # a point failed; the others trained and the outputs are written
+    assert [r["status"] for r in data["rows"]] == ["done"] * 4 + ["failed"] * 2
+    assert {r["error"] for r in data["rows"][4:]} == {BROKEN}
+    nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert {r["where"] for r in data["rows"][:4]} == nodes and len(nodes) == 2  # both nodes trained points
+
+
+def test_ray_and_local_runs_are_identical_and_bit_identical_to_train(ray_sweep):
+    path, folder, _, data = ray_sweep
+    assert main(["sweep", str(path), "--jobs", "1", "--out", str(folder / "local")]) == 1
+    for row in data["rows"][:4]:
+        on_ray, here = (folder / side / "runs" / row["point"] / "metrics.jsonl" for side in ("ray", "local"))
+        assert on_ray.read_bytes() == here.read_bytes()
+    run = Run.load(folder / "ray" / "runs" / data["rows"][0]["point"])
+    alone = train(run.scenario)
+    np.testing.assert_array_equal(run["loss"], alone["loss"])
+    np.testing.assert_array_equal(run["grad_norm_pre"], alone["grad_norm_pre"])
+
+
+def test_a_second_invocation_trains_nothing_on_ray(ray_sweep, capsys):
+    path, folder, _, _ = ray_sweep
+    assert main(["sweep", str(path), "--executor", "ray", "--out", str(folder / "ray")]) == 1  # the Ray it is connected to
+    again = json.loads((folder / "ray" / "sweep.json").read_text())
+    assert again["counts"] == {"cached": 4, "failed": 2}  # a failed point is not stored: it is tried again
+    assert "6 points (4 cached, 2 failed)" in capsys.readouterr().out
+
+
+class _OnFirstPoint(Progress):
+    """Progress that calls ``hook`` when the first point comes back (in the driver)."""
+
+    def __init__(self, hook) -> None:
+        super().__init__(io.StringIO(), mode="quiet")
+        self.hook = hook
+
+    def task(self, name, total=None, unit="step"):
+        hook = self.hook
+
+        class Task(ProgressTask):
+            def update(self, n=1, *, outcome=None, **shown):
+                super().update(n, outcome=outcome, **shown)
+                if self.done == 1:
+                    hook()
+
+        return Task(self, name, total, unit)
+
+
+def test_a_node_lost_mid_sweep_and_every_point_still_finishes_once_with_the_same_metrics(cluster, tmp_path):
+    # Last in the module: the cluster has one node left afterwards. The model hangs on the worker
+    # node once it has started there (the marker says so); the first point back (from the head)
+    # removes that node, killing its point in flight, which Ray then trains on the head.
+    worker = cluster.worker.node_id
+    marker = tmp_path / "started-on-the-lost-node"
+    base = TINY.replace(model_factory="sweep_points:nano_gpt",
+                        model_kwargs={"hang_on_node": worker, "started_marker": str(marker)})
+
+    def lose_the_worker_node():
+        deadline = time.monotonic() + 120
+        while not marker.exists():  # a point is running there
+            assert time.monotonic() < deadline, "no point ever started on the worker node"
+            time.sleep(0.1)
+        cluster.remove_node(cluster.worker, allow_graceful=False)
+
+    result = sweep(Sweep(base, grid={"seed": [0, 1, 2]}), executor="ray", address=cluster.address,
+                   progress=_OnFirstPoint(lose_the_worker_node))
+    assert [r["status"] for r in result.rows] == ["done"] * 3  # each point exactly once
+    head = cluster.head_node.node_id
+    assert marker.read_text() == worker and {r["where"] for r in result.rows} == {head}
+    for point, run in zip(result.points, result.runs):
+        alone = train(point.scenario)
+        np.testing.assert_array_equal(run["loss"], alone["loss"])
+        np.testing.assert_array_equal(run["eval_loss"], alone["eval_loss"])
