@@ -27,9 +27,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--executor", default="local", choices=("local", "ray"))
     parser.add_argument("--address", default=None, help="with --executor ray: auto or ray://HOST:10001")
     parser.add_argument("--jobs", type=int, default=2, help="points at a time (default 2)")
-    parser.add_argument("--runs", default=None,
-                        help="the sweep's folder (runs/, run store, sweep.md). Default: out/sweeps/<sweep file stem>, "
-                             "the folder `spikecheck sweep` uses, so either resumes the other")
+    parser.add_argument("--runs", default=str(ROOT / "out" / "sweeps"), metavar="DIR",
+                        help="where each sweep file gets its folder DIR/<file stem>/ (runs/, run store, sweep.md). "
+                             "Default: out/sweeps, as `spikecheck sweep`, so either resumes the other")
     parser.add_argument("--fresh", action="store_true", help="ignore the run store: train every point again")
 
 
@@ -42,7 +42,7 @@ def run_sweep(name: str, args: argparse.Namespace) -> Any:
     plan = load_sweep(SWEEPS / f"{name}.yaml")
     if args.seeds:
         plan.grid = {**plan.grid, "seed": seed_range(args.seeds)}
-    out = Path(args.runs) if args.runs else ROOT / "out" / "sweeps" / name
+    out = Path(args.runs) / name
     result = sweep(plan, executor=args.executor, address=args.address, jobs=args.jobs, out=out, fresh=args.fresh)
     if result.failed:
         raise SystemExit(f"{len(result.failed)} points failed, first {result.failed[0]['point']}: {result.failed[0]['error']}")

@@ -44,3 +44,16 @@ def nano_gpt(vocab_size: int, hang_on_node: str = "", started_marker: str = ""):
     from pytest_spikecheck.models.gpt import GPT
 
     return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=vocab_size))
+
+
+def dies_once(vocab_size: int, marker: str = ""):
+    """The nano GPT, whose first build in a spawned worker kills that worker (as the kernel's
+    out-of-memory killer would): the local executor must replace it and train the point again."""
+    import multiprocessing
+    import os
+    import signal
+
+    if multiprocessing.parent_process() is not None and not Path(marker).exists():
+        Path(marker).write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return nano_gpt(vocab_size)

@@ -8,11 +8,14 @@ trained once per module and shared."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import multiprocessing
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -131,39 +134,48 @@ def test_dotted_paths_are_the_codecs_fields():
 
 @pytest.fixture(scope="module")
 def first_sweep(tmp_path_factory):
-    """The sweep file's six points on two spawned workers: four train, two cannot build their model."""
+    """The sweep file's six points on two spawned workers (four train, two cannot build their
+    model) and two more whose first attempt kills its worker."""
     folder = tmp_path_factory.mktemp("sweep")
     path = folder / "tiny.yaml"
     path.write_text(SWEEP_FILE)
-    return load_sweep(path), sweep(load_sweep(path), jobs=2, out=folder / "out", progress=False), folder / "out"
+    plan = load_sweep(path)
+    plan.points = [*plan.points, {"seed": 2, "model.factory": "sweep_points:dies_once",
+                                  "model.kwargs": {"marker": str(folder / "worker-killed")}}]
+    return plan, sweep(plan, jobs=2, out=folder / "out", progress=False), folder / "out"
 
 
 def test_spawned_workers_train_every_point_bit_identical_to_train_alone(first_sweep):
     plan, result, _ = first_sweep
-    assert [r["status"] for r in result.rows] == ["done"] * 4 + ["failed"] * 2
-    for point, run in zip(result.points[:4], result.runs):
-        alone = train(point.scenario)
-        for column in ("loss", "grad_norm_pre", "grad_norm_post", "eval_loss", "attn_logit_max"):
-            np.testing.assert_array_equal(run[column], alone[column])
+    assert [r["status"] for r in result.rows] == ["done"] * 4 + ["failed"] * 2 + ["done"] * 2
+    for point, run in zip(result.points[:4] + result.points[6:], result.runs[:4] + result.runs[6:]):
+        assert run.rows() == train(point.scenario).rows()  # every metric of every step
     assert result.executor == "local, 2 jobs" and all(":" in r["where"] for r in result.rows)  # host:pid
+
+
+def test_a_lost_local_worker_is_replaced_and_its_point_trained_again(first_sweep):
+    plan, result, out = first_sweep
+    killed = int((out.parent / "worker-killed").read_text())  # the pid the first attempt killed
+    assert [r["status"] for r in result.rows[6:]] == ["done", "done"]
+    assert all(not r["where"].endswith(f":{killed}") for r in result.rows[6:])  # trained by a new worker
 
 
 def test_a_failing_point_is_recorded_in_one_line_and_the_others_go_on(first_sweep):
     _, result, out = first_sweep
     failed = result.rows[4]
     assert failed["status"] == "failed" and failed["error"] == BROKEN and result.runs[4] is None
-    assert result.counts == {"done": 4, "failed": 2}
+    assert result.counts == {"done": 6, "failed": 2}
     data = json.loads((out / "sweep.json").read_text())
-    assert data["rows"][4]["error"] == BROKEN and data["counts"] == {"done": 4, "failed": 2}
+    assert data["rows"][4]["error"] == BROKEN and data["counts"] == {"done": 6, "failed": 2}
     assert "| failed |" in (out / "sweep.md").read_text() and BROKEN in (out / "sweep.md").read_text()
 
 
 def test_the_outputs_hold_every_point(first_sweep):
     _, result, out = first_sweep
-    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(p.name for p in result.points[:4])
+    assert sorted(p.name for p in (out / "runs").iterdir()) == sorted(p.name for p in result.points if p.index not in (4, 5))
     lines = (out / "sweep.csv").read_text().splitlines()
-    assert lines[0].startswith("point,seed,model.factory,optimizer.lr,status,final_eval_loss,initial_loss,max_attn_logit")
-    assert len(lines) == 7
+    assert lines[0].startswith("point,seed,model.factory,model.kwargs,optimizer.lr,status,final_eval_loss,initial_loss")
+    assert len(lines) == 9
     md = (out / "sweep.md").read_text()
     assert "## LR sensitivity" in md and "![final_loss_vs_lr](final_loss_vs_lr.png)" in md
     assert (out / "final_loss_vs_lr.png").stat().st_size > 10_000
@@ -174,7 +186,7 @@ def test_the_outputs_hold_every_point(first_sweep):
 
 def test_a_second_invocation_trains_nothing(first_sweep):
     plan, first, out = first_sweep
-    plan.points = plan.points[:2]  # the four points that trained
+    plan = dataclasses.replace(plan, points=plan.points[:2])  # four of the points that trained
     again = sweep(plan, jobs=2, out=out, progress=False)
     assert again.counts == {"cached": 4}
     for a, b in zip(first.runs, again.runs):
@@ -203,17 +215,41 @@ class _InterruptAfter(Progress):
         return Task(self, name, total, unit)
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
-def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path, jobs):
+def test_ctrl_c_stops_cleanly_and_keeps_what_finished(tmp_path):
     plan = Sweep(TINY, grid={"seed": [0, 1, 2]})
     with pytest.raises(SweepInterrupted) as info:
-        sweep(plan, jobs=jobs, out=tmp_path, progress=_InterruptAfter(1))
+        sweep(plan, jobs=1, out=tmp_path, progress=_InterruptAfter(1))
     kept = info.value.result
     assert kept.interrupted and sorted(kept.counts.items()) == [("done", 1), ("not run", 2)]
-    assert multiprocessing.active_children() == []  # the workers were stopped, none left behind
     assert len(list((tmp_path / "runs").iterdir())) == 1 and "interrupted" in (tmp_path / "sweep.md").read_text()
     resumed = sweep(plan, jobs=1, out=tmp_path, progress=False)
     assert sorted(resumed.counts.items()) == [("cached", 1), ("done", 2)]
+
+
+def test_ctrl_c_on_the_cli_stops_the_spawned_workers_and_keeps_what_finished(tmp_path):
+    path = _write(tmp_path, "base: {preset: phase-19, model: {preset: nano}}\nsteps: 20\ngrid: {seed: [0, 1, 2, 3, 4, 5]}\n")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "pytest_spikecheck.cli", "sweep", str(path), "--jobs", "2", "--out", str(out)]
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT)
+    for line in proc.stderr:  # one line per finished point: stderr is no terminal
+        if ": done in " in line:
+            break
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole process group
+    rest = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, rest
+    kept = json.loads((out / "sweep.json").read_text())
+    done = kept["counts"]["done"]
+    assert kept["interrupted"] and kept["counts"]["not run"] == 6 - done and 1 <= done < 6
+    assert f"spikecheck: interrupted: kept {done} done, {6 - done} not run" in rest and "Traceback" not in rest
+    assert len(list((out / "runs").iterdir())) == done
+    deadline = time.monotonic() + 30
+    while True:  # no worker outlives the sweep: the process group empties
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a worker process outlived the interrupted sweep"
+        time.sleep(0.1)
 
 
 def test_a_script_without_a_main_guard_is_told_why_its_workers_died(tmp_path):
@@ -266,3 +302,20 @@ def test_the_width_panel_is_drawn_when_the_width_varies(tmp_path):
     assert {f.name for f in files} >= {"final_loss_vs_lr.png", "lr_sensitivity_vs_width.png", "sweep.md"}
     assert "![lr_sensitivity_vs_width](lr_sensitivity_vs_width.png)" in (tmp_path / "sweep.md").read_text()
     assert spread([3.0, 1.0, 2.0]) == "2.0 [1.0–3.0]" and spread([None, float("nan")]) == "—"
+
+
+def test_the_sweep_layer_imports_neither_torch_nor_ray_until_it_trains():
+    code = ("import sys\nfrom pytest_spikecheck.sweep import load_sweep, sweep\nimport pytest_spikecheck.cli.sweep\n"
+            "load_sweep('experiments/sweeps/lr-sensitivity-by-width.yaml').expand()\n"
+            "print(sorted(m for m in ('torch', 'ray', 'matplotlib') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]"
+
+
+def test_without_ray_the_ray_executor_is_one_line_naming_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray fails as if not installed
+    with pytest.raises(ConfigError) as info:
+        sweep(Sweep(TINY, grid={"seed": [0]}), executor="ray", progress=False)
+    assert str(info.value) == "the ray executor needs Ray: pip install 'pytest-spikecheck[ray]'"
+    with pytest.raises(ConfigError, match="unknown executor 'dask'; choose one of local, ray"):
+        sweep(Sweep(TINY, grid={"seed": [0]}), executor="dask", progress=False)

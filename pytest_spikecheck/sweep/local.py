@@ -76,8 +76,8 @@ class LocalExecutor:
                 while pending or in_flight:
                     # one point per worker at a time: when the pool breaks, what was in flight is known
                     while pending and len(in_flight) < workers:
-                        job = pending.popleft()
-                        in_flight[pool.submit(run_point, job)] = job
+                        future = pool.submit(run_point, pending[0])  # raises on a broken pool: the job stays pending
+                        in_flight[future] = pending.popleft()
                     done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                     broken = [f for f in done if isinstance(f.exception(), BrokenProcessPool)]
                     for future in done:

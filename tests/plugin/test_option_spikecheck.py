@@ -3,7 +3,7 @@ import sys
 
 def test_plugin_loaded_nothing_heavy():
     heavy = [m for m in ("torch", "cupy", "matplotlib", "hypothesis", "transformers", "lightning",
-                         "pytorch_lightning", "accelerate") if m in sys.modules]
+                         "pytorch_lightning", "accelerate", "ray") if m in sys.modules]
     assert heavy == []
 '''
 
