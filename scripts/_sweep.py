@@ -21,9 +21,11 @@ def seed_range(text: str) -> list[int]:
     return [int(s) for s in text.split(",")]
 
 
-def add_sweep_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine's options, as ``spikecheck sweep`` spells them, plus ``--seeds`` (a subset of the file's)."""
-    parser.add_argument("--seeds", default=None, help="replace the sweep file's seed axis, e.g. 0-2 or 0,5")
+def add_sweep_arguments(parser: argparse.ArgumentParser, seeds: bool = True) -> None:
+    """The engine's options, as ``spikecheck sweep`` spells them, and ``--seeds`` (replacing a
+    sweep file's seed axis) for the scripts whose grid is a file."""
+    if seeds:
+        parser.add_argument("--seeds", default=None, help="replace the sweep file's seed axis, e.g. 0-2 or 0,5")
     parser.add_argument("--executor", default="local", choices=("local", "ray"))
     parser.add_argument("--address", default=None, help="with --executor ray: auto or ray://HOST:10001")
     parser.add_argument("--jobs", type=int, default=2, help="points at a time (default 2)")

@@ -6,9 +6,11 @@
 *Clean* runs are the Phase-19 preset with nothing declared broken; *broken* runs add one
 ``RareTokenBurst`` of random content (greek, caps or written), size and step. Seed, peak
 learning rate and clip (1.0 or none) are fuzzed for both, from one seeded design, so every
-invocation trains the same runs. Each run is a 1-thread process of ``STEPS`` steps; right
-after training, every detector runs on the run's pre-clip grad-norm and loss series at every
-threshold of its sweep, and only the counts come back.
+invocation trains the same runs: the design is a sweep of explicit points (seed, optimizer.lr,
+optimizer.grad_clip, sampler.bursts) trained through the sweep engine (--jobs, --executor
+local|ray, resumed from out/sweeps/calibrate-detectors/), each a 1-thread run of ``STEPS``
+steps; every detector then runs on each run's pre-clip grad-norm and loss series at every
+threshold of its sweep.
 
 Definitions (the doc repeats them):
 
@@ -29,11 +31,11 @@ import random
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from datetime import date
 from pathlib import Path
 
 import numpy as np
+from _sweep import add_sweep_arguments
 
 STEPS = 400
 #: Bursts land after every detector has its full history (olmo-core: 128 steps, megatron: 100).
@@ -103,16 +105,25 @@ def design(n_clean: int, n_broken: int) -> list[dict]:
     return runs
 
 
-def measure(job: dict) -> dict:
-    """Train one run and sweep every detector over its two series (runs in a worker process)."""
-    from pytest_spikecheck import RareTokenBurst, Scenario, train
+def plan(runs: list[dict]):
+    """The design as a sweep: one explicit point per run (a broken run's burst is its
+    ``sampler.bursts``, what ``RareTokenBurst`` sets)."""
+    from pytest_spikecheck import Scenario
+    from pytest_spikecheck.sweep import Sweep
+
+    points = []
+    for job in runs:
+        point = {"seed": job["seed"], "optimizer.lr": job["lr"], "optimizer.grad_clip": job["clip"]}
+        if job["kind"] == "broken":
+            point["sampler.bursts"] = [{"count": job["count"], "at_step": job["at_step"], "content": job["content"]}]
+        points.append(point)
+    return Sweep(Scenario.preset("phase-19").replace(steps=STEPS), points=points, name="calibrate-detectors")
+
+
+def measure(job: dict, run) -> dict:
+    """Sweep every detector over the run's two series."""
     from pytest_spikecheck.judge.detectors import get_detector
 
-    scenario = Scenario.preset("phase-19").replace(steps=STEPS, seed=job["seed"], optimizer__lr=job["lr"],
-                                                   optimizer__grad_clip=job["clip"])
-    if job["kind"] == "broken":
-        scenario = scenario.with_breaks(RareTokenBurst(count=job["count"], at_step=job["at_step"], content=job["content"]))
-    run = train(scenario, backend="torch", threads=1)
     steps = np.asarray(run.metrics["step"])
     burst = job.get("at_step")
     quiet = steps < burst if burst else np.ones(steps.size, bool)
@@ -404,24 +415,24 @@ def main() -> int:
     parser.add_argument("--clean", type=int, default=40, metavar="N", help="clean runs. Default: %(default)s")
     parser.add_argument("--broken", type=int, default=120, metavar="N",
                         help="broken runs (a third per content). Default: %(default)s")
-    parser.add_argument("--jobs", type=int, default=2, metavar="N", help="parallel 1-thread processes. Default: %(default)s")
     parser.add_argument("--report", action="store_true", help=f"rewrite {DOC} and {PLOT} from {SUMMARY}, train nothing")
     parser.add_argument("--out-dir", type=Path, default=Path("."), metavar="DIR",
                         help="where docs/ and out/ are written (default: the current directory)")
+    add_sweep_arguments(parser, seeds=False)
     args = parser.parse_args()
     doc, summary_path, plot_path, raw = (args.out_dir / p for p in (DOC, SUMMARY, PLOT, RAW))
     if args.report:
         summary = json.loads(summary_path.read_text())
     else:
+        from pytest_spikecheck.sweep import sweep
+
         runs = design(args.clean, args.broken)
         started = time.perf_counter()
-        records = []
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            for i, rec in enumerate(pool.map(measure, runs), 1):
-                records.append(rec)
-                what = "clean" if rec["kind"] == "clean" else f"{rec['count']}×{rec['content']}@{rec['at_step']}"
-                print(f"[{i}/{len(runs)}] {what} seed {rec['seed']} lr {rec['lr']:g} clip {rec['clip']}: "
-                      f"{rec['seconds']:.1f}s", file=sys.stderr, flush=True)
+        result = sweep(plan(runs), executor=args.executor, address=args.address, jobs=args.jobs,
+                       out=Path(args.runs) / "calibrate-detectors", fresh=args.fresh)
+        if result.failed:
+            raise SystemExit(f"{len(result.failed)} runs failed, first {result.failed[0]['point']}: {result.failed[0]['error']}")
+        records = [measure(job, run) for job, run in zip(runs, result.runs)]
         summary = summarise(records, time.perf_counter() - started, args.jobs)
         raw.parent.mkdir(parents=True, exist_ok=True)
         raw.write_text(json.dumps(records))
