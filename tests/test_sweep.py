@@ -130,6 +130,17 @@ def test_dotted_paths_are_the_codecs_fields():
         apply_config(TINY, {"model": {"kwargs": {"width": 8}}})
 
 
+def test_sweep_takes_a_grid_or_a_list_of_points():
+    from pytest_spikecheck.sweep.engine import _plan
+
+    crossed = _plan(TINY, {"seed": [1, 2], "optimizer.lr": [0.01, 0.02]}, None, None).expand()
+    listed = _plan(TINY, [{"seed": 1, "optimizer.lr": 0.01}, {"seed": 2}], {"qk": [QKLayerNorm()]}, None).expand()
+    assert len(crossed) == 4 and [p.scenario.seed for p in crossed] == [1, 1, 2, 2]
+    assert [(p.recipe, p.value("seed"), p.value("optimizer.lr")) for p in listed] == [("qk", 1, 0.01), ("qk", 2, None)]
+    with pytest.raises(ConfigError, match="sweep\\(\\) takes a Scenario or a Sweep, was str"):
+        sweep("phase-19", {"seed": [0]})
+
+
 # -- training: spawned workers, bit-identical, failures recorded, resumed ----------------------
 
 @pytest.fixture(scope="module")
@@ -319,3 +330,21 @@ def test_without_ray_the_ray_executor_is_one_line_naming_the_extra(monkeypatch):
     assert str(info.value) == "the ray executor needs Ray: pip install 'pytest-spikecheck[ray]'"
     with pytest.raises(ConfigError, match="unknown executor 'dask'; choose one of local, ray"):
         sweep(Sweep(TINY, grid={"seed": [0]}), executor="dask", progress=False)
+
+
+def test_a_worker_whose_code_differs_from_the_drivers_fails_its_point_instead_of_storing_it():
+    from pytest_spikecheck.sweep.worker import PointJob, run_point
+    from pytest_spikecheck.training.store import run_key
+
+    key = run_key(TINY, backend="torch", device="cpu", threads=1).tag
+    stale = key.replace("-src", "-srcdeadbeef")  # as if the driver ran another version of the package
+    outcome = run_point(PointJob(0, TINY, "torch", "cpu", 1, stale))
+    assert not outcome.ok and outcome.run is None
+    assert outcome.error.startswith(f"this worker's code differs from the driver's (run key {key} here, {stale} there)")
+
+
+def test_lr_sweep_says_which_learning_rate_failed():
+    from pytest_spikecheck import lr_sweep
+
+    with pytest.raises(ConfigError, match=r"lr_sweep: lr 0.01 failed: RuntimeError: this model cannot be built"):
+        lr_sweep(TINY.replace(model_factory="sweep_points:broken_model"), lrs=(1e-2,), processes=1)
