@@ -67,7 +67,9 @@ def plot_final_loss_vs_lr(result: "SweepResult", path: Path) -> Path:
         panels = [((), _ran(result.rows))]
     columns = min(len(panels), 4)
     rows_n = math.ceil(len(panels) / columns)
-    fig, grid = plt.subplots(rows_n, columns, figsize=(4.2 * columns, 3.6 * rows_n), dpi=110, squeeze=False, sharey=True)
+    fig, grid = plt.subplots(rows_n, columns, figsize=(max(6.5, 4.2 * columns), 3.6 * rows_n + 0.6), dpi=110,
+                             squeeze=False, sharey=True)
+    swept = sorted({r[LR] for r in _ran(result.rows)})
     for ax, (panel_values, members) in zip(grid.flat, panels):
         initial = median(r["initial_loss"] for r in members)
         for line_values, line_rows in group(members, axes, [a for a in axes if a not in lines_by]):
@@ -78,6 +80,9 @@ def plot_final_loss_vs_lr(result: "SweepResult", path: Path) -> Path:
                 ax.fill_between(lrs, [min(present(c)) for c in capped], [max(present(c)) for c in capped], alpha=0.15)
         ax.axhline(initial, color="grey", ls=":", lw=1, label="loss at initialisation")
         ax.set(xscale="log", xlabel="peak learning rate", title=_label(panel_by, panel_values) if panel_by else "")
+        ax.set_xticks(swept)
+        ax.get_xaxis().set_major_formatter(_plain_ticks())
+        ax.get_xaxis().set_minor_formatter(_no_ticks())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     for ax in list(grid.flat)[len(panels):]:
@@ -85,8 +90,8 @@ def plot_final_loss_vs_lr(result: "SweepResult", path: Path) -> Path:
     for ax in grid[:, 0]:
         ax.set_ylabel("final eval loss (nats)")
     seeds = len({r.get(SEED) for r in result.rows})
-    fig.suptitle(f"{result.name}: final eval loss vs peak LR (median over {seeds} seed{'s' if seeds != 1 else ''}, "
-                 "min–max shaded)")
+    fig.suptitle(f"{result.name}\nfinal eval loss vs peak LR (median over {seeds} seed{'s' if seeds != 1 else ''}, "
+                 "min–max shaded; a diverged run at its initial loss)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -117,10 +122,11 @@ def plot_lr_sensitivity_vs_width(result: "SweepResult", path: Path) -> Path:
         low = [m - min(v) for m, (_, v) in zip(mids, points)]
         high = [max(v) - m for m, (_, v) in zip(mids, points)]
         ax.errorbar(xs, mids, yerr=[low, high], marker="o", capsize=3, label=_label(lines_by, line_values))
-    ax.set(xscale="log", xlabel="model width (n_embd)", ylabel="LR sensitivity (nats)",
-           title=f"{result.name}: LR sensitivity vs width (median over seeds, min–max bars)")
+    ax.set(xscale="log", xlabel="model width (n_embd)", ylabel="LR sensitivity (nats)")
+    ax.set_title(f"{result.name}\nLR sensitivity vs width (median over seeds, min–max bars)", fontsize=10)
     ax.set_xticks(sorted({w for pts in lines.values() for w, _ in pts}))
     ax.get_xaxis().set_major_formatter(_plain_ticks())
+    ax.get_xaxis().set_minor_formatter(_no_ticks())
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -133,3 +139,9 @@ def _plain_ticks() -> Any:
     from matplotlib.ticker import FuncFormatter
 
     return FuncFormatter(lambda x, _: f"{x:g}")
+
+
+def _no_ticks() -> Any:
+    from matplotlib.ticker import NullFormatter
+
+    return NullFormatter()
