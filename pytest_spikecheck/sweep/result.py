@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from pytest_spikecheck.judge.text import fmt, table
 from pytest_spikecheck.sweep.spec import Point
-from pytest_spikecheck.sweep.summary import LR, MEASURES, lr_sensitivities, summaries
+from pytest_spikecheck.sweep.summary import LR, MEASURES, logit, lr_sensitivities, summaries
 
 #: Row statuses: trained now, taken from the run store, raised (or its worker kept dying), not
 #: reached before the sweep was stopped.
@@ -68,7 +68,7 @@ class SweepResult:
         rows = []
         for row in self.rows:
             cells = [row["point"], *(_cell(row.get(a)) for a in self.axes), fmt(row["final_eval_loss"], ".3f"),
-                     fmt(row["max_attn_logit"], ",.4g"), fmt(row["largest_spike_ratio"], ".1f"),
+                     logit(row["max_attn_logit"]) if row["max_attn_logit"] is not None else "—", fmt(row["largest_spike_ratio"], ".1f"),
                      _recovery(row), row["status"], fmt(row["seconds"], ".1f")]
             rows.append(cells + ([row["error"] or ""] if errors else []))
         return table(headers + (["error"] if errors else []), rows, markdown=markdown)

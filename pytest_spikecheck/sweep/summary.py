@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -51,14 +51,21 @@ def present(values: Iterable[Any]) -> list[float]:
     return [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
 
 
-def spread(values: Iterable[Any], spec: str = ".1f") -> str:
-    """``median [min–max]`` of the measured values, the median alone for one value, ``—`` for none."""
+def spread(values: Iterable[Any], spec: str | Callable[[float], str] = ".1f") -> str:
+    """``median [min–max]`` of the measured values, the median alone for one value, ``—`` for
+    none; ``spec`` is a format spec or a function that formats one value."""
     v = present(values)
     if not v:
         return "—"
+    show = spec if callable(spec) else (lambda x: format(x, spec))
     if len(v) == 1:
-        return format(v[0], spec)
-    return f"{format(statistics.median(v), spec)} [{format(min(v), spec)}–{format(max(v), spec)}]"
+        return show(v[0])
+    return f"{show(statistics.median(v))} [{show(min(v))}–{show(max(v))}]"
+
+
+def logit(value: float) -> str:
+    """An attention logit: 3 significant digits below 1,000, whole numbers with commas above."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def recovery_spread(values: Sequence[int | None]) -> str:
@@ -71,8 +78,15 @@ def recovery_spread(values: Sequence[int | None]) -> str:
     return f"{text} ({missing}/{len(values)} not back within {RECOVERY_HORIZON})" if missing else text
 
 
-def _recovery(spiked: Sequence[Mapping[str, Any]]) -> str:
-    return recovery_spread([r["recovery"] for r in spiked]) + f" ({len(spiked)} spikes)" if spiked else "no spike"
+def _recovery(ran: Sequence[Mapping[str, Any]]) -> str:
+    """Steps to recover over the runs whose largest ratio was a spike, and how many spiked."""
+    spiked = [r["recovery"] for r in ran if r["is_spike"]]
+    if not spiked:
+        return "no spike"
+    back = [v for v in spiked if v is not None]
+    missing = len(spiked) - len(back)
+    return ((spread(back, ".0f") if back else "not back") + f" ({len(spiked)}/{len(ran)} spiked"
+            + (f", {missing} not back within {RECOVERY_HORIZON}" if missing and back else "") + ")")
 
 
 def median(values: Iterable[Any]) -> float:
@@ -102,9 +116,9 @@ def summaries(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[di
         ran = [r for r in members if r["status"] in ("done", "cached")]
         out.append({**dict(zip(keep, values)), "points": len(members), "failed": sum(r["status"] == "failed" for r in members),
                     "final_eval_loss": spread((r["final_eval_loss"] for r in ran), ".3f"),
-                    "max_attn_logit": spread((r["max_attn_logit"] for r in ran), ",.4g"),
+                    "max_attn_logit": spread((r["max_attn_logit"] for r in ran), logit),
                     "largest_spike_ratio": spread((r["largest_spike_ratio"] for r in ran), ".1f"),
-                    "recovery": _recovery([r for r in ran if r["is_spike"]]),
+                    "recovery": _recovery(ran),
                     "diverged": f"{sum(bool(r['diverged']) for r in ran)}/{len(ran)}"})
     return out
 
