@@ -243,9 +243,8 @@ def _run_command(command: str, env: PageEnv) -> tuple[int, str]:
     shares trainings), anything else under bash. Returns (exit status, stdout + stderr)."""
     line = command.split(" #")[0].strip()
     words = shlex.split(line)
-    or_exit = words[-2:] == ["||", "exit"] or (len(words) >= 3 and words[-3:-1] == ["||", "exit"])
-    if or_exit:
-        words = words[: words.index("||")]
+    if "||" in words[1:] and words[words.index("||") + 1:][:1] == ["exit"]:
+        words = words[: words.index("||")]  # `cmd || exit 1`: a failing status fails the block anyway
     if words and words[0] == "spikecheck" and not any(w in ("|", ">", "&&", ";") for w in words):
         from pytest_spikecheck.cli import main
 
@@ -422,22 +421,36 @@ def _run_test_module(source: str, env: PageEnv, where: str, names: list[str]) ->
 
 
 def run_yaml(source: str, env: PageEnv, where: str) -> None:
+    """A scenario config (every key checked, as `spikecheck train` reads it); with a first line
+    ``# PATH`` naming a file of the repository, that file's content (its scenario, for a
+    scenario config; its YAML data otherwise, e.g. a CI workflow shipped in the repository)."""
     import yaml
 
+    from pytest_spikecheck.errors import ConfigError
     from pytest_spikecheck.scenario import Scenario
 
     first = source.lstrip().splitlines()[0] if source.strip() else ""
     named = re.match(r"#\s*(\S+\.ya?ml)\s*$", first)
     raw = yaml.safe_load(source) or {}
-    names = _assumed(source)
+    if named and (ROOT / named[1]).is_file():
+        shipped = yaml.safe_load((ROOT / named[1]).read_text())
+        try:
+            same = Scenario.from_dict(raw).content_hash() == Scenario.from_yaml(ROOT / named[1]).content_hash()
+        except ConfigError:
+            same = raw == shipped
+        if not same:
+            raise DocsError(f"{where}: this block is not the content of {named[1]}")
+        return
+    if named:
+        raise DocsError(f"{where}: names {named[1]}, which the repository does not have")
     with _running_in(env):
-        scenario = Scenario.from_dict(raw, where=where)
-        if named:
-            shipped = Scenario.from_yaml(ROOT / named[1])
-            if scenario.content_hash() != shipped.content_hash():
-                raise DocsError(f"{where}: this block is not the scenario of {named[1]}")
-        elif scenario.model_factory is not None and not names:
-            raise DocsError(f"{where}: names a model factory: say which with '# assumes:'")
+        try:
+            scenario = Scenario.from_dict(raw, where=where)
+        except ConfigError as problem:
+            raise DocsError(f"{where}: not a scenario config ({problem}); if it is another file's YAML, name the "
+                            f"file on its first line (# PATH) or mark the block: {MARKER}") from None
+    if scenario.model_factory is not None and not _assumed(source):
+        raise DocsError(f"{where}: names a model factory: say which with '# assumes:'")
 
 
 # ---------------------------------------------------------------------------- named checks

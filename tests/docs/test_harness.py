@@ -32,6 +32,9 @@ PAGES = {
     "test_module_passes": ("```python\ndef test_x():\n    assert 1 == 1\n```\n", "passed"),
     "yaml_not_the_file": ("```yaml\n# experiments/19-control/config.yaml\npreset: phase-19\nseed: 7\n```\n", "failed"),
     "yaml_typo": ("```yaml\npreset: phase-19\noptimizer: {weight_decy: 0.1}\n```\n", "failed"),
+    "yaml_is_the_file": ("```yaml\n# experiments/19-control/config.yaml\npreset: phase-19\nseed: 42\n"
+                         "breaks:\n  - rare_token_burst: {count: 8, at_step: 312, content: greek}\n```\n", "passed"),
+    "yaml_not_a_scenario": ("```yaml\nname: ci\non: [push]\n```\n", "failed"),
     "synopsis_missing_option": ("<!-- docs-test: cli-synopsis -->\n```\nspikecheck check LOG [--json]\n```\n", "failed"),
     "unknown_check": ("<!-- docs-test: nonsense -->\n```\nx\n```\n", "failed"),
 }
