@@ -139,11 +139,34 @@ def _shared_train(real_train: Callable) -> Callable:
     return train
 
 
+#: What a block that trains says; a block that says none of it runs without importing torch
+#: here (unless torch is imported already), so the harness's own tests stay light.
+_TRAINS = re.compile(r"\btrain\(|spikecheck\.run\(|probe_at\(|lr_sweep\(|record\(|\bimport torch|"
+                     r"spikecheck_scenario|^spikecheck (train|search)\b", re.MULTILINE)
+
+
 @contextlib.contextmanager
-def _running_in(env: PageEnv):
-    """cwd = the sandbox, trainings shared, the stand-ins importable, torch on one thread (as
-    the engine pins it: two threads on a shared 2-core machine run a tiny model's loop many
-    times slower); all undone afterwards."""
+def _running_in(env: PageEnv, source: str = ""):
+    """cwd = the sandbox, the stand-ins importable; for a block that trains (``_TRAINS``, or
+    any block once torch is imported) also trainings shared and torch on one thread (as the
+    engine pins it: two threads on a shared 2-core machine ran a snippet's loop 37× slower);
+    all undone afterwards."""
+    before, old_path = os.getcwd(), list(sys.path)
+    os.chdir(env.dir)
+    sys.path[:0] = [str(HERE), str(env.dir)]
+    try:
+        if "torch" in sys.modules or _TRAINS.search(source):
+            with _sharing_trainings():
+                yield
+        else:
+            yield
+    finally:
+        os.chdir(before)
+        sys.path[:] = old_path
+
+
+@contextlib.contextmanager
+def _sharing_trainings():
     import torch
 
     import pytest_spikecheck
@@ -151,26 +174,20 @@ def _running_in(env: PageEnv):
 
     real = launch.train
     shared = _shared_train(real)
-    before = os.getcwd()
     had = "train" in vars(pytest_spikecheck)
-    old_path = list(sys.path)
-    os.chdir(env.dir)
     launch.train = shared
     pytest_spikecheck.train = shared
-    sys.path[:0] = [str(HERE), str(env.dir)]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(threads)
-        os.chdir(before)
         launch.train = real
         if had:
             pytest_spikecheck.train = real
         else:
             vars(pytest_spikecheck).pop("train", None)
-        sys.path[:] = old_path
 
 
 # ------------------------------------------------------------------------ output matching
@@ -249,7 +266,7 @@ def _run_command(command: str, env: PageEnv) -> tuple[int, str]:
         from pytest_spikecheck.cli import main
 
         out = io.StringIO()
-        with _running_in(env), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        with _running_in(env, line), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
             try:
                 code = main(words[1:])
             except SystemExit as stop:  # argparse's usage errors
@@ -353,7 +370,7 @@ def run_python(source: str, namespace: dict, env: PageEnv, where: str, line: int
         return _run_test_module(source, env, where, names)
     namespace.update(_stand_ins(names, where))
     code = compile(source, f"{path}:{line}", "exec")
-    with _running_in(env):
+    with _running_in(env, source):
         exec(code, namespace)
 
 
@@ -408,7 +425,7 @@ def _run_test_module(source: str, env: PageEnv, where: str, names: list[str]) ->
     module = env.dir / f"test_docs_block_{env.modules}.py"
     module.write_text(_prelude(names) + source)
     reports = _Reports()
-    with _running_in(env), contextlib.redirect_stdout(io.StringIO()) as out:
+    with _running_in(env, source), contextlib.redirect_stdout(io.StringIO()) as out:
         code = pytest.main([str(module), "--spikecheck", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                             f"--rootdir={env.dir}", "-c", str(env.dir / "pytest.ini")], plugins=[reports])
     sys.modules.pop(module.stem, None)
@@ -494,7 +511,7 @@ def check_failure_example(source: str, env: PageEnv, where: str) -> None:
 
     scenario = (Scenario.preset("phase-19").replace(name="tiny_break", steps=40)
                 .with_breaks(NoClip(), RareTokenBurst(count=3, at_step=30)))
-    with _running_in(env):
+    with _running_in(env, "train("):
         from pytest_spikecheck.training.launch import train
 
         run = train(scenario, backend="torch")

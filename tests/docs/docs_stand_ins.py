@@ -52,7 +52,7 @@ def _base():
     from pytest_spikecheck import RareTokenBurst, Scenario
 
     # a reader's own scenario: short, so a sweep of it trains in seconds
-    return Scenario.preset("phase-19").replace(steps=90).with_breaks(RareTokenBurst(count=3, at_step=60))
+    return Scenario.preset("phase-19").replace(steps=60).with_breaks(RareTokenBurst(count=3, at_step=40))
 
 
 BASE = _base()

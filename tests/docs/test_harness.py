@@ -54,7 +54,7 @@ def outcomes(tmp_path_factory):
     import sys
 
     done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", str(pytester_dir),
-                           "-o", "addopts=", "--durations=8", "--rootdir", str(pytester_dir)],
+                           "-o", "addopts=", "--rootdir", str(pytester_dir)],
                           cwd=pytester_dir, capture_output=True, text=True, timeout=300)
     results = {}  # page -> its last example (the block; a marker before it is an example too)
     for line in done.stdout.splitlines():
