@@ -22,7 +22,7 @@ import yaml
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.judge.policy import judge_log
-from pytest_spikecheck.records import read_log
+from pytest_spikecheck.records.logs import read_runs
 
 ROOT = Path(__file__).parent / "data" / "reallogs"
 TOLERANCE_INTERVALS = 2
@@ -33,11 +33,14 @@ def corpus() -> list[dict]:
 
 
 def judge_entry(entry: dict, detectors: tuple[str, ...] = ()) -> dict | None:
-    """The judgement of one corpus file; None where the reader refuses it."""
+    """The judgement of one corpus file, every run it holds together (series of all runs; ok
+    when every run is; judged when any is); None where the reader refuses it."""
     try:
-        return judge_log(read_log(ROOT / entry["file"]), detectors)
+        reports = [judge_log(record, detectors) for record in read_runs(ROOT / entry["file"])]
     except ConfigError:
         return None
+    return {"series": [s for r in reports for s in r["series"]], "ok": all(r["ok"] for r in reports),
+            "judged": any(r["judged"] for r in reports), "runs": reports}
 
 
 @dataclass

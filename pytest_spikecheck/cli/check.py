@@ -148,23 +148,28 @@ def _json_safe(value: Any) -> Any:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pytest_spikecheck.records.logs import find_logs, read_log
+    from pytest_spikecheck.records.logs import find_logs, read_runs
 
     mapping = {k: v for part in args.map for k, v in part.items()}
     path = Path(args.log)
     logs = find_logs(path) if path.is_dir() else [path]
     reports = []
     for log in logs:
-        record = read_log(log, format=args.format, mapping=mapping)
-        reports.append(check_record(record, args.detector or (), args.metric, args.max_norm, args.kind, args.strict_finite))
+        # A log whose step counter starts again holds several runs: each is judged on its own.
+        for record in read_runs(log, format=args.format, mapping=mapping):
+            reports.append(check_record(record, args.detector or (), args.metric, args.max_norm, args.kind,
+                                        args.strict_finite))
     status = max(exit_status(r, args.strict) for r in reports)
     if args.json:
-        out = reports[0] if len(reports) == 1 and not path.is_dir() else {"folder": str(path), "logs": reports}
+        single = len(reports) == 1 and not path.is_dir()
+        out = reports[0] if single else {"folder" if path.is_dir() else "log": str(path), "logs": reports}
         print(json.dumps(_json_safe(out), indent=2, allow_nan=False, ensure_ascii=False))
     else:
         if len(logs) > 1 or (path.is_dir() and logs[0].parent != path and logs[0] != path):
             print(f"{path}: {len(logs)} log{'s' if len(logs) != 1 else ''} found one level down: "
                   + ", ".join(str(p.relative_to(path)) for p in logs) + "\n")
+        if not path.is_dir() and len(reports) > 1:
+            print(f"{path}: {len(reports)} runs in one file (the step counter starts again): each judged on its own\n")
         print("\n\n".join(_check_text(r, args.strict) for r in reports))
     return status
 
@@ -176,14 +181,17 @@ def add_parser(sub: Any) -> None:
 
     policy = "; ".join(f"{role}: {', '.join(rules)}" for role, rules in POLICY.items())
     p = sub.add_parser("check", help="find spikes and non-finite values in a training log (exit 1 if any)",
-                       description="Read a trainer_state.json, Lightning metrics.csv, TensorBoard events, CSV or "
-                                   "JSONL log (or a folder holding them, one level down too); judge it with the "
+                       description="Read a trainer_state.json, Lightning metrics.csv, TensorBoard events, an MLflow run, "
+                                   "a CSV or JSONL log, or a training log printed to stdout (Megatron-LM, torchtitan, "
+                                   "nanoGPT, llm.c, HF Trainer, key=value lines), or a folder holding them (one level "
+                                   "down too); judge every run it holds with the "
                                    f"default policy ({policy}; non-finite values) or named detectors. A series too "
                                    "short for its rules is reported as 'not judged', never as 'no spike'. Exit 0: "
                                    f"clean; {EXIT_FOUND}: a spike, a non-finite value or an uncontained clip; 2: the "
                                    f"log or an option is wrong; {EXIT_NOT_JUDGED}: with --strict, a series not judged.")
     p.add_argument("log", metavar="LOG", help="a log file, or a folder holding one (TensorBoard event files, a run, "
-                                              "checkpoint-*/, lightning_logs/version_*/, runs/*/)")
+                                              "checkpoint-*/, lightning_logs/version_*/, runs/*/, an MLflow run, "
+                                              "experiment or mlruns folder)")
     p.add_argument("--detector", action="append", choices=list(DETECTORS), metavar="NAME",
                    help=f"run this detector on every series instead of the default policy (repeatable): "
                         f"{', '.join(DETECTORS)}")

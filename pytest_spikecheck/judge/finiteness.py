@@ -1,19 +1,30 @@
-"""Which non-finite values fail a run: one decision per value, said in words (numpy only).
+"""Which non-finite values fail a run: one decision per value, by column and context, said in
+words (numpy only). ``spikecheck check``, ``assert_finite`` and ``assert_diverges`` read the
+same decisions. By default:
 
-``spikecheck check``, ``assert_finite`` and ``assert_diverges`` read the same decisions.
-By default:
+- the **training loss** (``loss``, and any other training loss column: ``z_loss``, ``lm loss``)
+  and the **gradient norms** (pre-/post-clip, HF's ``grad_norm``, per-layer norms, the clip
+  factor) are the columns whose non-finite values fail a run, except:
 
-- a **gradient norm at a skipped step** (``Record.skipped``: a loss scaler found inf/NaN
-  gradients and did not apply the update) is excused, and counted; the loss at that step is
-  never excused;
-- every other non-finite value fails the run.
+  - a gradient norm at a **skipped step** (``Record.skipped``: a loss scaler found inf/NaN
+    gradients and did not apply the update; the log says so, or the overflow rule of
+    :mod:`pytest_spikecheck.records.logs.skips` inferred it), reported and counted; the loss at
+    that step is never excused;
+  - NaN **before a column's first real value** (``hidden_gradient_norm = nan`` at step 0):
+    "not yet computed";
+
+- an **evaluation** column (``eval_loss``, ``val/loss``, ``test_*``) that is NaN is an
+  evaluation's result, not a training failure; **any other column** (the learning rate, a
+  reward, an accuracy) is no training loss or gradient norm: both are reported, not failures;
+- Megatron's ``nan_iterations`` counter above 0 fails: it counted iterations with a NaN loss.
 
 ``strict=True`` (``--strict-finite``) excuses nothing: every non-finite value in any column
-fails, as before skipped steps were read.
+fails.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,6 +35,13 @@ from pytest_spikecheck.records import Record
 #: The decisions a non-finite value can get (the ``decision`` of a :class:`NonFiniteGroup`).
 FAILS = "fails"
 SKIPPED_STEP = "skipped step"
+NOT_YET_COMPUTED = "not yet computed"
+EVALUATION = "evaluation"
+NOT_TRAINING = "not training"
+#: Megatron's count of iterations with a NaN loss in each logged interval (the text reader's name).
+NAN_COUNTER = "nan_iterations"
+
+_EVAL = re.compile(r"(^|[/_\-. ])(eval|evaluation|val|valid|validation|test|predict|dev)([/_\-. ]|$)", re.I)
 
 
 def is_gradient_norm(name: str) -> bool:
@@ -32,6 +50,19 @@ def is_gradient_norm(name: str) -> bool:
     step's overflow shows in."""
     low = name.lower()
     return ("grad" in low and "norm" in low and "scale" not in low) or low == "clip_factor"
+
+
+def column_role(name: str) -> str:
+    """"training loss", "gradient norm", "evaluation" or "other": what a column's non-finite
+    value means."""
+    low = name.lower()
+    if _EVAL.search(low):
+        return "evaluation"
+    if is_gradient_norm(name):
+        return "gradient norm"
+    if "loss" in low and "scale" not in low:
+        return "training loss"
+    return "other"
 
 
 @dataclass(frozen=True)
@@ -87,26 +118,48 @@ def judge_finite(rec: Record, names: list[str] | None = None, strict: bool = Fal
     at_skipped = np.isin(steps, np.fromiter(skipped, dtype=np.int64, count=len(skipped))) if skipped else None
     groups: list[NonFiniteGroup] = []
     excused: dict[str, np.ndarray] = {}
+
+    def group(name: str, decision: str, mask: np.ndarray, values: np.ndarray, why: str) -> None:
+        rows = np.flatnonzero(mask)
+        groups.append(NonFiniteGroup(name, decision, int(steps[rows[0]]), float(values[rows[0]]), rows.size, why))
+        if decision != FAILS:
+            excused[name] = excused[name] | mask if name in excused else mask
+
     for name in names:
         values = np.asarray(rec.metrics[name], dtype=np.float64)
-        bad = ~np.isfinite(values)
-        if name in rec.missing:
-            bad &= ~rec.missing[name]
+        logged = ~rec.missing[name] if name in rec.missing else np.ones(values.shape, dtype=bool)
+        bad = ~np.isfinite(values) & logged
+        role = column_role(name)
+        if name == NAN_COUNTER and not strict:
+            counted = logged & np.isfinite(values) & (values > 0)
+            if counted.any():
+                group(name, FAILS, counted, values, "Megatron counted iterations with a NaN loss: fails the run")
         if not bad.any():
             continue
+        if strict:
+            group(name, FAILS, bad, values, "fails the run (--strict-finite)")
+            continue
+        if role == "evaluation":
+            group(name, EVALUATION, bad, values, "an evaluation's result, not training: not a failure")
+            continue
+        if role == "other":
+            group(name, NOT_TRAINING, bad, values, "neither a training loss nor a gradient norm: not a failure")
+            continue
         fails = bad
-        if at_skipped is not None and is_gradient_norm(name):
-            skip = bad & at_skipped
+        finite = np.flatnonzero(np.isfinite(values) & logged)
+        if finite.size:
+            early = bad & np.isnan(values) & (np.arange(values.size) < finite[0])
+            if early.any():
+                group(name, NOT_YET_COMPUTED, early, values,
+                      f"before the column's first value (step {int(steps[finite[0]])}): not yet computed, not a failure")
+                fails = fails & ~early
+        if at_skipped is not None and role == "gradient norm":
+            skip = fails & at_skipped
             if skip.any():
-                rows = np.flatnonzero(skip)
-                reasons = sorted({skipped[int(s)] for s in steps[rows]})
-                groups.append(NonFiniteGroup(name, SKIPPED_STEP, int(steps[rows[0]]), float(values[rows[0]]), rows.size,
-                                             f"a skipped step ({'; '.join(reasons)}): the update was not applied, "
-                                             f"not a failure"))
-                excused[name] = skip
-                fails = bad & ~skip
+                reasons = sorted({skipped[int(s)] for s in steps[skip]})
+                group(name, SKIPPED_STEP, skip, values,
+                      f"a skipped step ({'; '.join(reasons)}): the update was not applied, not a failure")
+                fails = fails & ~skip
         if fails.any():
-            rows = np.flatnonzero(fails)
-            groups.append(NonFiniteGroup(name, FAILS, int(steps[rows[0]]), float(values[rows[0]]), rows.size,
-                                         "fails the run"))
+            group(name, FAILS, fails, values, "fails the run")
     return Finiteness(strict, tuple(groups), len(skipped), excused)
