@@ -44,24 +44,28 @@ def _parse(path: Path, lines: list[str], numbers: list[int]) -> list[dict]:
 
 
 def read(path: Path) -> Table:
-    text = read_text(path, DESCRIPTION)
-    all_lines = text.splitlines()
-    del text
-    numbered = [(n, line) for n, line in enumerate(all_lines, 1) if line.strip()]
-    del all_lines
+    lines = read_text(path, DESCRIPTION).splitlines()
+    blank = np.fromiter(map(len, map(str.strip, lines)), dtype=np.int64, count=len(lines)) == 0
+    if blank.any():  # blank lines are skipped; rows keep their line numbers
+        kept = np.flatnonzero(~blank)
+        lines = [lines[i] for i in kept.tolist()]
+        line_numbers = kept + 1
+    else:
+        line_numbers = np.arange(1, len(lines) + 1)
     chunks: list[dict[str, Column]] = []
     skipped: dict[int, str] = {}
-    line_numbers = np.fromiter((n for n, _ in numbered), dtype=np.int64, count=len(numbered))
-    for start in range(0, len(numbered), _CHUNK):
-        part = numbered[start:start + _CHUNK]
-        rows = _parse(path, [line for _, line in part], [n for n, _ in part])
+    for start in range(0, len(lines), _CHUNK):
+        part = lines[start:start + _CHUNK]
+        rows = _parse(path, part, line_numbers[start:start + len(part)].tolist())
         columns, skips = columns_of(rows, start)
+        del rows
         chunks.append(columns)
         skipped.update(skips)
+    sizes = [min(_CHUNK, len(lines) - i * _CHUNK) for i in range(len(chunks))]
+    del lines
     names = dict.fromkeys(k for c in chunks for k in c)
-    sizes = [min(_CHUNK, len(numbered) - i * _CHUNK) for i in range(len(chunks))]
     columns = {name: Column.concat([c.get(name) or Column.absent(n) for c, n in zip(chunks, sizes)]) for name in names}
-    return Table(None, columns, line_where(line_numbers), skipped=skipped, rows=len(numbered))
+    return Table(None, columns, line_where(line_numbers), skipped=skipped, rows=int(line_numbers.size))
 
 
 READER = Reader("jsonl", DESCRIPTION, detect, read)

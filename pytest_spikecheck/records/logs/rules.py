@@ -173,8 +173,9 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
         rows = np.flatnonzero(keep)
         skip_rows = {int(np.searchsorted(rows, r)): why for r, why in skip_rows.items() if keep[r]}
     # Kept rows ascend (a row before a lower step is replaced), so equal steps are neighbours.
-    unique, first_row = np.unique(steps, return_index=True)
-    group = np.cumsum(np.concatenate([[0], (steps[1:] != steps[:-1]).astype(np.int64)]))
+    new_step = np.concatenate([[True], steps[1:] != steps[:-1]])
+    unique = steps[new_step]
+    group = np.cumsum(new_step) - 1
     for name, column in columns.items():
         if column.first_text is not None and not column.missing.all():
             i, raw = column.first_text
@@ -200,6 +201,8 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
 
 def _last_per_step(column: Column, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Per step, the value of the last row that logged one (NaN and True where none did)."""
+    if groups == group.size:  # one row a step: nothing to merge
+        return np.where(column.missing, np.nan, column.values), column.missing.copy()
     values = np.full(groups, np.nan)
     absent = np.ones(groups, dtype=bool)
     logged = np.flatnonzero(~column.missing)
