@@ -57,6 +57,7 @@ class Score:
     unjudged_logs: list[str] = field(default_factory=list)
     unreadable_ok: int = 0
     unreadable_wrong: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # readable logs the reader refused
 
     @property
     def detection(self) -> float:
@@ -69,6 +70,12 @@ class Score:
     @property
     def flags_per_1000(self) -> float:
         return 1000 * self.negative_flags / self.negative_points if self.negative_points else float("nan")
+
+
+def split(name: str) -> list[dict]:
+    """The corpus entries of one split: ``tune`` (the rules were calibrated on these) or
+    ``heldout`` (added with issue 24 and never tuned on)."""
+    return [e for e in corpus() if e["split"] == name]
 
 
 def score(detectors: tuple[str, ...] = (), entries: list[dict] | None = None) -> Score:
@@ -85,6 +92,7 @@ def score(detectors: tuple[str, ...] = (), entries: list[dict] | None = None) ->
         out.onsets += len(onsets)
         if report is None:
             out.missed += [f"{entry['file']}@{o} (unreadable)" for o in onsets]
+            out.unread.append(entry["file"])
             continue
         judged_series = [s for s in report["series"] if s["status"] != "skipped"]
         out.points += sum(s["logged"] for s in judged_series)

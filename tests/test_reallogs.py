@@ -11,14 +11,14 @@ from pytest_spikecheck.cli.commands import main
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.judge.assertions import assert_no_spike, assert_spike
 from pytest_spikecheck.records.logs import read_log
-from reallogs import ROOT, corpus, score
+from reallogs import ROOT, corpus, score, split
 
 ENTRIES = corpus()
 
 
-def test_default_policy_meets_the_goal_on_the_real_corpus():
-    result = score()
-    assert result.onsets == 18 and result.negatives == 38
+def test_default_policy_meets_the_goal_on_the_tune_split():
+    result = score(entries=split("tune"))
+    assert result.onsets == 18 and result.negatives == 38 and not result.unread
     assert result.detection >= 0.90, result.missed  # 17 of 18: the 90050 blow-up is rolled back by the log itself
     assert result.clean_flagged <= 0.05, result.flagged
     assert result.unreadable_ok == 4 and not result.unreadable_wrong  # refused with one line, not guessed at
@@ -27,6 +27,20 @@ def test_default_policy_meets_the_goal_on_the_real_corpus():
     # preference loss the loss rules step aside from.
     assert result.unjudged_logs == ["hf/grpo-one-entry/trainer_state.json", "jsonl/dpo-360-llamafactory/trainer_log.jsonl",
                                     "jsonl/dpo-recsys-llamafactory/trainer_log.jsonl"]
+
+
+def test_default_policy_meets_the_goal_on_the_heldout_split():
+    # Added with issue 24 (text logs, an MLflow run, a real LFS pointer) and never tuned on.
+    result = score(entries=split("heldout"))
+    assert result.onsets == 1 and result.negatives == 7 and not result.unread
+    assert result.detection >= 0.90, result.missed
+    assert result.clean_flagged <= 0.05, result.flagged
+    assert result.unreadable_ok == 1 and not result.unreadable_wrong
+
+
+def test_no_rl_or_preference_log_is_flagged():
+    rl = [e for e in ENTRIES if e["label"] == "rl_surrogate" and not e["spikes"]]
+    assert len(rl) == 8 and not score(entries=rl).flagged
 
 
 def test_the_published_ratio_rule_misses_what_the_policy_finds():

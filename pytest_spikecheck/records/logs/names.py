@@ -51,7 +51,8 @@ def step_column(names: Iterable[str]) -> str | None:
 
 _BOOKKEEPING_SUFFIXES = ("_runtime", "_per_second", "per_second")
 _BOOKKEEPING_WORDS = ("elapsed time", "throughput", "tokens per", "samples per", "consumed samples", "consumed tokens",
-                      "tflops", "mfu", "memory", "tok/s", "batches_per_second", "time per iteration")
+                      "tflops", "mfu", "memory", "tok/s", "batches_per_second", "time per iteration", "batch size",
+                      "elapsed", "eta", "steps/s", "it/s")
 
 
 def is_bookkeeping(name: str) -> bool:

@@ -126,6 +126,8 @@ def read(path: Path) -> Table:
         notes.append("Lightning's progress bar counts batches within an epoch: steps read as "
                      "epoch x batches per epoch + batch")
     columns, _ = columns_of(rows)
+    # A field that never held a number ("eta 1.06m", "memory: 30.1GiB(31.7%)") is no series.
+    columns = {name: c for name, c in columns.items() if not c.missing.all()}
     return Table(np.asarray(steps, dtype=np.int64), columns, line_where(np.asarray(lines)), notes,
                  fp16=fp16_of(text))
 

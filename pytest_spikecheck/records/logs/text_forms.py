@@ -138,6 +138,18 @@ def _llmc(segment: str) -> Parsed | None:
     return None
 
 
+# -- build-nanogpt's log.txt ------------------------------------------------------------------------
+
+_BUILD_NANOGPT = re.compile(rf"^(\d+) (train|val|hella) ({_NUM})\s*$", re.I)
+_BUILD_NANOGPT_NAMES = {"train": "loss", "val": "eval_loss", "hella": "hellaswag_acc"}
+
+
+def _build_nanogpt(segment: str) -> Parsed | None:
+    """``log/log.txt`` of Karpathy's build-nanogpt (GPT-2 reproductions): ``12 train 9.78``."""
+    m = _BUILD_NANOGPT.match(segment)
+    return (int(m.group(1)), {_BUILD_NANOGPT_NAMES[m.group(2).lower()]: number(m.group(3))}) if m else None
+
+
 # -- Hugging Face Trainer's printed dicts ---------------------------------------------------------
 
 _HF_DICT = re.compile(r"\{'[^{}]*\}")
@@ -243,6 +255,7 @@ FORMS: tuple[LineForm, ...] = (
     LineForm("nanoGPT", "iter 100: loss 3.4880, time 1444.41ms, mfu 0.01%", _nanogpt),
     LineForm("llm.c", "step    1/19560 | loss 11.0095 (+nanz)| norm 15.4 (+nanz)| lr 1.00e-06 | ...", _llmc),
     LineForm("OLMo", "[step=100/15000,epoch=0] followed by indented name=value lines", _olmo),
+    LineForm("build-nanogpt log.txt", "12 train 9.782434", _build_nanogpt),
     LineForm("key=value / key: value", "step=100 loss=2.31 grad_norm=0.42", _generic),
 )
 #: Forms the reader tries around a line rather than on it (named in the "forms tried" error).
