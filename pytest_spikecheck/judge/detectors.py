@@ -371,13 +371,26 @@ class Megatron(Detector):
 MAD_TO_SIGMA = 1.4826
 
 
+def log_noise(values: np.ndarray) -> float:
+    """The log's own point-to-point noise, as a standard deviation: 1.4826 x the median absolute
+    second difference of its finite values, over sqrt(6) (the second difference of independent
+    noise has variance 6 sigma^2, and a straight descent has none, so a falling loss does not
+    count as noise the way its spread around a median does). 0 below three finite values."""
+    v = values[np.isfinite(values)]
+    if v.size < 3:
+        return 0.0
+    return float(MAD_TO_SIGMA * np.median(np.abs(v[2:] - 2 * v[1:-1] + v[:-2])) / math.sqrt(6))
+
+
 @dataclass(frozen=True)
 class LossJump(Detector):
     """The loss is a log-likelihood, so a spike is an *additive* event: a jump of ``nats``
     above the median of the previous points means the same thing at any baseline (ln 2: the
     model's perplexity doubled). On a noisy per-batch loss the bar rises to ``sigmas``
     robust standard deviations (1.4826 MAD) of the history, so ordinary batch-to-batch noise
-    does not fire it."""
+    does not fire it; and never below ``noise_sigmas`` times the log's own noise
+    (:func:`log_noise`): the spread of five quiet points says little about a short, noisy log's
+    scale, and a move a noisy log makes every few points is no spike (0: no such floor)."""
 
     name: ClassVar[str] = "loss-jump"
     unit: ClassVar[str] = "nats"
@@ -385,6 +398,7 @@ class LossJump(Detector):
     sigmas: float = 6.0
     window: int = BASELINE_WINDOW
     min_history: int = 5
+    noise_sigmas: float = 4.0
 
     @property
     def threshold_name(self) -> str:
@@ -395,7 +409,10 @@ class LossJump(Detector):
         med, mad = rolling.median_and_spread(rolling.histories(steps, values, self.window, self.min_history))
         has = ok & ~np.isnan(med)
         jump = values - med
-        flagged = has & (jump >= np.maximum(self.nats, self.sigmas * (MAD_TO_SIGMA * mad)))
+        bar = np.maximum(self.nats, self.sigmas * (MAD_TO_SIGMA * mad))
+        if self.noise_sigmas:
+            bar = np.maximum(bar, self.noise_sigmas * log_noise(values))
+        flagged = has & (jump >= bar)
         return _in_order(steps, values, ok, flagged, med, jump), int((~ok).sum() + has.sum())
 
 
@@ -408,7 +425,14 @@ class SustainedLoss(Detector):
     points before it and the median of it and the next ``hold - 1`` points is still that high. Needs only ``min_history`` earlier points, because the level that follows
     is the evidence; flagged once per episode, at its onset. The baseline is the median of the
     last ``history_points`` logged points (over at least ``window`` steps); before a log has
-    that many, of every earlier point (at least ``min_history``)."""
+    that many, of every earlier point (at least ``min_history``). There, with ``early="lowest"``,
+    the baseline is the lowest loss so far and the sigmas are the log's own noise
+    (:func:`log_noise`): "a rise that the next points keep is a divergence whatever the history"
+    - a log's first points fall fast, so the median of two or three of them sits above where the
+    model already is and their spread is the slope, not the noise, and both hid such a rise (an
+    LR sweep logged every 200 steps diverging at its third point); and later the spread is never
+    taken below that noise (five quiet points of a noisy short log would let its noise through).
+    ``early="median"``: the median and spread of the points before everywhere, as before."""
 
     name: ClassVar[str] = "loss-sustained"
     unit: ClassVar[str] = "nats"
@@ -418,6 +442,7 @@ class SustainedLoss(Detector):
     window: int = BASELINE_WINDOW
     min_history: int = 1
     history_points: int = 5  # the baseline's usual size; a log's first points have fewer
+    early: str = "lowest"  # before history_points: "lowest" (lowest loss so far, the log's noise) or "median"
 
     @property
     def threshold_name(self) -> str:
@@ -435,10 +460,17 @@ class SustainedLoss(Detector):
         early = (h.size == 0) & (before >= self.min_history) & (before > 0)
         h = rolling.Histories(h.finite, np.where(early, 0, h.start), h.stop)
         med, mad = rolling.median_and_spread(h)
+        spread = MAD_TO_SIGMA * mad
+        if self.early == "lowest":
+            noise = log_noise(values)
+            spread = np.where(early, noise, np.maximum(spread, noise))  # never below the log's own noise
+            if early.any():
+                lowest = np.minimum.accumulate(h.finite)
+                med = np.where(early, lowest[np.maximum(before - 1, 0)], med)
         level, level_ok = rolling.forward_median(values, self.hold)
         # judged: a finite value with a history and `hold` values from it (any of them non-finite: no level)
         has = ok & (h.size > 0) & (np.arange(values.size) + self.hold <= values.size)
-        bar = np.maximum(self.nats, self.sigmas * (MAD_TO_SIGMA * mad))
+        bar = np.maximum(self.nats, self.sigmas * spread)
         level = np.where(level_ok, level, np.nan)
         now = has & (values - med >= bar) & (level - med >= bar)
         # Flagged once per episode: where `now` starts, over the judged values in order.

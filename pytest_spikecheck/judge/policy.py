@@ -22,6 +22,7 @@ never "no spike". numpy only.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -45,6 +46,10 @@ _RL_KEYS = ("reward", "reward_std", "kl", "frac_reward_zero_std", "entropy", "cl
 _RL_PREFIXES = ("rewards/", "objective/", "logps/", "logits/", "policy/", "val/", "clip_ratio/")
 #: A surrogate loss: more than this share of the logged losses exactly 0, or any negative.
 _ZERO_LOSS_SHARE = 0.2
+#: An RL gradient norm is bimodal when its log10 splits (Otsu's threshold) into two groups this many
+#: decades apart at least (30x), the lower holding at least this share of the points.
+_DEGENERATE_DECADES = math.log10(30)
+_DEGENERATE_SHARE = 0.2
 
 
 def pick_metric(rec: Record, metric: str) -> str:
@@ -83,6 +88,49 @@ def _judged_series(rec: Record, name: str, excused: np.ndarray | None) -> tuple[
         return rec.series(name)
     keep = ~excused if name not in rec.missing else ~(excused | rec.missing[name])
     return np.asarray(rec.metrics["step"])[keep], np.asarray(rec.metrics[name], dtype=np.float64)[keep]
+
+
+def _split_decades(norms: np.ndarray) -> tuple[float, float, float] | None:
+    """(threshold, separation in decades, lower share) of Otsu's two-group split of log10(norms),
+    or None below 20 points."""
+    x = np.sort(np.log10(norms))
+    n = x.size
+    if n < 20:
+        return None
+    total = np.cumsum(x)
+    k = np.arange(1, n)
+    lower_mean = total[:-1] / k
+    upper_mean = (total[-1] - total[:-1]) / (n - k)
+    share = k / n
+    between = share * (1 - share) * (upper_mean - lower_mean) ** 2
+    best = int(np.argmax(between))
+    return float((x[best] + x[best + 1]) / 2), float(upper_mean[best] - lower_mean[best]), float(share[best])
+
+
+def degenerate_steps(rec: Record, steps: np.ndarray, norms: np.ndarray) -> tuple[np.ndarray, str]:
+    """The points of an RL run's gradient norm that are no level: steps where every group's rewards
+    were equal (a zero-std share of 1: zero advantage, only the KL or entropy term is left), or the
+    lower group of a bimodal norm (most steps ~0, the rest ~100x). (mask over the points, why)."""
+    mask = np.zeros(steps.size, dtype=bool)
+    reasons = []
+    for name in rec.metrics:
+        if "zero_std" in name.lower():
+            zs, share = rec.series(name)
+            degenerate_at = zs[np.isfinite(share) & (share >= 1 - 1e-9)]
+            hit = np.isin(steps, degenerate_at)
+            if hit.any():
+                mask |= hit
+                reasons.append(f"{name} = 1 at {int(hit.sum())}")
+    positive = np.isfinite(norms) & (norms > 0)
+    split = _split_decades(norms[positive & ~mask])
+    if split is not None:
+        threshold, decades, share = split
+        if decades >= _DEGENERATE_DECADES and share >= _DEGENERATE_SHARE:
+            low = positive & ~mask & (np.log10(np.where(positive, norms, 1.0)) < threshold)
+            mask |= low
+            reasons.append(f"{int(low.sum())} below {10 ** threshold:.3g}, the lower group of a bimodal norm "
+                           f"({decades:.1f} decades apart)")
+    return mask, "; ".join(reasons)
 
 
 def _role(metric: str) -> str:
@@ -137,6 +185,14 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
         if not explicit and kind_used == "rl" and _role(name) == "loss":
             entry.update(status="skipped", message="an RL/preference loss: loss rules step aside")
             continue
+        if not explicit and kind_used == "rl" and _role(name) == "grad_norm":
+            degenerate, why = degenerate_steps(rec, steps, values)
+            if degenerate.any():
+                # Zero-advantage steps collapse the baseline: the rule judges the others against each other.
+                steps, values = steps[~degenerate], values[~degenerate]
+                entry["degenerate"] = {"count": int(degenerate.sum()), "why": why}
+                notes.append(f"{name}: {int(degenerate.sum())} of {degenerate.size} points are degenerate RL steps "
+                             f"({why}): left out of the baseline and not judged")
         rules = explicit or [get_detector(d) for d in POLICY[_role(name)]]
         agreeing: dict[int, dict[str, Any]] = {}
         judged = 0

@@ -206,9 +206,12 @@ class Reader:
     folder: bool = False
 
 
-def read_text(path: Path, expected: str) -> str:
+def read_text(path: Path, expected: str, keep_carriage_returns: bool = False) -> str:
+    """The file's text (a BOM dropped). ``keep_carriage_returns``: a lone ``\r`` (tqdm redrawing a
+    bar) stays a ``\r`` instead of becoming a line break, so line numbers are the file's own."""
     try:
-        return path.read_text(encoding="utf-8-sig")
+        with open(path, encoding="utf-8-sig", newline="" if keep_carriage_returns else None) as f:
+            return f.read()
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text; expected {expected}") from None
 

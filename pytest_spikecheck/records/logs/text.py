@@ -26,7 +26,7 @@ from pytest_spikecheck.records.logs.base import Reader, Table, columns_of, line_
 DESCRIPTION = ("a training log printed to stdout (Megatron-LM, torchtitan, nanoGPT, llm.c, OLMo, HF Trainer dicts, "
                "Lightning progress bars, key=value or key: value lines)")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
-_TQDM = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # "| 10/4854 [00:16<2:14:42, ...": the bar's count
+_TQDM_PAIRS = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # "| 10/4854 [00:16<...": a bar's count and total
 
 _FP16_YES = re.compile(r"(?:\bfp16\b['\"]?\s*(?:\.{2,}|[:=])\s*['\"]?(?:true)\b|--fp16\b(?!\S*=\s*false)|"
                        r"mixed_precision\W{1,4}fp16\b|\bdtype\s*[:=]\s*['\"]?(?:torch\.)?float16\b|"
@@ -40,6 +40,10 @@ def detect(path: Path, head: bytes) -> bool:
     return b"\0" not in head  # any other text: the last format asked
 
 
+def _is_eval(name: str) -> bool:
+    return name.lower().startswith(("val", "eval", "test", "valid"))
+
+
 def fp16_of(text: str) -> bool | None:
     """True where the log's own arguments say fp16, False where they say bf16/fp32 and not
     fp16, None where they say nothing."""
@@ -49,16 +53,20 @@ def fp16_of(text: str) -> bool | None:
 
 
 def read(path: Path) -> Table:
-    text = _ANSI.sub("", read_text(path, DESCRIPTION))
+    text = _ANSI.sub("", read_text(path, DESCRIPTION, keep_carriage_returns=True))
     steps: list[int] = []
     rows: list[dict] = []
     lines: list[int] = []
     forms: Counter[str] = Counter()
     notes: list[str] = []
-    bar_count: int | None = None  # the last progress-bar count seen: an HF dict's step
+    bars: dict[int, int] = {}  # a progress bar's total -> its last count (a run draws its own and its evals')
+    last_train: int | None = None  # the step of the last HF training dict
     train_dicts = 0
     numbered = False
     block: int | None = None  # the row an OLMo step header opened: its indented lines belong to it
+    epoch_start: dict[int, int] = {}  # a Lightning epoch -> the step its first batch follows
+    epoch_batches: dict[int, int] = {}  # ... and the most batches its bar showed
+    shown: dict[str, float | None] = {}  # the values a Lightning bar showed last
 
     def add(step: int, values: dict, line: int, form: str) -> None:
         steps.append(step)
@@ -79,33 +87,45 @@ def read(path: Path) -> Table:
             if "{'" in segment:
                 dicts = text_forms.hf_dicts(segment)
                 if dicts:
-                    before = segment[:segment.index("{'")]
-                    counts = _TQDM.findall(before)
-                    bar_count = int(counts[-1][0]) if counts else bar_count
+                    for count, total in _TQDM_PAIRS.findall(segment[:segment.index("{'")]):
+                        bars[int(total)] = int(count)
                     for values in dicts:
                         if "train_runtime" in values:
                             continue  # the end-of-training summary: its train_loss is the mean over the run
                         step = values.pop("step", None)
-                        is_eval = all(k.startswith("eval_") or k == "epoch" for k in values)
-                        if step is None and bar_count is not None:
-                            step = bar_count
-                        elif step is None:
-                            numbered = True
-                            train_dicts += 0 if is_eval else 1
-                            step = max(train_dicts, 1)
+                        if all(k.startswith("eval_") or k == "epoch" for k in values):
+                            step = step if step is not None else (last_train or 0)  # an evaluation: at its training step
+                        else:
+                            train_dicts += 1
+                            if step is None and bars:
+                                # The training bar (the longest one) counts steps; tqdm redraws it at most ten
+                                # times a second, so its count can lag: never before the previous dict's step.
+                                count = bars[max(bars)]
+                                step = count if last_train is None or count > last_train else last_train + 1
+                            elif step is None:
+                                numbered = True
+                                step = train_dicts
+                            last_train = int(step)
                         add(int(step), values, n, "HF Trainer dict")
-                    after = _TQDM.findall(segment[segment.rindex("}"):])
-                    bar_count = int(after[-1][0]) if after else bar_count
+                    for count, total in _TQDM_PAIRS.findall(segment[segment.rindex("}"):]):
+                        bars[int(total)] = int(count)
                     continue
             if "Epoch" in segment:
                 bar = text_forms.lightning_bar(segment)
                 if bar is not None:
-                    epoch, batch, per_epoch, values = bar
-                    add(epoch * per_epoch + batch, {**values, "epoch": float(epoch)}, n, "Lightning progress bar")
+                    epoch, batch, values = bar
+                    if batch == 0:
+                        continue  # a bar reset to 0 (an epoch's start) shows the last epoch's values again
+                    if epoch not in epoch_start:  # a new epoch starts where the last one's bar ended
+                        epoch_start[epoch] = epoch_start[max(epoch_start)] + epoch_batches[max(epoch_start)] if epoch_start else 0
+                    epoch_batches[epoch] = max(epoch_batches.get(epoch, 0), batch)
+                    # The bar repeats a validation value until the next validation: kept where it changes.
+                    kept = {k: v for k, v in values.items() if not _is_eval(k) or shown.get(k) != v}
+                    shown.update(values)
+                    add(epoch_start[epoch] + batch, {**kept, "epoch": float(epoch)}, n, "Lightning progress bar")
                     continue
-            counts = _TQDM.findall(segment)
-            if counts:
-                bar_count = int(counts[-1][0])
+            for count, total in _TQDM_PAIRS.findall(segment):
+                bars[int(total)] = int(count)
             for form in text_forms.FORMS:
                 parsed = form.parse(segment)
                 if parsed is not None:
@@ -122,9 +142,13 @@ def read(path: Path) -> Table:
     if numbered:
         notes.append("the HF Trainer dicts carry no step and no progress bar counts them: numbered 1, 2, 3, ... "
                      "(each evaluation at the training dict before it)")
+    elif forms["HF Trainer dict"]:
+        notes.append("the HF Trainer dicts carry no step: each is read at the training progress bar's count before "
+                     "it (tqdm redraws at most ten times a second, so a step may read a little early), each "
+                     "evaluation at the training dict before it")
     if forms["Lightning progress bar"]:
-        notes.append("Lightning's progress bar counts batches within an epoch: steps read as "
-                     "epoch x batches per epoch + batch")
+        notes.append("Lightning's progress bar counts batches within an epoch: steps read as the batches of the "
+                     "epochs before plus the bar's count; a validation value the bar repeats is read where it changes")
     columns, _ = columns_of(rows)
     # A field that never held a number ("eta 1.06m", "memory: 30.1GiB(31.7%)") is no series.
     columns = {name: c for name, c in columns.items() if not c.missing.all()}

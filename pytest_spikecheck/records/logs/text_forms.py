@@ -49,9 +49,10 @@ def _pipe_fields(text: str) -> dict[str, float | None]:
     for part in text.split("|"):
         name, sep, value = part.rpartition(":")
         if not sep:
-            m = re.match(r"^\s*([A-Za-z][\w /().\-]*?)\s+(\S+)\s*$", part)  # "lr 1.00e-04", "norm 15.4 (+0.00z)"
+            # "norm 15.4 (+0.00z)" (llm.c's z-score after the value), "lr 1.00e-04"
+            m = re.match(r"^\s*([A-Za-z][\w /.\-]*?)\s+(\S+)\s+\([^)]*\)\s*$", part)
             if m is None:
-                m = re.match(r"^\s*([A-Za-z][\w /.\-]*?)\s+(\S+)\s+\([^)]*\)\s*$", part)
+                m = re.match(r"^\s*([A-Za-z][\w/.\-]*(?: [A-Za-z][\w/.\-]*)*)\s+(\S+)\s*$", part)
             if m is None:
                 continue
             name, value = m.group(1), m.group(2)
@@ -116,7 +117,6 @@ def _nanogpt(segment: str) -> Parsed | None:
 
 _LLMC = re.compile(rf"^\s*step\s+(\d+)/\d+\s*\|\s*(?:train )?loss\s+({_NUM})(.*)$", re.I)
 _LLMC_OLD = re.compile(rf"^\s*step (\d+): train loss ({_NUM})", re.I)
-_LLMC_VAL = re.compile(rf"^\s*val loss ({_NUM})\s*$", re.I)
 _LLMC_MAIN = re.compile(r"^\s*s:(\d+)\s+((?:\w+:\S+\s*)+)$")  # the -o main.log: "s:0 trl:11.0116 lr:0.000001 norm:14.96"
 _LLMC_MAIN_NAMES = {"trl": "loss", "tel": "eval_loss", "eval": "hellaswag_acc", "norm": "grad_norm"}
 
@@ -168,24 +168,23 @@ def hf_dicts(segment: str) -> list[dict[str, float | None]]:
 
 # -- Lightning's progress bar ----------------------------------------------------------------------
 
-_LIGHTNING = re.compile(r"Epoch (\d+):\s*\d+%\|[^|]*\|\s*(\d+)/(\d+)\s*\[[^\]]*?,\s*[\d.?]+\s*(?:it/s|s/it)?,?\s*(.*?)\]")
+_LIGHTNING = re.compile(r"Epoch (\d+):\s*(?:\d+%)?\|[^|]*\|\s*(\d+)/(\d+|\?)\s*\[[^\]]*?,\s*[\d.?]+\s*(?:it/s|s/it),?\s*(.*?)\]")
 
 
-def lightning_bar(segment: str) -> tuple[int, int, int, dict[str, float | None]] | None:
-    """(epoch, batch, batches per epoch, the bar's logged values) of a Lightning progress bar
-    that shows values (``train_loss=2.310``); None for other bars."""
+def lightning_bar(segment: str) -> tuple[int, int, dict[str, float | None]] | None:
+    """(epoch, batch within the epoch, the bar's logged values) of a Lightning TQDM progress bar
+    that shows values (``train_loss=2.310``); None for other bars (validation, sanity check)."""
     m = _LIGHTNING.search(segment)
     if m is None:
         return None
     values = {}
     for pair in m.group(4).split(","):
         name, sep, value = pair.partition("=")
-        if sep and name.strip():
+        if sep and name.strip() and name.strip() != "v_num":
             values[name.strip()] = number(value)
-    values = {k: v for k, v in values.items() if k != "v_num"}
     if not any(v is not None for v in values.values()):
         return None
-    return int(m.group(1)), int(m.group(2)), int(m.group(3)), values
+    return int(m.group(1)), int(m.group(2)), values
 
 
 # -- OLMo's step blocks --------------------------------------------------------------------------
