@@ -132,3 +132,23 @@ def test_sabotage_a_window_one_step_too_long_is_caught(monkeypatch):
     assert new.detect(steps, values) == []
     with pytest.raises(AssertionError):
         assert_same_judgement(new, old, steps, values)
+
+
+def test_rules_sharing_their_histories_in_a_judgement_flag_what_each_flags_alone():
+    # judge_log runs the loss rules in one rolling.sharing() block; the shared histories must not
+    # change any rule's verdict (loss-sustained rewrites its early points from loss-jump's).
+    from pytest_spikecheck.judge.policy import POLICY, judge_log
+
+    for label, (steps, values) in CORPUS[:40]:
+        if ":loss" not in label:
+            continue
+        record = detectors_record(steps, values)
+        entry = next(s for s in judge_log(record, kind="sft")["series"] if s["metric"] == "loss")
+        alone = {d.step for name in POLICY["loss"] for d in detectors.get_detector(name).detect(steps, values)}
+        assert {h["step"] for h in entry["spikes"]} == alone, label
+
+
+def detectors_record(steps, values):
+    from pytest_spikecheck.records import Record
+
+    return Record({"step": steps, "loss": values}, None, "corpus", log_format="jsonl")

@@ -454,22 +454,26 @@ class SustainedLoss(Detector):
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        h = rolling.histories(steps, values, self.window, self.history_points)
+        h = rolling.histories(steps, values, self.window, self.history_points)  # loss-jump's, at its defaults
         before = h.stop  # finite values before each point
         # Early in the log (no usual history yet): every earlier finite value, if there are enough.
         early = (h.size == 0) & (before >= self.min_history) & (before > 0)
-        h = rolling.Histories(h.finite, np.where(early, 0, h.start), h.stop)
         med, mad = rolling.median_and_spread(h)
         spread = MAD_TO_SIGMA * mad
+        if early.any() and self.early == "median":
+            at = rolling.Histories(h.finite, np.where(early, 0, before), before)  # only the early points' histories
+            early_med, early_mad = rolling.median_and_spread(at)
+            med, spread = np.where(early, early_med, med), np.where(early, MAD_TO_SIGMA * early_mad, spread)
         if self.early == "lowest":
             noise = log_noise(values)
             spread = np.where(early, noise, np.maximum(spread, noise))  # never below the log's own noise
             if early.any():
                 lowest = np.minimum.accumulate(h.finite)
                 med = np.where(early, lowest[np.maximum(before - 1, 0)], med)
+        sizes = np.where(early, before, h.size)
         level, level_ok = rolling.forward_median(values, self.hold)
         # judged: a finite value with a history and `hold` values from it (any of them non-finite: no level)
-        has = ok & (h.size > 0) & (np.arange(values.size) + self.hold <= values.size)
+        has = ok & (sizes > 0) & (np.arange(values.size) + self.hold <= values.size)
         bar = np.maximum(self.nats, self.sigmas * spread)
         level = np.where(level_ok, level, np.nan)
         now = has & (values - med >= bar) & (level - med >= bar)

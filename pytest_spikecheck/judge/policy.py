@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
+from pytest_spikecheck.judge import rolling
 from pytest_spikecheck.judge.analysis import spike_ratio, value_at
 from pytest_spikecheck.judge.detectors import Detector, get_detector, log_interval
 from pytest_spikecheck.judge.finiteness import judge_finite
@@ -196,8 +197,10 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
         rules = explicit or [get_detector(d) for d in POLICY[_role(name)]]
         agreeing: dict[int, dict[str, Any]] = {}
         judged = 0
-        for rule in rules:
-            verdict = rule.judge(steps, values)
+        steps, values = np.ascontiguousarray(steps, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64)
+        with rolling.sharing():  # the loss rules share the loss's histories
+            verdicts = [rule.judge(steps, values) for rule in rules]
+        for rule, verdict in zip(rules, verdicts):
             judged = max(judged, verdict.judged)
             entry["rules"].append({"name": rule.name, "rule": rule.describe(), "judged": verdict.judged,
                                    "needs": verdict.needs, "flags": len(verdict.detections)})

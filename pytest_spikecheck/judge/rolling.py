@@ -15,13 +15,42 @@ values), so every comparison against them gives the same answer.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 from dataclasses import dataclass
+from typing import Any, Iterator
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 _BLOCK_ELEMENTS = 4_000_000  # window elements sorted per block: ~32 MB of float64
+_shared: dict[tuple, Any] | None = None  # results computed within one sharing() block, by their inputs
+
+
+@contextlib.contextmanager
+def sharing() -> Iterator[None]:
+    """Within the block, histories and their medians computed for the same arrays and window are
+    computed once (the loss rules of one judgement share the loss's 50-step histories). The arrays
+    are the caller's and stay alive and unchanged for the block; outside it nothing is kept."""
+    global _shared
+    outer, _shared = _shared, {}
+    try:
+        yield
+    finally:
+        _shared = outer
+
+
+def _where(a: np.ndarray) -> tuple:
+    """The memory an array's values sit in (views of one buffer alike; the block keeps it alive)."""
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str
+
+
+def _remembered(key: tuple, compute):
+    if _shared is None:
+        return compute()
+    if key not in _shared:
+        _shared[key] = compute()
+    return _shared[key]
 
 
 @dataclass(frozen=True)
@@ -42,6 +71,14 @@ def histories(steps: np.ndarray, values: np.ndarray, window: int, min_points: in
               usable: np.ndarray | None = None) -> Histories:
     """The history of every point, by the rule of ``baseline_history`` (``steps`` ascend),
     drawn from the finite values (or from the values where ``usable``, e.g. the positive ones)."""
+    if usable is None:  # (a usable mask is the caller's own array: not shared)
+        return _remembered(("histories", _where(steps), _where(values), window, min_points),
+                           lambda: _histories(steps, values, window, min_points, None))
+    return _histories(steps, values, window, min_points, usable)
+
+
+def _histories(steps: np.ndarray, values: np.ndarray, window: int, min_points: int,
+               usable: np.ndarray | None) -> Histories:
     mask = np.isfinite(values) if usable is None else usable
     pool, pool_steps = values[mask], steps[mask]
     before = np.concatenate([[0], np.cumsum(mask)[:-1]]).astype(np.int64)  # pool values before each point
@@ -78,7 +115,12 @@ def _windows_median(values: np.ndarray, starts: np.ndarray, k: int, center: np.n
 
 def median_and_spread(h: Histories, spread: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Per point: the median of its history and the median absolute deviation from it (NaN
-    where the history is empty). The MAD is ``median(|history - median|)`` (unscaled)."""
+    where the history is empty). The MAD is ``median(|history - median|)`` (unscaled). Within
+    :func:`sharing`, the arrays returned may be shared: do not change them in place."""
+    return _remembered(("median_and_spread", id(h), spread), lambda: _median_and_spread(h, spread))
+
+
+def _median_and_spread(h: Histories, spread: bool) -> tuple[np.ndarray, np.ndarray]:
     n = h.start.size
     med = np.full(n, np.nan)
     mad = np.full(n, np.nan)

@@ -120,35 +120,29 @@ def columns_of(rows: Sequence[Mapping[str, Any]], offset: int = 0) -> tuple[dict
     """Columns of a list of row dicts (JSONL objects, CSV rows), a key absent from a row
     being missing there; and the rows whose ``skipped`` cell says the step was skipped
     (a reason such as "overflow", or a true value), by row number from ``offset``."""
-    names = _keys(rows)
+    cells = _cells(rows)
     skipped: dict[int, str] = {}
-    if SKIP_COLUMN in names:
-        del names[SKIP_COLUMN]
-        for i, r in enumerate(rows):
-            cell = r.get(SKIP_COLUMN)
-            if cell is None or cell is False or str(cell).strip().lower() in _NOT_SKIPPED:
-                continue
-            skipped[offset + i] = (cell.strip() if isinstance(cell, str) and to_number(cell) is TEXT
-                                   and cell.strip().lower() != "true" else "skipped (the log's skip column)")
-    return {name: Column.of(_cells(rows, name), offset) for name in names}, skipped
+    for i, cell in enumerate(cells.pop(SKIP_COLUMN, ())):
+        if cell is None or cell is False or str(cell).strip().lower() in _NOT_SKIPPED:
+            continue
+        skipped[offset + i] = (cell.strip() if isinstance(cell, str) and to_number(cell) is TEXT
+                               and cell.strip().lower() != "true" else "skipped (the log's skip column)")
+    return {name: Column.of(raw, offset) for name, raw in cells.items()}, skipped
 
 
-def _keys(rows: Sequence[Mapping[str, Any]]) -> dict[str, None]:
-    """Every key of the rows, first seen first. Most logs write the same keys on every row:
-    comparing each row's key view with the first's (at C speed) then settles it."""
+def _cells(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """Every key's cells, first seen first. Most logs write the same keys on every row: when each
+    row holds as many keys as the first and all of the first's, the columns are read at C speed."""
     if not rows:
         return {}
-    first = rows[0].keys()
-    if all(map(first.__eq__, map(dict.keys, rows))):
-        return dict.fromkeys(first)
-    return dict.fromkeys(itertools.chain.from_iterable(rows))
-
-
-def _cells(rows: Sequence[Mapping[str, Any]], name: str) -> list[Any]:
-    try:
-        return list(map(operator.itemgetter(name), rows))  # every row has it: no Python loop
-    except KeyError:
-        return [r.get(name) for r in rows]
+    first = list(rows[0])
+    if sum(map(len, rows)) == len(rows) * len(first):
+        try:
+            return {name: list(map(operator.itemgetter(name), rows)) for name in first}
+        except KeyError:
+            pass  # a row lacks one of the first row's keys (and has another): the slow way
+    names = dict.fromkeys(itertools.chain.from_iterable(rows))
+    return {name: [r.get(name) for r in rows] for name in names}
 
 
 @dataclass
