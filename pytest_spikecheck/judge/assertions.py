@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, column, first_nonfinite, largest_spike,
-    recovery_steps, spike_ratio, value_at,
+    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, column, largest_spike, recovery_steps, spike_ratio,
 )
 from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.judge.detectors import get_detector
+from pytest_spikecheck.judge.finiteness import Finiteness, judge_finite
 from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
@@ -170,7 +170,7 @@ def _neighbour_hint(rec: Record, at: int | None, min_ratio: float, metric: str, 
 
 
 def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, strict: bool = False,
-                    kind: str | None = None, **params: Any) -> None:
+                    kind: str | None = None, strict_finite: bool = False, **params: Any) -> None:
     """Assert that ``detector`` (a name from :mod:`pytest_spikecheck.judge.detectors` or an
     instance; ``params`` configure it; default ``ratio``) flags no step of ``metric``
     (default: the pre-clip grad norm, else the loss).
@@ -178,12 +178,13 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
     On a training log (a path, or a record read from one) with neither ``detector`` nor
     ``metric`` given, this is ``spikecheck check``'s judgement: the default policy on the
     pre-clip grad norm and the loss, and no non-finite value in any column (``kind`` as
-    ``--kind``). With ``strict``, as ``--strict``, a series too short to be judged fails too.
+    ``--kind``). With ``strict``, as ``--strict``, a series too short to be judged fails too;
+    ``strict_finite``, as ``--strict-finite``, fails every non-finite value.
     """
     __tracebackhide__ = True
     rec = as_record(run)
     if rec.log_format is not None and detector is None and metric is None and not params:
-        report = judge_log(rec, kind=kind)
+        report = judge_log(rec, kind=kind, strict_finite=strict_finite)
         failure = _log_policy_failure(rec, report)
         if failure is not None:
             _fail(failure[0], rec, failure[1], failure[2])
@@ -282,7 +283,9 @@ def assert_diverges(run: Any, within: int | None = None, at: int | None = None) 
     the event, if given). Returns the first non-finite step."""
     __tracebackhide__ = True
     rec = as_record(run)
-    first = first_nonfinite(rec.metrics, [k for k in ("loss", "grad_norm_pre", "grad_norm") if k in rec.metrics], rec.missing)
+    # A skipped step's non-finite gradient norm is no divergence: the update was not applied.
+    failure = judge_finite(rec, [k for k in ("loss", "grad_norm_pre", "grad_norm") if k in rec.metrics]).first_failure
+    first = None if failure is None else (failure.first_step, failure.metric)
     metric = "loss" if "loss" in rec.metrics else next(iter(k for k in rec.metrics if k != "step"), "loss")
     if first is None:
         _fail("expected the run to diverge (a NaN or inf loss or gradient norm), but every value is finite",
@@ -295,21 +298,26 @@ def assert_diverges(run: Any, within: int | None = None, at: int | None = None) 
     return first[0]
 
 
-def assert_finite(run: Any) -> None:
-    """Assert every recorded loss and gradient norm is finite; a failure names the first bad
-    step and, for engine runs, the module where the first non-finite tensor appeared."""
+def assert_finite(run: Any, strict: bool = False) -> Finiteness:
+    """Assert every recorded value is finite, except what the finiteness decisions excuse
+    (:mod:`pytest_spikecheck.judge.finiteness`: the gradient norm of a step the optimizer
+    skipped, never its loss). ``strict=True`` excuses nothing (``--strict-finite``). A failure
+    names the first bad step and, for engine runs, the module where the first non-finite
+    tensor appeared. Returns the decisions (``.skipped_steps``, ``.excused_groups()``)."""
     __tracebackhide__ = True
     rec = as_record(run)
-    names = [k for k in rec.metrics if k != "step"]
-    first = first_nonfinite(rec.metrics, names, rec.missing)
+    finite = judge_finite(rec, strict=strict)
+    first = finite.first_failure
     if first is not None:
-        step, name = first
+        step, name = first.first_step, first.metric
         where = ""
         if rec.run is not None and rec.run.meta.get("first_nonfinite"):
             info = rec.run.meta["first_nonfinite"]
             where = f"; first non-finite tensor: {info.get('tensor', '?')} in {info.get('module', '?')} at step {info.get('step', step)}"
-        _fail(f"non-finite {name} at step {step} ({fmt(value_at(rec.metrics, name, step))}){where}",
+        excused = "".join(f"\n(excused: {g.text()})" for g in finite.excused_groups())
+        _fail(f"non-finite {name} at step {step} ({fmt(first.first_value)}){where}{excused}",
               rec, step, name, diagnose_step=False)
+    return finite
 
 
 def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float = 0.1) -> None:

@@ -8,7 +8,9 @@ the measurements are in ``docs/detectors.md``):
   next points keep);
 - **gradient norm** (robust ratio): ``grad-ratio`` (10x the recent median and 2.5 robust σ
   above it in log space, against a baseline never below half the run's long-run median);
-- **non-finite values** in any column.
+- **non-finite values**: decided per value by :mod:`pytest_spikecheck.judge.finiteness` (the
+  gradient norm of a skipped step is excused and counted; ``strict_finite`` fails every
+  non-finite value in any column).
 
 The series checked are the pre-clip gradient norm (``grad_norm`` in other tools' logs) and
 the loss, those the log has. On an RL or preference log (:func:`detect_kind`) the loss is a
@@ -25,8 +27,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
-from pytest_spikecheck.judge.analysis import first_nonfinite, spike_ratio, value_at
+from pytest_spikecheck.judge.analysis import spike_ratio, value_at
 from pytest_spikecheck.judge.detectors import Detector, get_detector, log_interval
+from pytest_spikecheck.judge.finiteness import judge_finite
 from pytest_spikecheck.judge.text import sparkline
 from pytest_spikecheck.records import Record
 
@@ -74,18 +77,29 @@ def detect_kind(rec: Record) -> tuple[str | None, str]:
     return None, ""
 
 
+def _judged_series(rec: Record, name: str, excused: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of ``name`` where logged, less the values the finiteness decisions excused."""
+    if excused is None:
+        return rec.series(name)
+    keep = ~excused if name not in rec.missing else ~(excused | rec.missing[name])
+    return np.asarray(rec.metrics["step"])[keep], np.asarray(rec.metrics[name], dtype=np.float64)[keep]
+
+
 def _role(metric: str) -> str:
     return "loss" if "loss" in metric else "grad_norm"
 
 
 def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Sequence[str] = (),
-              kind: str | None = None) -> dict:
+              kind: str | None = None, strict_finite: bool = False) -> dict:
     """The judgement of a record, as plain data (``spikecheck check --json`` prints it).
 
     ``detectors`` (names) replace the default policy and run on every series; ``metrics``
     replace the default series; ``kind`` overrides the RL recognition. ``ok`` is False for a
-    spike or a non-finite value in any column; ``judged`` is False when no series could be
-    judged, and ``not_judged`` names the series that could not.
+    spike or a non-finite value that fails the run (:func:`~.finiteness.judge_finite`; with
+    ``strict_finite``, any non-finite value in any column); ``judged`` is False when no series
+    could be judged, and ``not_judged`` names the series that could not. A value the
+    finiteness decisions excuse (a skipped step's gradient norm) is left out of the series
+    the rules judge: it is neither a level nor a spike.
     """
     if kind is not None and kind not in KINDS:
         raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -110,9 +124,13 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
     if kind is None and found_kind == "rl":
         notes.append(f"{why}: its loss is no likelihood, so the loss rules step aside; "
                      f"the gradient-norm rule still runs (--kind sft to judge the loss anyway)")
+    finite = judge_finite(rec, strict=strict_finite)
+    if finite.skipped_steps:
+        notes.append(f"{finite.skipped_steps} step{'s' if finite.skipped_steps != 1 else ''} skipped by the "
+                     f"optimizer (the log says so or the reader inferred it): their gradient norms are not judged")
     series = []
     for name in names:
-        steps, values = rec.series(name)
+        steps, values = _judged_series(rec, name, finite.excused.get(name))
         entry: dict[str, Any] = {"metric": name, "logged": int(steps.size), "interval": log_interval(steps),
                                  "sparkline": sparkline(values), "spikes": [], "rules": []}
         series.append(entry)
@@ -143,7 +161,7 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
             needs = "; ".join(f"{r['name']} {r['needs']}" for r in entry["rules"])
             entry.update(status="not judged", message=f"not judged: {steps.size} point{'s' if steps.size != 1 else ''}"
                                                       f"{every}, needs {needs}")
-    first = first_nonfinite(rec.metrics, [k for k in rec.metrics if k != "step"], rec.missing)
+    first = finite.first_failure
     steps = rec.metrics["step"]
     if steps.size == 1:
         notes.append("a single logged entry: nothing to compare it with")
@@ -153,8 +171,9 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
         "policy": "default" if not explicit else "named detectors",
         "detectors": sorted({r["name"] for s in series for r in s["rules"]}),
         "series": series,
-        "nonfinite": None if first is None else {"step": first[0], "metric": first[1],
-                                                 "value": value_at(rec.metrics, first[1], first[0])},
+        "nonfinite": None if first is None else {"step": first.first_step, "metric": first.metric,
+                                                 "value": first.first_value},
+        "finite": finite.as_dict(),
         "judged": any(s["status"] == "judged" for s in series),
         "not_judged": [s["metric"] for s in series if s["status"] == "not judged"],
         "ok": not any(s["spikes"] for s in series) and first is None,
