@@ -147,13 +147,13 @@ class _TeacherForced(FlatShard):
         self.single_process_norms: list[float] = []
         self.shard_norms: list[tuple[float, float]] = []
 
-    def forward_backward(self, model, x, y):
+    def forward_backward(self, model, x, y, rows_backward):
         if self.is_recorder:
             self.flat_grads.zero_()
             _, loss = model(x, y)
             loss.backward()
             self.single_process_norms.append(float(clip_grads_(self.params, math.inf, backend="torch").total_norm))
-        return super().forward_backward(model, x, y)
+        return super().forward_backward(model, x, y, rows_backward)
 
     def clip(self, max_norm, *, backend, mode):
         def shard_norm() -> float:

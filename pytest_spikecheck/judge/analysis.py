@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -25,6 +25,19 @@ RECOVERY_HORIZON = 50
 #: A post-clip norm is "contained" when at most max_norm·(1 + CLIP_RTOL): float32 rounding of a
 #: norm scaled to exactly max_norm lands a few ulps either side.
 CLIP_RTOL = 1e-5
+#: torch's clip coefficient is max_norm / (norm + 1e-6) (ours too): a clipped gradient ends up to
+#: 1e-6 below max_norm, which a tiny max_norm makes a large relative shortfall. Not over-clipping.
+CLIP_EPS = 1e-6
+
+
+def overclipped(pre: Any, post: Any, limit: Any, rtol: float = CLIP_RTOL) -> np.ndarray:
+    """Where a clip scaled too far: the post-clip norm below min(pre-clip, limit)·(1 − rtol) −
+    CLIP_EPS, with both norms finite. A correct clip leaves min(pre, limit) (the gradient
+    untouched, or scaled to the limit); a clip of loss-scaled gradients leaves 1/scale of it."""
+    pre, post = np.asarray(pre, dtype=np.float64), np.asarray(post, dtype=np.float64)
+    expected = np.minimum(pre, np.asarray(limit, dtype=np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.isfinite(pre) & np.isfinite(post) & (post < expected * (1 - rtol) - CLIP_EPS)
 
 #: Means, medians, differences and ratios of values near float64's limit overflow; inf is then
 #: the honest result (a ratio too large to represent is still a spike), so numpy need not warn

@@ -6,7 +6,10 @@ a folder that other tools can read::
     config.yaml      the resolved scenario (breaks folded in; their names are in run.json)
     metrics.jsonl    one JSON object per step: step, loss, grad_norm_pre, grad_norm_post,
                      clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm, and
-                     the model's stats where it reports them (MODEL_STAT_KEYS)
+                     the model's stats where it reports them (MODEL_STAT_KEYS), the set-up's
+                     columns where it has them (SETUP_KEYS: loss_scale, clip_limit), and in a
+                     run that skipped updates ``skipped``: why (``"overflow"``, ``"skip_spikes"``)
+                     or null
     batches.jsonl    one JSON object per step: the batch's samples, sources, rare counts
     events.json      detail at burst steps and detected spikes: per-token losses with token
                      strings, per-tensor grad norms, Adam update statistics
@@ -34,6 +37,11 @@ METRIC_KEYS = ("step", "loss", "grad_norm_pre", "grad_norm_post", "clip_factor",
 #: |attention logit| over the layers, the mean and largest |log Z| of the output logits (over
 #: the batch's targets), and the z-loss term. Absent for a model without it.
 MODEL_STAT_KEYS = ("attn_logit_max", "logz_mean", "logz_absmax", "z_loss")
+#: Columns of the training set-up, present where it has them: the loss scale of a run with loss
+#: scaling (the scale this step's backward used), the limit an adaptive clip applied at each step.
+SETUP_KEYS = ("loss_scale", "clip_limit")
+#: The per-step column that says why a step's update was not applied (null where it was).
+SKIPPED_KEY = "skipped"
 
 
 @dataclass
@@ -43,6 +51,9 @@ class Run:
     batches: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: step -> why its update was not applied (``"overflow"``: the loss scaler found an inf/NaN;
+    #: ``"skip_spikes"``: SkipSpikes); what :attr:`Record.skipped` reads.
+    skipped: dict[int, str] = field(default_factory=dict)
 
     def __repr__(self) -> str:  # the dataclass repr would print every batch and event
         stopped = f", stopped at step {self.meta['stopped_at']} ({self.meta.get('stop_reason')})" if self.stopped_early else ""
@@ -113,7 +124,9 @@ class Run:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        cols = [k for k in METRIC_KEYS + MODEL_STAT_KEYS if k in self.metrics]
+        cols = [k for k in METRIC_KEYS + MODEL_STAT_KEYS + SETUP_KEYS if k in self.metrics]
+        # A run that skipped a step, or could (it scales its loss), says so at every step.
+        with_skipped = bool(self.skipped) or "loss_scale" in self.metrics
         rows = []
         for i in range(len(self)):
             row: dict[str, Any] = {}
@@ -125,6 +138,8 @@ class Run:
                     row[k] = None  # not logged (not evaluated) at this step; a real NaN stays NaN
                 else:
                     row[k] = float(v)
+            if with_skipped:
+                row[SKIPPED_KEY] = self.skipped.get(row["step"])
             rows.append(row)
         return rows
 
@@ -139,7 +154,8 @@ class Run:
         batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
         events = json.loads((src / "events.json").read_text()) if (src / "events.json").is_file() else []
         meta = json.loads((src / "run.json").read_text()) if (src / "run.json").is_file() else {}
-        return cls(scenario=scenario, metrics=MetricColumns(metrics, missing), batches=batches, events=events, meta=meta)
+        return cls(scenario=scenario, metrics=MetricColumns(metrics, missing), batches=batches, events=events, meta=meta,
+                   skipped=_read_skipped(src / "metrics.jsonl"))
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -152,6 +168,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
     return out
+
+
+def _read_skipped(path: Path) -> dict[int, str]:
+    """The ``skipped`` column of a metrics.jsonl (text, so not among the metric columns)."""
+    with open(path) as f:
+        first = f.readline()
+        if f'"{SKIPPED_KEY}"' not in first:
+            return {}
+        f.seek(0)
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {int(r["step"]): str(r[SKIPPED_KEY]) for r in rows if r.get(SKIPPED_KEY)}
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, Any]:
