@@ -106,7 +106,7 @@ def test_inject_burst_plans_the_burst_and_holds_its_samples_out():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"samples": [10_000]}, "sample index 10000 is outside the dataset"),
-    ({"samples": [1, 2], "count": 3}, "count <= min(len(samples), batch_size)"),
+    ({"samples": [1, 2], "count": 3}, "count <= min(len(samples), batch_size × accumulation)"),
     ({"samples": [1], "at_step": 99}, "1 <= at_step <= steps"),
 ])
 def test_inject_burst_rejects_bad_input_in_one_line(kwargs, message):

@@ -175,20 +175,22 @@ class EventSummary:
     loss_jump: float
     recovery: int | None
     post_clip_at_step: float | None  # None: the record has no post-clip norm at that step
-    final_eval: float
+    final_eval: float  # NaN when nothing was evaluated (never the train loss in its place)
+    evaluated: bool = True  # the record has eval losses (the jump and recovery are then the eval loss's)
 
     @classmethod
     def measure(cls, metrics: Metrics, step: int | None) -> "EventSummary":
         if step is None:
             step, _ = largest_spike(metrics)
-        if step is None:
-            return cls(None, math.nan, math.nan, None, None, final_value(metrics))
         has_eval = "eval_loss" in metrics and np.isfinite(np.asarray(metrics["eval_loss"], dtype=float)).any()
+        final = final_value(metrics) if has_eval else math.nan
+        if step is None:
+            return cls(None, math.nan, math.nan, None, None, final, has_eval)
         return cls(
             step=step,
             ratio=spike_ratio(metrics, step),
             loss_jump=loss_jump(metrics, step) if has_eval else loss_jump(metrics, step, name="loss"),
             recovery=recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss"),
             post_clip_at_step=value_at(metrics, "grad_norm_post", step) if "grad_norm_post" in metrics else None,
-            final_eval=final_value(metrics) if has_eval else final_value(metrics, "loss", last=20),
+            final_eval=final, evaluated=has_eval,
         )
