@@ -12,8 +12,9 @@ optimizer step, on the accumulated gradient, the loss scale divided out. The pos
 measured when the optimizer's step returns, on what it consumed (not at all when it was
 skipped: that step is ``skipped: overflow``); loss, logits and labels come from a forward hook
 on the model (training mode only), and the row is closed in ``on_step_end``. The step's loss is
-the token-weighted mean over its micro-batches (the model's own loss is already that sum when
-the Trainer passes ``num_items_in_batch``).
+the one the Trainer backpropagated: with ``num_items_in_batch`` (models that take loss kwargs,
+GPT-2 and Llama in 5.24 do) the token-weighted mean over the step's micro-batches, else the
+mean of their means.
 
 The Trainer's own logged ``grad_norm`` is the **pre-clip** norm of the accumulated, unscaled
 gradient (``clip_grad_norm_`` returns the norm before clipping; measured equal to ours within
@@ -33,7 +34,6 @@ from transformers import TrainerCallback
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.integrations.burst import BurstStream
-from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.integrations.recorder import Recorder, SampleCatalog
 
 #: The Trainer's hooks this callback needs (older versions lack on_pre_optimizer_step).
@@ -69,8 +69,10 @@ class SpikecheckCallback(TrainerCallback):
         scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16 on a GPU), else None
         max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
         requested = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
-        facts = {"trainer_version": f"transformers {transformers.__version__}",
-                 "precision": f"{requested} (TrainingArguments)" + (", GradScaler" if scaler is not None else ""),
+        precision = f"{requested} (TrainingArguments)" + (", GradScaler" if scaler is not None else "")
+        if args.fp16 and scaler is None:  # accelerate sets up fp16 AMP only on accelerators (measured: fp32 on a CPU)
+            precision += ", but accelerate set up no GradScaler (on a CPU it trains in float32)"
+        facts = {"trainer_version": f"transformers {transformers.__version__}", "precision": precision,
                  "lr": args.learning_rate, "micro_batch_size": args.per_device_train_batch_size,
                  "batch_size": args.per_device_train_batch_size * accumulation * max(args.world_size, 1),
                  "max_steps": args.max_steps, "output_dir": str(args.output_dir)}
@@ -93,7 +95,6 @@ class SpikecheckCallback(TrainerCallback):
         # a causal LM predicts labels[t + 1] at position t (the model shifts them)
         targets = labels[:, 1:] if labels is not None else None
         self._micro.append({"loss": getattr(output, "loss", None), "summed": "num_items_in_batch" in kwargs,
-                            "tokens": int((targets != IGNORE_INDEX).sum()) if targets is not None else 0,
                             "logits": logits[:, :-1].detach() if logits is not None else None, "targets": targets})
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -128,13 +129,12 @@ class SpikecheckCallback(TrainerCallback):
 
 
 def _step_loss(parts: list[dict[str, Any]]) -> float:
-    """The optimizer step's loss from its micro-batches' forwards: their sum when the model
-    already divided each by the step's token count (``num_items_in_batch``), else the
-    token-weighted mean of their means (NaN when a forward gave no loss)."""
+    """The loss the Trainer backpropagated for the optimizer step, from its micro-batches'
+    forwards: their sum when the model divided each by the step's target count
+    (``num_items_in_batch``: the token-weighted mean over the step's batch), else their mean
+    (the Trainer divides each by ``gradient_accumulation_steps``: the mean of the micro-batch
+    means). NaN when a forward gave no loss."""
     if not parts or any(m["loss"] is None for m in parts):
         return math.nan
     losses = [float(m["loss"].detach()) for m in parts]
-    if all(m["summed"] for m in parts):
-        return sum(losses)
-    tokens = [m["tokens"] for m in parts]
-    return sum(v * n for v, n in zip(losses, tokens)) / sum(tokens) if sum(tokens) else sum(losses) / len(losses)
+    return sum(losses) if all(m["summed"] for m in parts) else sum(losses) / len(losses)

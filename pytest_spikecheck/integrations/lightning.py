@@ -10,8 +10,10 @@ step's closure. So the pre-clip norms and Adam's state are read in
 ``on_before_optimizer_step``, the post-clip norm when the optimizer's step returns (on the very
 gradients it consumed), and the row is closed at the ``on_train_batch_end`` of the micro-batch
 that stepped. The loss Lightning hands that hook is the micro-batch's loss divided by
-``accumulate_grad_batches``; the recorded loss is the token-weighted mean of the micro-batches'
-own losses.
+``accumulate_grad_batches``; the recorded loss is their sum, the loss Lightning backpropagated:
+the mean of the micro-batch means (where micro-batches hold different numbers of target
+tokens, not the token-weighted mean over the step's batch, and its gradient differs from
+accumulation 1's: ``assert_accumulation_invariant`` shows by how much).
 
 Lightning logs no gradient norm itself; its ``lightning.pytorch.utilities.grad_norm``, called
 in ``on_before_optimizer_step`` as its docs show, sees the **pre-clip**, accumulated gradients.
@@ -36,7 +38,6 @@ from lightning.pytorch.callbacks import Callback
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.integrations.burst import BurstStream
 from pytest_spikecheck.integrations.recorder import Recorder, SampleCatalog
-from pytest_spikecheck.models.config import IGNORE_INDEX
 
 
 class SpikecheckCallback(Callback):
@@ -50,7 +51,6 @@ class SpikecheckCallback(Callback):
         self.options = recorder_options
         self.recorder: Recorder | None = None
         self._micro: list[dict[str, Any]] = []  # what training_step returned for each micro-batch of the step
-        self._accumulation = 1
 
     def on_train_start(self, trainer, pl_module) -> None:
         accumulation = trainer.accumulate_grad_batches
@@ -77,7 +77,6 @@ class SpikecheckCallback(Callback):
                  "batch_size": batch_size * accumulation if batch_size is not None else None,
                  "lr": float(optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"])),
                  "max_steps": trainer.max_steps}
-        self._accumulation = accumulation
         self.recorder = Recorder(pl_module, optimizer, max_norm=max_norm, catalog=self.catalog,
                                  stream=self.stream, name=self.name, trainer="lightning", accumulation=accumulation,
                                  scaler=scaler, seed=int(seed) if seed is not None else None, facts=facts,
@@ -97,7 +96,7 @@ class SpikecheckCallback(Callback):
         targets = [m.get("targets") for m in parts]
         if any(v is None for v in logits + targets):
             logits = targets = None
-        self.recorder.step(loss=_step_loss(parts, self._accumulation), logits=logits, targets=targets)
+        self.recorder.step(loss=_step_loss(parts), logits=logits, targets=targets)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = trainer.callback_metrics.get("val_loss")
@@ -114,16 +113,12 @@ class SpikecheckCallback(Callback):
         return self.recorder.run()
 
 
-def _step_loss(parts: list[dict[str, Any]], accumulation: int) -> float:
-    """The optimizer step's loss: the token-weighted mean of its micro-batches' losses (Lightning
-    hands each micro-batch's loss divided by ``accumulate_grad_batches``: multiplied back)."""
+def _step_loss(parts: list[dict[str, Any]]) -> float:
+    """The loss Lightning backpropagated for the optimizer step: the sum of what it hands
+    ``on_train_batch_end`` for each micro-batch (each micro-batch's mean loss divided by
+    ``accumulate_grad_batches``): the mean of the micro-batch means, not the token-weighted mean
+    over the step's batch where the micro-batches hold different numbers of tokens."""
     losses = [m.get("loss") for m in parts]
     if not losses or any(v is None for v in losses):
         return math.nan
-    values = [float(v.detach()) * accumulation if hasattr(v, "detach") else float(v) * accumulation for v in losses]
-    targets = [m.get("targets") for m in parts]
-    if all(t is not None for t in targets):
-        tokens = [int((t != IGNORE_INDEX).sum()) for t in targets]
-        if sum(tokens):
-            return sum(v * n for v, n in zip(values, tokens)) / sum(tokens)
-    return sum(values) / len(values)
+    return sum(float(v.detach()) if hasattr(v, "detach") else float(v) for v in losses)

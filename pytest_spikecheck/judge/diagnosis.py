@@ -211,7 +211,11 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         clip_text += f"; ABOVE max_norm {limit:g}"
     skip_text = _skip_text(rec, step)
     d.facts.update(skipped=rec.skipped.get(step))
-    if skip_text:
+    overflow = str(rec.skipped.get(step, "")).startswith("overflow")
+    if overflow:  # the norm measures the overflow, not the data: nothing was clipped, nothing applied
+        pre_text = "pre-clip not logged" if pre is None else f"pre-clip {fmt(pre, '.3g')}"
+        clip_text = f"{skip_text}: nothing reached the optimizer"
+    elif skip_text:
         clip_text += f"; {skip_text}"
     d.lines.append(("2 grad norm", f"{pre_text}; {clip_text}"))
 
@@ -268,7 +272,7 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     rare_batch = d.facts.get("rare_samples", 0) >= 2 or d.facts.get("burst_samples", 0) >= 2
     cause = "rare tokens concentrated in one batch" if rare_batch else "an outlier batch"
     declared = _declared_bug(run)
-    if excused and str(rec.skipped[step]).startswith("overflow") and not nonfinite:
+    if overflow and not nonfinite:
         loss_ratio = loss_now / loss_base if loss_now is not None and loss_base and math.isfinite(loss_base) else math.nan
         data = (f"{cause} (train loss {fmt_measure(loss_ratio, '.1f')}× its median)" if rare_batch or loss_ratio >= SPIKE_VERDICT_RATIO
                 else "no data spike in the batch")

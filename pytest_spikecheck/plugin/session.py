@@ -159,7 +159,9 @@ def summarise(run: Any, cached: bool) -> ScenarioRow:
     containment = _containment(run)
     recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
     return ScenarioRow(
-        scenario=run.name, steps=len(run), spike_step=s.step, spike_ratio=s.ratio,
+        scenario=run.name, steps=len(run), spike_step=s.step,
+        # a step the loss scaler skipped has the overflow's norm, not the data's: no ratio to show
+        spike_ratio=math.nan if str(run.skipped.get(s.step, "")).startswith("overflow") else s.ratio,
         containment=containment, recovery=recovery, cached=cached,
         stopped=run.meta["stop_reason"] if run.stopped_early else None,
     )
