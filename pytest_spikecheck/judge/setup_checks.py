@@ -95,10 +95,12 @@ def assert_accumulation_invariant(run_a: Any, run_b: Any, rtol: float = 1e-4, st
         rel = _relative(va, vb)
         differences[metric] = rel
         if not rel <= rtol:
+            ratio = va / vb if vb else math.inf
+            apart = f"×{fmt(ratio, '.3g')}" if not 0.67 < ratio < 1.5 else f"{fmt_compact(rel)} apart"
             raise SpikeCheckError(
                 f"accumulation changed the step-{first} {metric}: {fmt(va, '.6g')} ({label_a}) vs {fmt(vb, '.6g')} "
-                f"({label_b}), ×{fmt(va / vb if vb else math.inf, '.3g')} (rtol {rtol:g}; the same weights and batch "
-                f"differ only by float rounding){_accumulation_hint(va, vb, a, b)}")
+                f"({label_b}), {apart} (rtol {rtol:g}; the same weights and batch differ only by float rounding)"
+                f"{_accumulation_hint(va, vb, a, b)}")
     skipped = set(a.skipped) | set(b.skipped)
     window = [int(s) for s in common[:steps] if int(s) not in skipped]
     for metric in metrics:

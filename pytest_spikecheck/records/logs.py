@@ -166,6 +166,7 @@ def _assemble(path: Path, fmt: str, entries: Iterable[_Entry], mapping: Mapping[
     columns: dict[str, None] = {}  # every column, in first-seen order
     numeric: set[str] = set()  # columns holding at least one number
     text_at: dict[str, tuple[str, Any]] = {}  # column -> (where, value) of its first non-number
+    skipped: dict[int, str] = {}  # the ``skipped`` column (our metrics.jsonl): step -> why its update was not applied
     previous: int | None = None
     for step, values, where in entries:
         if previous is not None and step < previous:
@@ -174,6 +175,7 @@ def _assemble(path: Path, fmt: str, entries: Iterable[_Entry], mapping: Mapping[
             replaced = [s for s in rows if s >= step]
             for s in replaced:
                 del rows[s]
+                skipped.pop(s, None)
             notes.append(f"steps go back from {previous} to {step} at {where}: read as a restart from a checkpoint "
                          f"({len(replaced)} earlier logged step{'s' if len(replaced) != 1 else ''} from {step} on replaced)")
         previous = step
@@ -183,6 +185,8 @@ def _assemble(path: Path, fmt: str, entries: Iterable[_Entry], mapping: Mapping[
             value = _number(raw)
             if value is _TEXT:
                 text_at.setdefault(name, (where, raw))
+                if name == "skipped" and isinstance(raw, str):
+                    skipped[step] = raw
                 continue
             if value is not None:
                 row[name] = value  # the later of two values at one step wins
@@ -204,7 +208,7 @@ def _assemble(path: Path, fmt: str, entries: Iterable[_Entry], mapping: Mapping[
         metrics[name] = np.fromiter((rows[int(s)].get(source, math.nan) for s in steps), dtype=np.float64, count=steps.size)
         if not logged.all():
             missing[name] = ~logged
-    return Record(metrics, None, str(path), missing=missing, log_format=fmt, notes=tuple(notes))
+    return Record(metrics, None, str(path), missing=missing, log_format=fmt, notes=tuple(notes), skipped=skipped)
 
 
 def _number(raw: Any) -> float | None | object:
