@@ -201,3 +201,20 @@ def test_sabotage_pre_clip_norms_measured_on_the_first_micro_batch_differ_from_t
     run = callback.run()
     logged = np.array([run.meta["trainer_grad_norm"][str(s)] for s in run["step"]])
     assert np.abs(run["grad_norm_pre"] / logged - 1).min() > 1e-2
+
+
+def test_the_trainer_writes_tensorboard_events_under_output_dir_runs(tmp_path):
+    """Where the README says they are: ``output_dir/runs/<date>_<host>/`` (transformers 5.24's
+    default logging dir), which ``spikecheck check output_dir/runs`` finds one level down."""
+    pytest.importorskip("tensorboard", reason="the [tensorboard] extra is not installed")
+    import socket
+
+    from pytest_spikecheck.records import read_log
+
+    with one_thread():
+        args = arguments(tmp_path, MAX_NORM, max_steps=3, report_to="tensorboard")
+        Trainer(model=tiny_gpt2(), args=args, train_dataset=stream(causal_lm_rows())).train()
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    assert run_dir.name.endswith("_" + socket.gethostname()) and list(run_dir.glob("events.out.tfevents.*"))
+    record = read_log(tmp_path / "runs")
+    assert list(record.metrics["step"]) == [1, 2, 3] and "grad_norm" in record.metrics
