@@ -178,3 +178,55 @@ def test_assert_clip_contains_judges_an_adaptive_clip_against_its_own_limit():
     sabotaged = {k: run[k] for k in ("step", "grad_norm_pre", "grad_norm_post")}  # the limit column lost
     with pytest.raises(SpikeCheckError, match=r"^over-clipped at step 1: "):
         assert_clip_contains(sabotaged, 2.0)
+
+
+class _TwoOptimizers:
+    """An optimizer object that is no ``torch.optim.Optimizer``: two of them behind ``param_groups``,
+    ``step`` and ``zero_grad`` (as a Muon + AdamW pair is)."""
+
+    def __init__(self, *parts):
+        self.parts = parts
+
+    @property
+    def param_groups(self):
+        return [group for part in self.parts for group in part.param_groups]
+
+    def step(self):
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self, set_to_none=True):
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+
+class _TinyLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed, self.head = torch.nn.Embedding(11, 8), torch.nn.Linear(8, 11)
+
+    def forward(self, x, y):
+        logits = self.head(self.embed(x))
+        return logits, torch.nn.functional.cross_entropy(logits.float().view(-1, 11), y.view(-1))
+
+
+@pytest.mark.parametrize(("scale", "skipped"), [(2.0 ** 24, True), (1.0, False)])
+def test_the_loss_scaler_works_with_any_optimizer_object(scale, skipped):
+    from pytest_spikecheck.training.precision import Precision
+    from pytest_spikecheck.training.sharding import SingleProcess
+
+    torch.manual_seed(0)
+    model = _TinyLM()
+    optimizer = _TwoOptimizers(torch.optim.AdamW(model.embed.parameters(), lr=0.1),
+                               torch.optim.SGD(model.head.parameters(), lr=0.1))
+    precision = Precision(torch.float16, torch.amp.GradScaler("cpu", init_scale=scale), static_scale=scale)
+    step = TrainingStep(model, optimizer, SingleProcess(list(model.parameters())), backend="torch", clip_mode="global",
+                        accumulation=2, precision=precision)
+    x, y = torch.randint(0, 11, (4, 5)), torch.randint(0, 11, (4, 5))
+    before = [p.detach().clone() for p in model.parameters()]
+    outcome = step.forward_backward_clip(1, [0, 1, 2, 3], x, y, lr=0.1, max_norm=1.0)
+    assert outcome.overflow is skipped and outcome.loss_scale == scale and math.isfinite(outcome.loss)
+    step.update(skip=outcome.overflow)
+    changed = [not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters())]
+    assert changed == [not skipped] * 3  # both optimizers stepped, or neither
+    assert precision.current_scale() == scale  # a static scale stays after the update

@@ -473,7 +473,7 @@ class Recorder:
         seed, the lr, the clip, the batch and accumulation, the precision."""
         micro = self.stream.batch_size if self.stream is not None else None
         precision = (f"{self._logits_dtype} logits" if self._logits_dtype else "not reported") + (
-            f", loss scaled by a GradScaler" if self.scaler is not None else "")
+            ", loss scaled by a GradScaler" if self.scaler is not None else "")
         return {
             "trainer": self.trainer, "seed": self.seed, "lr": self._first_lr,
             "max_grad_norm": self.max_norm if math.isfinite(self.max_norm) else None,
