@@ -19,6 +19,7 @@ from pytest_spikecheck.judge.analysis import (
 )
 from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.judge.detectors import get_detector
+from pytest_spikecheck.judge.diagnosis import LOSS_SCALE_LIKE
 from pytest_spikecheck.judge.finiteness import Finiteness, judge_finite
 from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import SpikeCheckError
@@ -266,7 +267,7 @@ def _overclip_cause(rec: Record, times: float) -> str:
     declared = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "clip_mode", None)
     if declared == "before_unscale" or (run is not None and run.meta.get("clip_before_unscale_at")):
         return "clipped before unscaling (the clip saw the loss-scaled gradients)"
-    if times >= 100:
+    if times >= LOSS_SCALE_LIKE:
         return "clipped before unscaling? (a loss scale between the clip and the optimizer shrinks it this much)"
     return "a clip that scales below min(pre-clip, max_norm) breaks the update it guards"
 

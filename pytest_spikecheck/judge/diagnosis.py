@@ -34,6 +34,9 @@ from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure, fmt_scal
 CLIPPED_RTOL = 1e-6
 #: The verdict calls a step a spike from this ratio to the baseline on.
 SPIKE_VERDICT_RATIO = 3.0
+#: An over-clip this many times too small looks like a loss scale between the clip and the
+#: optimizer (dynamic scales are 2^k, 65536 by default): the verdict asks "clipped before unscaling?".
+LOSS_SCALE_LIKE = 100.0
 
 
 @dataclass
@@ -282,8 +285,10 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         if declared == "before_unscale":
             d.verdict = f"clipped before unscaling: {received}"
         else:
-            d.verdict = (f"over-clipped: {received} and pre-clip {fmt_compact(pre)} "
-                         f"(×{fmt_compact(min(pre, limit) / post if post > 0 else math.inf)} too small): clipped before unscaling?")
+            times = min(pre, limit) / post if post > 0 else math.inf
+            guess = ("clipped before unscaling?" if times >= LOSS_SCALE_LIKE
+                     else "a clip that scales below min(pre-clip, max_norm)")
+            d.verdict = f"over-clipped: {received} and pre-clip {fmt_compact(pre)} (×{fmt_compact(times)} too small): {guess}"
         if math.isfinite(ratio) and ratio >= SPIKE_VERDICT_RATIO:
             d.verdict = f"{cause}; {d.verdict}"
     elif nonfinite:
