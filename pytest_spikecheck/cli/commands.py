@@ -59,7 +59,14 @@ def default_run_dir(config: Path) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     from pytest_spikecheck.scenario import Scenario
 
+    from pytest_spikecheck.records.run import TRAINER_NAMES, recorded_by
+
     config = Path(args.config)
+    trainer = recorded_by(config) if config.is_dir() else None
+    if trainer is not None:  # its config is the user's trainer's, not a scenario we could train
+        who = TRAINER_NAMES.get(trainer, trainer) + ("" if trainer == "loop" else " run")
+        raise ConfigError(f"{config}: recorded from {who}; retrain it with your trainer "
+                          f"(spikecheck train trains scenarios: a config.yaml or an experiment directory)")
     scenario = Scenario.from_yaml(config)
     changes = {}
     if args.seed is not None:
@@ -133,7 +140,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     run = Run.load(resolve_run_dir(args.run))
     if args.step is not None and not (run.steps == args.step).any():
         raise ConfigError(f"step {args.step} is not in the run (it covers 1–{int(run.steps[-1])})")
-    print(run.scenario.describe())
+    print(run.describe())
     print(diagnose(run, args.step).text())
     return 0
 

@@ -15,15 +15,16 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, column, largest_spike, recovery_steps, spike_ratio,
+    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, column, largest_spike, overclipped, recovery_steps, spike_ratio,
 )
 from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.judge.detectors import get_detector
+from pytest_spikecheck.judge.diagnosis import LOSS_SCALE_LIKE
 from pytest_spikecheck.judge.finiteness import Finiteness, judge_finite
 from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
-from pytest_spikecheck.judge.text import MISSING, fmt, fmt_measure, sparkline, table
+from pytest_spikecheck.judge.text import MISSING, fmt, fmt_compact, fmt_measure, sparkline, table
 
 __all__ = [
     "assert_clip_contains", "assert_diverges", "assert_finite", "assert_no_lockin", "assert_no_spike",
@@ -207,12 +208,17 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
 FLOAT32_NORM_DRIFT = 1e-3
 
 
-def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> None:
-    """Assert the post-clip gradient norm never exceeds ``max_norm * (1 + rtol)`` (and is finite
-    where the pre-clip norm was). A record with no finite norm at all fails: it shows nothing.
-    The default ``rtol`` (1e-5) holds for float32 clips whose norm is accurate (our backends, torch
-    on a GPU); torch's CPU clip of a model with tensors of millions of elements overshoots by up to
-    ~1e-3 (the failure says so), so pass ``rtol=1e-3`` there."""
+def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL, allow_overclip: bool = False) -> None:
+    """Assert the clip did its job at every step: the post-clip gradient norm never exceeds
+    ``max_norm * (1 + rtol)`` (and is finite where the pre-clip norm was), and the clip never
+    scaled too far: post-clip ≥ min(pre-clip, max_norm)·(1 − rtol) (less torch's 1e-6 epsilon),
+    the over-clip of a clip on loss-scaled gradients. An adaptive clip's record carries its own
+    limit per step (``clip_limit``), which the over-clip side judges against. ``allow_overclip=True``
+    keeps only the upper bound. Steps whose update was skipped (``Record.skipped``) hand the
+    optimizer nothing and are left out. A record with no finite norm at all fails: it shows
+    nothing. The default ``rtol`` (1e-5) holds for float32 clips whose norm is accurate (our
+    backends, torch on a GPU); torch's CPU clip of a model with tensors of millions of elements
+    overshoots by up to ~1e-3 (the failure says so), so pass ``rtol=1e-3`` there."""
     __tracebackhide__ = True
     rec = as_record(run)
     metric = _pick_metric(rec, "grad_norm_post")
@@ -223,9 +229,10 @@ def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> 
         # Nothing finite before or after the clip: no value shows the clip held (or that it broke).
         _fail(f"no finite {metric} in the record ({post.size} step{'s' if post.size != 1 else ''}), and no finite "
               f"grad_norm_pre either: nothing shows whether the clip held", rec, None, metric, max_norm=max_norm)
+    applied = ~np.isin(steps, np.fromiter(rec.skipped, dtype=np.int64, count=len(rec.skipped)))
     limit = max_norm * (1 + rtol)
-    bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post))
-    nans = np.flatnonzero(np.isnan(post))
+    bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post) & applied)
+    nans = np.flatnonzero(np.isnan(post) & applied)
     if nans.size and pre is not None:
         # NaN post-clip where the pre-clip norm was finite means the clip itself broke something.
         bad = np.union1d(bad, nans[np.isfinite(pre[nans])]).astype(int)
@@ -240,6 +247,29 @@ def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> 
               f"{max_norm:g} at step {int(steps[i])} ({bad.size} step{'s' if bad.size > 1 else ''} over; worst "
               f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])}){rounding}", rec, int(steps[worst]),
               metric, max_norm=max_norm)
+    if allow_overclip or pre is None:
+        return
+    own_limit = np.asarray(rec.metrics["clip_limit"], dtype=float) if "clip_limit" in rec.metrics else max_norm
+    under = np.flatnonzero(overclipped(pre, post, np.minimum(own_limit, max_norm), rtol) & applied)
+    if under.size:
+        i = int(under[0])
+        expected = min(float(pre[i]), float(np.broadcast_to(own_limit, pre.shape)[i]), max_norm)
+        times = expected / post[i] if post[i] > 0 else math.inf
+        more = f" ({under.size} steps over-clipped)" if under.size > 1 else ""
+        _fail(f"over-clipped at step {int(steps[i])}: the optimizer received {fmt_compact(float(post[i]))} for pre-clip "
+              f"{fmt_compact(float(pre[i]))} and max_norm {max_norm:g} (×{fmt_compact(times)} too small){more}: "
+              f"{_overclip_cause(rec, times)}", rec, int(steps[i]), metric, max_norm=max_norm)
+
+
+def _overclip_cause(rec: Record, times: float) -> str:
+    """What a too-far clip most likely is: the record's own declaration, else a guess."""
+    run = rec.run
+    declared = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "clip_mode", None)
+    if declared == "before_unscale" or (run is not None and run.meta.get("clip_before_unscale_at")):
+        return "clipped before unscaling (the clip saw the loss-scaled gradients)"
+    if times >= LOSS_SCALE_LIKE:
+        return "clipped before unscaling? (a loss scale between the clip and the optimizer shrinks it this much)"
+    return "a clip that scales below min(pre-clip, max_norm) breaks the update it guards"
 
 
 def assert_recovers(run: Any, within: int = 50, factor: float = RECOVERY_FACTOR, reference: Any = None,

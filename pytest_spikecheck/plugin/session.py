@@ -123,13 +123,16 @@ class ScenarioRow:
 
 
 def _containment(run: Any) -> str:
-    """The summary's clip-containment cell: did the post-clip norm stay under the limit?"""
+    """The summary's clip-containment cell: did the post-clip norm stay under the limit, and
+    not scale below it (over-clipped)? Steps whose update was skipped are left out."""
     import numpy as np
 
-    from pytest_spikecheck.judge.analysis import CLIP_RTOL
+    from pytest_spikecheck.judge.analysis import CLIP_RTOL, overclipped
     from pytest_spikecheck.judge.text import fmt
 
-    post = np.asarray(run.metrics["grad_norm_post"], dtype=float)
+    applied = ~np.isin(run.metrics["step"], np.fromiter(run.skipped, dtype=np.int64, count=len(run.skipped)))
+    post = np.asarray(run.metrics["grad_norm_post"], dtype=float)[applied]
+    pre = np.asarray(run.metrics["grad_norm_pre"], dtype=float)[applied]
     finite = post[np.isfinite(post)]
     worst = fmt(float(finite.max()), ".3g") if finite.size else "—"
     if run.scenario.optimizer.clip_mode == "adaptive":
@@ -140,7 +143,12 @@ def _containment(run: Any) -> str:
     if run.stopped_early and finite.size < post.size:
         return f"n/a (non-finite at step {run.meta['stopped_at']})"
     held = bool(np.all(post <= max_norm * (1 + CLIP_RTOL)))
-    return f"held (max {worst} ≤ {max_norm:g})" if held else f"BROKEN (max {worst} > {max_norm:g})"
+    if not held:
+        return f"BROKEN (max {worst} > {max_norm:g})"
+    under = overclipped(pre, post, max_norm)
+    if under.any():
+        return f"OVER-CLIPPED (min {fmt(float(post[under].min()), '.2g')} for max_norm {max_norm:g})"
+    return f"held (max {worst} ≤ {max_norm:g})"
 
 
 def summarise(run: Any, cached: bool) -> ScenarioRow:
@@ -151,7 +159,9 @@ def summarise(run: Any, cached: bool) -> ScenarioRow:
     containment = _containment(run)
     recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
     return ScenarioRow(
-        scenario=run.name, steps=len(run), spike_step=s.step, spike_ratio=s.ratio,
+        scenario=run.name, steps=len(run), spike_step=s.step,
+        # a step the loss scaler skipped has the overflow's norm, not the data's: no ratio to show
+        spike_ratio=math.nan if str(run.skipped.get(s.step, "")).startswith("overflow") else s.ratio,
         containment=containment, recovery=recovery, cached=cached,
         stopped=run.meta["stop_reason"] if run.stopped_early else None,
     )
@@ -289,7 +299,7 @@ class SpikecheckSession:
             max_norm = run.scenario.max_norm
             plot_grad_norm([run], folder / "grad_norm.png", marks, None if math.isinf(max_norm) else max_norm,
                            title=f"{run.name}: gradient norm, pre- and post-clip")
-            (folder / "diagnosis.md").write_text(f"# {run.name}\n\n{run.scenario.describe()}\n\n{_diagnosis_markdown(diagnose(run))}")
+            (folder / "diagnosis.md").write_text(f"# {run.name}\n\n{run.describe()}\n\n{_diagnosis_markdown(diagnose(run))}")
             (folder / "summary.json").write_text(json.dumps(self.rows[run.name].to_json(), indent=2))
             run.save(folder / "run")
 
