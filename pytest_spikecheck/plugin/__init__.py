@@ -106,7 +106,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if settings.enabled:
         _refuse_unusable_settings(settings)
-    config.stash[_SESSION] = SpikecheckSession(settings, progress=_progress(config), **_worker_identity(config))
+    config.stash[_SESSION] = SpikecheckSession(settings, **_worker_identity(config))
     recorder = _Recorder(config)
     config.stash[_RECORDER] = recorder
     config.pluginmanager.register(recorder, "spikecheck-recorder")
@@ -216,6 +216,8 @@ def spikecheck(request: pytest.FixtureRequest) -> SpikecheckSession:
     session = request.config.stash[_SESSION]
     if not session.settings.enabled:
         pytest.skip(SKIP_REASON)
+    if session.progress is None:  # now, not at configure time: the terminal reporter is up
+        session.progress = _progress(request.config)
     if session.worker is not None and session.shared_dir is None:
         # xdist gives each worker basetemp/popen-gwN: the parent is this run's, shared by all workers
         session.shared_dir = request.getfixturevalue("tmp_path_factory").getbasetemp().parent

@@ -75,6 +75,7 @@ class TerminalStream:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.worker = hasattr(config, "workerinput")
+        self.encoding = getattr(sys.__stdout__, "encoding", None) or "utf-8"  # tqdm draws unicode bars when it can
 
     def _reporter(self) -> Any:
         return None if self.worker else self.config.pluginmanager.get_plugin("terminalreporter")

@@ -190,5 +190,5 @@ def job_summary_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mappin
         verdict = (row.get("diagnosis") or {}).get("verdict") or "no spike found"
         out += [f"<details><summary><b>{markdown_text(name)}</b>: FAIL; {markdown_text(verdict)}</summary>", "",
                 markdown_text(row.get("description", "")), "", diagnosis_markdown(row.get("diagnosis")),
-                f"Reproduce: `{row.get('reproduce', '').replace('`', '')}`", "", "</details>", ""]
+                f"Reproduce: <code>{markdown_text(row.get('reproduce', ''))}</code>", "", "</details>", ""]
     return "\n".join(out)
