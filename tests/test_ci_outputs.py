@@ -137,3 +137,21 @@ def test_progress_writes_a_line_per_finished_task_elsewhere_and_nothing_when_qui
     assert quiet.getvalue() == "" and task.done == 1
     with pytest.raises(ValueError, match="progress mode must be one of auto, bar, lines, quiet, was 'loud'"):
         Progress(mode="loud")
+
+
+def test_spikecheck_train_draws_its_bar_on_a_terminal_only(tmp_path, monkeypatch, capsys):
+    from pytest_spikecheck.cli import main
+
+    exp = tmp_path / "exp"
+    exp.mkdir()
+    (exp / "config.yaml").write_text("preset: phase-19\nsteps: 5\n")
+    terminal = _Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    assert main(["train", str(exp), "--out", str(tmp_path / "bar")]) == 0
+    assert "5/5" in terminal.getvalue()
+    for quiet in ([], ["--quiet"]):  # a log: the result line alone; quiet on a terminal: no bar
+        terminal.seek(0), terminal.truncate()
+        monkeypatch.setattr("sys.stderr", terminal if quiet else io.StringIO())
+        assert main(["train", str(exp), "--out", str(tmp_path / "line"), *quiet]) == 0
+        assert terminal.getvalue() == ""
+    assert capsys.readouterr().out.count(": 5 steps in ") == 3
