@@ -34,6 +34,7 @@ def test_the_counts_name_loads_from_another_worker_only_under_xdist():
     assert counts_sentences(rows, counts, {"a": "pass", "b": "FAIL"}, workers=True) == [
         "2 scenarios checked (2 trained, 1 loaded from another worker, 0 from the disk cache).",
         "1 held, 1 failed (see the failures above)."]
+    assert counts_sentences(rows, counts, {"a": "pass", "b": "FAIL"}, workers=True, terminal=False)[1] == "1 held, 1 failed."
     assert counts_sentences({"a": rows["a"]}, {"disk": 1}, {"a": "pass"}, workers=False) == [
         "1 scenario checked (0 trained, 1 from the disk cache).", "1 held, 0 failed."]
 

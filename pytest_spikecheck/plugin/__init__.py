@@ -257,10 +257,10 @@ class _Recorder:
 
         return {name: verdict_of(self.outcomes.get(name, [])) for name in self.rows()}
 
-    def sentences(self) -> list[str]:
+    def sentences(self, terminal: bool = True) -> list[str]:
         from pytest_spikecheck.report.summary import counts_sentences
 
-        return counts_sentences(self.rows(), self.counts(), self.verdicts(), workers=self.workers)
+        return counts_sentences(self.rows(), self.counts(), self.verdicts(), workers=self.workers, terminal=terminal)
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         self.session.used_by_current_test.clear()
@@ -320,7 +320,7 @@ class _Recorder:
         rows = self.rows()
         if not settings.enabled or not rows:
             return
-        verdicts, sentences = self.verdicts(), self.sentences()
+        verdicts, sentences = self.verdicts(), self.sentences(terminal=False)
         if settings.report_dir is not None:
             write_index(settings.report_dir, rows, verdicts, sentences)
         from pytest_spikecheck.report.summary import job_summary_markdown

@@ -116,15 +116,16 @@ def cells(row: Mapping[str, Any], verdict: str) -> list[str]:
 
 
 def counts_sentences(rows: Mapping[str, Any], counts: Mapping[str, int], verdicts: Mapping[str, str], *,
-                     workers: bool) -> list[str]:
+                     workers: bool, terminal: bool = True) -> list[str]:
     """``5 scenarios checked (5 trained, 0 from the disk cache).`` and ``4 held, 1 failed.``: how
-    each worker got its runs (with ``workers``, the runs loaded from another xdist worker too)."""
+    each worker got its runs (with ``workers``, the runs loaded from another xdist worker too).
+    On the ``terminal``, failures point up at pytest's failure reports."""
     n = len(rows)
     shown = [key for key in SOURCES if key != "worker" or workers]
     sources = ", ".join(f"{counts.get(key, 0)} {SOURCES[key]}" for key in shown)
     held, failed = list(verdicts.values()).count("pass"), list(verdicts.values()).count("FAIL")
     return [f"{n} scenario{'s' if n != 1 else ''} checked ({sources}).",
-            f"{held} held, {failed} failed{' (see the failures above)' if failed else ''}."]
+            f"{held} held, {failed} failed{' (see the failures above)' if failed and terminal else ''}."]
 
 
 def folder_name(name: str) -> str:
