@@ -31,9 +31,10 @@ MODES = ("auto", "bar", "lines", "quiet")
 class Progress:
     """Where progress goes and how: ``mode`` ``auto`` draws bars when ``stream`` is a terminal and
     writes lines otherwise; ``bar``, ``lines`` and ``quiet`` force one. ``prefix`` starts every
-    line (the plugin's is ``spikecheck: `` or ``spikecheck [gw0]: ``)."""
+    line (the plugin's is ``spikecheck: `` or ``spikecheck [gw0]: ``); ``leave`` keeps a finished bar
+    on the terminal (a log of what ran) instead of clearing it."""
 
-    def __init__(self, stream: TextIO | None = None, *, mode: str = "auto", prefix: str = "") -> None:
+    def __init__(self, stream: TextIO | None = None, *, mode: str = "auto", prefix: str = "", leave: bool = True) -> None:
         if mode not in MODES:
             raise ValueError(f"progress mode must be one of {', '.join(MODES)}, was {mode!r}")
         self.stream = stream if stream is not None else sys.stderr
@@ -42,6 +43,7 @@ class Progress:
             mode = "bar" if callable(isatty) and isatty() else "lines"
         self.mode = mode
         self.prefix = prefix
+        self.leave = leave
 
     def task(self, name: str, total: int | None = None, unit: str = "step") -> "ProgressTask":
         return ProgressTask(self, name, total, unit)
@@ -67,7 +69,7 @@ class ProgressTask:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total, desc=f"{progress.prefix}{name}", unit=unit, file=progress.stream,
-                             leave=True, dynamic_ncols=True)
+                             leave=progress.leave, dynamic_ncols=True)
 
     def update(self, n: int = 1, *, outcome: str | None = None, **shown: Any) -> None:
         self.done += n

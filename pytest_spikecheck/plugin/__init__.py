@@ -106,7 +106,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if settings.enabled:
         _refuse_unusable_settings(settings)
-    config.stash[_SESSION] = SpikecheckSession(settings, progress=_progress(config), **_worker_identity(config))
+    config.stash[_SESSION] = SpikecheckSession(settings, **_worker_identity(config))
     recorder = _Recorder(config)
     config.stash[_RECORDER] = recorder
     config.pluginmanager.register(recorder, "spikecheck-recorder")
@@ -216,6 +216,8 @@ def spikecheck(request: pytest.FixtureRequest) -> SpikecheckSession:
     session = request.config.stash[_SESSION]
     if not session.settings.enabled:
         pytest.skip(SKIP_REASON)
+    if session.progress is None:  # now, not at configure time: the terminal reporter is up
+        session.progress = _progress(request.config)
     if session.worker is not None and session.shared_dir is None:
         # xdist gives each worker basetemp/popen-gwN: the parent is this run's, shared by all workers
         session.shared_dir = request.getfixturevalue("tmp_path_factory").getbasetemp().parent
@@ -255,10 +257,10 @@ class _Recorder:
 
         return {name: verdict_of(self.outcomes.get(name, [])) for name in self.rows()}
 
-    def sentences(self) -> list[str]:
+    def sentences(self, terminal: bool = True) -> list[str]:
         from pytest_spikecheck.report.summary import counts_sentences
 
-        return counts_sentences(self.rows(), self.counts(), self.verdicts(), workers=self.workers)
+        return counts_sentences(self.rows(), self.counts(), self.verdicts(), workers=self.workers, terminal=terminal)
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         self.session.used_by_current_test.clear()
@@ -318,7 +320,7 @@ class _Recorder:
         rows = self.rows()
         if not settings.enabled or not rows:
             return
-        verdicts, sentences = self.verdicts(), self.sentences()
+        verdicts, sentences = self.verdicts(), self.sentences(terminal=False)
         if settings.report_dir is not None:
             write_index(settings.report_dir, rows, verdicts, sentences)
         from pytest_spikecheck.report.summary import job_summary_markdown

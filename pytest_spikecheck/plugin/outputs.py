@@ -70,11 +70,13 @@ class TerminalStream:
     """A text stream onto the terminal that works during a test, while pytest captures output:
     each write suspends capturing (as live logging does) and goes through the terminal reporter,
     starting a fresh line. On an xdist worker it is the worker's stderr, which the controller's
-    terminal shows; never a terminal there (two workers' bars would overwrite each other)."""
+    terminal shows, in the middle of its line of dots: each line starts on a line of its own.
+    Never a terminal there (two workers' bars would overwrite each other)."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.worker = hasattr(config, "workerinput")
+        self.encoding = getattr(sys.__stdout__, "encoding", None) or "utf-8"  # tqdm draws unicode bars when it can
 
     def _reporter(self) -> Any:
         return None if self.worker else self.config.pluginmanager.get_plugin("terminalreporter")
@@ -88,7 +90,7 @@ class TerminalStream:
         with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
             reporter = self._reporter()
             if reporter is None:
-                sys.stderr.write(text)
+                sys.stderr.write("\n" + text if self.worker else text)
                 sys.stderr.flush()
             else:
                 reporter.ensure_newline()

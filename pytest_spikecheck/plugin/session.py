@@ -124,7 +124,7 @@ class SpikecheckSession:
             from pytest_spikecheck.report.summary import summarise
 
             self.rows[scenario.name] = row = summarise(run, source=source)
-            if self.settings.report_dir is not None:
+            if self.settings.report_dir is not None or self.worker is not None:
                 row.not_cached_because = key.not_shareable_because
             # The worker that trained a run under this name has written its report folder.
             if not (source == "worker" and provenance is not None and provenance.name == scenario.name):

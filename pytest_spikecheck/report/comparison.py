@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from pytest_spikecheck.judge.analysis import EventSummary, final_value
+from pytest_spikecheck.judge.analysis import EventSummary
 from pytest_spikecheck.judge.text import fmt, fmt_measure, table
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.report.panels import plot_grad_norm, plot_logits, plot_loss
@@ -25,14 +25,22 @@ class Comparison:
         for name, s in zip(self.names, self.summaries):
             out.append([name, fmt(s.step), f"{fmt_measure(s.ratio, '.1f')}×", fmt(s.post_clip_at_step, '.3g'),
                         fmt_measure(s.loss_jump, '+.3f'), fmt(s.recovery) + (" steps" if s.recovery is not None else " (not back)"),
-                        fmt_measure(s.final_eval, '.3f')])
+                        fmt_measure(s.final_eval, '.3f') if s.evaluated else "not evaluated"])
         return out
 
     HEADERS = ("run", "spike step", "ratio", "post-clip norm", "loss jump", "recovery", "final eval loss")
 
     def text(self, markdown: bool = False) -> str:
         body = table(self.HEADERS, self.rows(), markdown=markdown)
-        return f"{body}\n\nfinal gap ({self.names[1]} − {self.names[0]}): {fmt_measure(self.final_gap, '+.3f')} nats"
+        return f"{body}\n\n{self.gap_text()}"
+
+    def gap_text(self) -> str:
+        """The final-gap sentence; a run that was never evaluated has no eval loss to compare."""
+        if not all(s.evaluated for s in self.summaries):
+            unevaluated = " and ".join(n for n, s in zip(self.names, self.summaries) if not s.evaluated)
+            return (f"final gap: not measured ({unevaluated} not evaluated; the loss jump and recovery "
+                    f"are the train loss's)")
+        return f"final gap ({self.names[1]} − {self.names[0]}): {fmt_measure(self.final_gap, '+.3f')} nats"
 
 
 def compare(run_a: Run, run_b: Run, step: int | None = None) -> Comparison:
@@ -41,15 +49,28 @@ def compare(run_a: Run, run_b: Run, step: int | None = None) -> Comparison:
         bursts = sorted(set(run_a.declared_events) | set(run_b.declared_events))
         step = bursts[0] if bursts else EventSummary.measure(run_b.metrics, None).step
     a, b = EventSummary.measure(run_a.metrics, step), EventSummary.measure(run_b.metrics, step)
-    gap = final_value(run_b.metrics) - final_value(run_a.metrics) if "eval_loss" in run_a.metrics else math.nan
+    gap = b.final_eval - a.final_eval if a.evaluated and b.evaluated else math.nan
     return Comparison(_labels(run_a, run_b), step, (a, b), gap)
 
 
 def _labels(run_a: Run, run_b: Run) -> tuple[str, str]:
-    """The two rows' names; two runs under one name are told apart as A and B."""
+    """The two rows' names; two runs under one name are told apart by their folders' names
+    (``hf/ga4/run`` vs ``hf/ga1/run``: ``ga4``, ``ga1``), else as A and B."""
     if run_a.name != run_b.name:
         return run_a.name, run_b.name
+    folders = [_folder_label(r) for r in (run_a, run_b)]
+    if folders[0] and folders[1] and folders[0] != folders[1]:
+        return folders[0], folders[1]
     return f"A: {run_a.name}", f"B: {run_b.name}"
+
+
+def _folder_label(run: Run) -> str | None:
+    """The name of the folder a run was loaded from (its parent's when the folder is an experiment's ``run/``)."""
+    folder = getattr(run, "folder", None)
+    if folder is None:
+        return None
+    folder = Path(folder).resolve()
+    return folder.parent.name if folder.name == "run" else folder.name
 
 
 def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None = None) -> tuple[Comparison, list[Path]]:
@@ -94,7 +115,7 @@ def comparison_page(result: Comparison, runs: tuple[Run, Run], out: Path) -> str
               (("loss", "loss"), ("grad_norm", "gradient norm"), ("logits", "logits")) if (out / f"{stem}.png").is_file()]
     parts = [f"<h1>{esc(title)}</h1>", '<p class="muted">Click a column header to sort.</p>',
              sortable_table(Comparison.HEADERS, rows, table_id="comparison"),
-             f"<p>final gap ({esc(result.names[1])} − {esc(result.names[0])}): {esc(fmt_measure(result.final_gap, '+.3f'))} nats</p>",
+             f"<p>{esc(result.gap_text())}</p>",
              f'<div class="panels">{"".join(panels)}</div>']
     for i, (label, run) in enumerate(zip(result.names, runs)):
         d = diagnose(run, result.step) if result.step is not None else diagnose(run)

@@ -42,7 +42,7 @@ tr.FAIL td { background: #fff1f0; }
 .verdict.skipped, .verdict.not-run { background: #6e7781; color: #fff; }
 section.scenario { border-top: 2px solid #d0d0d0; margin-top: 2em; padding-top: 1em; }
 .panels { display: flex; flex-wrap: wrap; gap: 1em; }
-.panels img { max-width: 100%; height: auto; border: 1px solid #e0e0e0; }
+.panels img { box-sizing: border-box; width: calc(50% - .5em); min-width: 420px; max-width: 100%; height: auto; border: 1px solid #e0e0e0; }
 pre { background: #f6f8fa; padding: .6em; overflow-x: auto; white-space: pre-wrap; overflow-wrap: anywhere; }
 .muted { color: #57606a; }
 .missing { color: #cf222e; }

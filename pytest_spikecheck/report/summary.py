@@ -15,7 +15,7 @@ from urllib.parse import quote
 
 import numpy as np
 
-from pytest_spikecheck.judge.analysis import CLIP_RTOL, EventSummary
+from pytest_spikecheck.judge.analysis import CLIP_RTOL, EventSummary, overclipped
 from pytest_spikecheck.judge.text import MISSING, fmt, fmt_measure, table
 
 HEADERS = ("scenario", "steps", "spike step", "spike ratio", "clip containment", "recovery", "verdict")
@@ -51,8 +51,11 @@ class ScenarioRow:
 
 
 def containment(run: Any) -> str:
-    """The summary's clip-containment cell: did the post-clip norm stay under the limit?"""
-    post = np.asarray(run.metrics["grad_norm_post"], dtype=float)
+    """The summary's clip-containment cell: did the post-clip norm stay under the limit, and
+    not scale below it (over-clipped)? Steps whose update was skipped are left out."""
+    applied = ~np.isin(run.metrics["step"], np.fromiter(run.skipped, dtype=np.int64, count=len(run.skipped)))
+    post = np.asarray(run.metrics["grad_norm_post"], dtype=float)[applied]
+    pre = np.asarray(run.metrics["grad_norm_pre"], dtype=float)[applied]
     finite = post[np.isfinite(post)]
     worst = fmt(float(finite.max()), ".3g") if finite.size else "—"
     if run.scenario.optimizer.clip_mode == "adaptive":
@@ -63,7 +66,12 @@ def containment(run: Any) -> str:
     if run.stopped_early and finite.size < post.size:
         return f"n/a (non-finite at step {run.meta['stopped_at']})"
     held = bool(np.all(post <= max_norm * (1 + CLIP_RTOL)))
-    return f"held (max {worst} ≤ {max_norm:g})" if held else f"BROKEN (max {worst} > {max_norm:g})"
+    if not held:
+        return f"BROKEN (max {worst} > {max_norm:g})"
+    under = overclipped(pre, post, max_norm)
+    if under.any():
+        return f"OVER-CLIPPED (min {fmt(float(post[under].min()), '.2g')} for max_norm {max_norm:g})"
+    return f"held (max {worst} ≤ {max_norm:g})"
 
 
 def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> ScenarioRow:
@@ -75,12 +83,14 @@ def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> S
     recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
     d = diagnose(run)
     return ScenarioRow(
-        scenario=run.name, steps=len(run), spike_step=s.step, spike_ratio=s.ratio,
+        scenario=run.name, steps=len(run), spike_step=s.step,
+        # a step the loss scaler skipped has the overflow's norm, not the data's: no ratio to show
+        spike_ratio=math.nan if str(run.skipped.get(s.step, "")).startswith("overflow") else s.ratio,
         containment=containment(run), recovery=recovery, source=source or ("disk" if cached else "trained"),
         stopped=run.meta["stop_reason"] if run.stopped_early else None,
         content_hash=run.meta.get("content_hash") or run.scenario.content_hash(),
         recovery_steps=s.recovery if s.step is not None else None,
-        description=run.scenario.describe(), reproduce=run.reproduce_command(),
+        description=run.describe(), reproduce=run.reproduce_command(),
         diagnosis={"step": d.step, "lines": [[str(r), str(f)] for r, f in d.lines], "verdict": d.verdict},
     )
 
@@ -116,15 +126,16 @@ def cells(row: Mapping[str, Any], verdict: str) -> list[str]:
 
 
 def counts_sentences(rows: Mapping[str, Any], counts: Mapping[str, int], verdicts: Mapping[str, str], *,
-                     workers: bool) -> list[str]:
+                     workers: bool, terminal: bool = True) -> list[str]:
     """``5 scenarios checked (5 trained, 0 from the disk cache).`` and ``4 held, 1 failed.``: how
-    each worker got its runs (with ``workers``, the runs loaded from another xdist worker too)."""
+    each worker got its runs (with ``workers``, the runs loaded from another xdist worker too).
+    On the ``terminal``, failures point up at pytest's failure reports."""
     n = len(rows)
     shown = [key for key in SOURCES if key != "worker" or workers]
     sources = ", ".join(f"{counts.get(key, 0)} {SOURCES[key]}" for key in shown)
     held, failed = list(verdicts.values()).count("pass"), list(verdicts.values()).count("FAIL")
     return [f"{n} scenario{'s' if n != 1 else ''} checked ({sources}).",
-            f"{held} held, {failed} failed{' (see the failures above)' if failed else ''}."]
+            f"{held} held, {failed} failed{' (see the failures above)' if failed and terminal else ''}."]
 
 
 def folder_name(name: str) -> str:
@@ -190,5 +201,5 @@ def job_summary_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mappin
         verdict = (row.get("diagnosis") or {}).get("verdict") or "no spike found"
         out += [f"<details><summary><b>{markdown_text(name)}</b>: FAIL; {markdown_text(verdict)}</summary>", "",
                 markdown_text(row.get("description", "")), "", diagnosis_markdown(row.get("diagnosis")),
-                f"Reproduce: `{row.get('reproduce', '').replace('`', '')}`", "", "</details>", ""]
+                f"Reproduce: <code>{markdown_text(row.get('reproduce', ''))}</code>", "", "</details>", ""]
     return "\n".join(out)

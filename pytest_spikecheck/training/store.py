@@ -92,7 +92,8 @@ def model_factory_digest(factory: Any) -> tuple[str | None, str | None]:
     if "<lambda>" in name or "<locals>" in name:
         kind = "a lambda" if "<lambda>" in name else "defined inside a function"
         return None, (f"model_factory {label} is {kind}: its module's source does not tell it apart from "
-                      f"another, so its runs are not cached on disk (make it a module-level def to cache them)")
+                      f"another, so its runs are not cached on disk nor shared between xdist workers (make it a "
+                      f"module-level def to cache them)")
     module = sys.modules.get(getattr(factory, "__module__", None) or "")
     try:
         source = inspect.getsourcefile(module) if module is not None else None

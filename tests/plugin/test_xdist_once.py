@@ -149,15 +149,17 @@ def suite(pytester):
 
 def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    serial = suite.runpytest("--spikecheck", "-p", "no:randomly", "-p", "no:cacheprovider")
+    report, job_summary = suite.path / "report", suite.path / "job-summary.md"
+    # The report in this process (matplotlib is imported here already); xdist with a report
+    # folder is tests/plugin/test_xdist_sweep.py's.
+    serial = suite.runpytest("--spikecheck", "-p", "no:randomly", "-p", "no:cacheprovider", f"--spikecheck-report={report}")
     serial.assert_outcomes(passed=4, failed=1)
     assert _trainings(suite.path) == {"shared": 1, "control": 1, "markup": 1}
     serial.stdout.fnmatch_lines(["spikecheck: trained shared: 16 steps in *"])  # a line per trained scenario (no TTY)
     expected = _table(_summary(serial))
     assert sorted(expected) == sorted(HASHES) and expected["control"][-1] == "FAIL" and expected["shared"][-1] == "pass"
 
-    report, job_summary = suite.path / "report", suite.path / "job-summary.md"
-    for dist, extra in (("load", ["-q", "--junitxml=junit.xml"]), ("loadscope", [f"--spikecheck-report={report}"])):
+    for dist, extra in (("load", ["-q", "--junitxml=junit.xml"]), ("loadscope", [])):
         if dist == "loadscope":
             monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(job_summary))
         result = suite.runpytest_subprocess("--spikecheck", "-n", "2", "--dist", dist, "-p", "no:randomly", *extra)
@@ -198,7 +200,8 @@ def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, mo
     assert markdown.count("<details>") == 1 and "<details><summary><b>control</b>: FAIL" in markdown
     assert MARKUP not in markdown and "| rung " in markdown
 
-    # The report page: one row per scenario, failures first, panels inlined, the name escaped.
+    # The report page (from the -n 0 session): one row per scenario, failures first, panels
+    # inlined, the name escaped.
     page = (report / "index.html").read_text()
     assert page.count("<tr class=") == 3 and page.index(">control<") < page.index(">shared<")
     assert MARKUP not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
