@@ -58,6 +58,8 @@ def _write(tmp_path: Path, text: str, name: str = "sweep.yaml") -> Path:
     ("grid: {breaks: [[no_clip]]}", "breaks are not an axis: sweep them as recipes"),
     ("gird: {seed: [1]}", "unknown key 'gird'; expected one of base, grid, points, recipes, name"),
     ("stepz: 10\ngrid: {seed: [1]}", "unknown key 'stepz'"),
+    ("on: 1\ngrid: {seed: [1]}", "unknown key True; expected one of base"),  # YAML reads `on` as a bool
+    ("optimizer: {yes: 1}\ngrid: {seed: [1]}", "unknown key optimizer.True; expected one of"),
     ("steps: -3\ngrid: {seed: [1]}", "steps must be a positive integer, was -3"),
     ("points: [{seed: 1}]\ngrid: {seed: [2]}", "seed is both a grid axis and set by points[0]"),
     ("points: []", "points is empty"),

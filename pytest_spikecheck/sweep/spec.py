@@ -235,7 +235,7 @@ def load_sweep(path: str | Path) -> Sweep:
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError(f"{where}: a sweep file is a mapping with at least a base and a grid, points or recipes")
     known = set(SWEEP_KEYS) | set(CONFIG_KEYS)
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(set(raw) - known, key=str)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(SWEEP_KEYS)} or a config "
                           f"key of the base ({', '.join(sorted(CONFIG_KEYS - {'name'}))})")
