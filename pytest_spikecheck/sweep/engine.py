@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.progress import Progress
+from pytest_spikecheck.report.summary import folder_name
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.sweep.result import SweepResult, row_for
 from pytest_spikecheck.sweep.spec import Point, Sweep
@@ -158,9 +159,10 @@ class _Books:
         measured = measure(run)
         self.rows[point.index] = row_for(point, status, measured, where=where)
         if self.out is not None:
-            folder = self.out / "runs" / point.name.replace("/", "_")
+            folder = self.out / "runs" / folder_name(point.name)  # as the plugin's report names its folders
             if status != "cached" or not (folder / "metrics.jsonl").is_file():
                 run.save(folder)
+            self.rows[point.index]["run"] = f"runs/{folder.name}"
         self.task.update(outcome=status)
         self.task.line(f"[{self.task.done}/{len(self.points)}] {point.name}: {status}"
                        + (f" in {measured['seconds']:.1f} s" if status == "done" else "")

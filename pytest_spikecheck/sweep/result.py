@@ -123,7 +123,7 @@ class SweepResult:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
         with open(out / "sweep.csv", "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=["point", *self.axes, *MEASURES, "content_hash", "where"])
+            writer = csv.DictWriter(f, fieldnames=["point", *self.axes, *MEASURES, "content_hash", "where", "run"])
             writer.writeheader()
             for row in self.rows:
                 writer.writerow({k: "" if v is None else v for k, v in row.items()})
@@ -161,5 +161,6 @@ def row_for(point: Point, status: str, measured: dict[str, Any] | None = None, e
     row.update(dict(point.values))
     row.update({m: None for m in MEASURES})
     row.update(measured or {})
-    row.update({"status": status, "error": error, "content_hash": point.scenario.content_hash(), "where": where})
+    row.update({"status": status, "error": error, "content_hash": point.scenario.content_hash(), "where": where,
+                "run": None})  # the run's folder under the output folder, once it is written
     return row
