@@ -183,6 +183,9 @@ class _Books:
 
     def result(self, wall_seconds: float, interrupted: bool = False) -> SweepResult:
         rows = [row if row is not None else row_for(point, "not run") for point, row in zip(self.points, self.rows)]
+        # every row names every axis (None where its point sets none: explicit points may differ)
+        rows = [{"point": r["point"], **{a: r.get(a) for a in self.axes},
+                 **{k: v for k, v in r.items() if k != "point" and k not in self.axes}} for r in rows]
         result = SweepResult(self.name, self.axes, self.points, rows, list(self.runs), executor=self.executor,
                              wall_seconds=wall_seconds, interrupted=interrupted)
         if self.out is not None:
