@@ -28,7 +28,7 @@ def scenario_from_dict(cls: type["Scenario"], raw: Mapping[str, Any], *, where: 
         raise ConfigError(f"{where}: expected a mapping at the top level, was {type(raw).__name__}")
     raw = dict(raw)
     base = cls.preset(raw.pop("preset")) if "preset" in raw else cls()
-    unknown = sorted(set(raw) - CONFIG_KEYS, key=str)  # YAML reads a key such as `on` as a bool
+    unknown = sorted(set(raw) - CONFIG_KEYS, key=str)  # key=str: YAML reads a bare `on:` as the key True
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(CONFIG_KEYS | {'preset'}))}")
     return apply_config(base, raw, where=where)
@@ -48,7 +48,7 @@ def apply_config(scenario: "Scenario", raw: Mapping[str, Any], *, where: str = "
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: expected a mapping, was {type(raw).__name__}")
     raw = dict(raw)
-    unknown = sorted(set(raw) - CONFIG_KEYS, key=str)  # YAML reads a key such as `on` as a bool
+    unknown = sorted(set(raw) - CONFIG_KEYS, key=str)
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(CONFIG_KEYS))}")
     changes: dict[str, Any] = {k: raw[k] for k in SCALARS if k in raw}
