@@ -116,12 +116,46 @@ def test_a_node_lost_mid_sweep_and_every_point_still_finishes_once_with_the_same
             time.sleep(0.1)
         cluster.remove_node(cluster.worker, allow_graceful=False)
 
-    ray.shutdown()  # the executor joins the cluster itself this time, shipping the tests' path, and leaves it after
     result = sweep(Sweep(base, grid={"seed": [0, 1, 2]}), executor="ray", address=cluster.address,
-                   runtime_env={"env_vars": {"PYTHONPATH": str(TESTS)}}, progress=_OnFirstPoint(lose_the_worker_node))
-    assert not ray.is_initialized()
+                   progress=_OnFirstPoint(lose_the_worker_node))
     assert [r["status"] for r in result.rows] == ["done"] * 3  # each point exactly once
     head = cluster.head_node.node_id
     assert marker.read_text() == worker and {r["where"] for r in result.rows} == {head}
     for point, run in zip(result.points, result.runs):
         assert run.rows() == train(point.scenario).rows()  # every metric of every step
+
+
+def test_the_executor_starts_or_joins_ray_itself_and_leaves_what_it_started(monkeypatch):
+    # Without a cluster: Ray's own calls are recorded (the cluster tests above join a connected Ray).
+    from pytest_spikecheck.sweep.ray_executor import RayExecutor
+
+    calls = []
+
+    class FakeRay:
+        initialized = False
+
+        def is_initialized(self):
+            return self.initialized
+
+        def init(self, address=None, **options):
+            calls.append(("init", address, options))
+            self.initialized = True
+
+        def shutdown(self):
+            calls.append(("shutdown",))
+
+        def remote(self, **options):
+            calls.append(("remote", options))
+            return lambda function: function
+
+    executor = RayExecutor(address="ray://head:10001", max_retries=5, runtime_env={"pip": ["x"]})
+    executor.ray = FakeRay()
+    executor.run([], lambda outcome: None)
+    init, remote, shutdown = calls
+    assert init[:2] == ("init", "ray://head:10001") and init[2]["runtime_env"] == {"pip": ["x"]}
+    assert remote == ("remote", {"num_cpus": 1, "max_retries": 5, "retry_exceptions": False}) and shutdown == ("shutdown",)
+    local = RayExecutor(jobs=3)
+    local.ray = FakeRay()
+    calls.clear()
+    assert local._connect() and calls[0][1] is None and calls[0][2]["num_cpus"] == 3  # a local Ray of 3 CPUs
+    assert not local._connect() and len(calls) == 1  # connected already: used as it is, left running

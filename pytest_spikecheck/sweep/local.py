@@ -42,13 +42,17 @@ def _main_module() -> str:
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, jobs: int | None = None, max_retries: int = 3) -> None:
+    def __init__(self, jobs: int | None = None, max_retries: int = 3,
+                 work: Callable[[PointJob], Outcome] = run_point) -> None:
+        """``work`` is what a worker does with each job: :func:`run_point` (a test gives a stand-in
+        that needs no torch, to lose a worker cheaply)."""
         if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
             raise ConfigError(f"jobs must be a positive integer, was {jobs!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ConfigError(f"max_retries must be an integer >= 0, was {max_retries!r}")
         self.jobs = jobs or os.cpu_count() or 1
         self.max_retries = max_retries
+        self.work = work
 
     def describe(self) -> str:
         return f"local, {self.jobs} job{'s' if self.jobs != 1 else ''}"
@@ -57,7 +61,7 @@ class LocalExecutor:
         """Train every job, handing each outcome to ``deliver`` as it arrives (in the driver)."""
         if self.jobs == 1 or len(jobs) == 1:
             for job in jobs:
-                deliver(run_point(job))
+                deliver(self.work(job))
             return
         if getattr(multiprocessing.current_process(), "_inheriting", False):
             # This is a spawned worker re-importing a main module that starts a sweep at its top level:
@@ -76,7 +80,7 @@ class LocalExecutor:
                 while pending or in_flight:
                     # one point per worker at a time: when the pool breaks, what was in flight is known
                     while pending and len(in_flight) < workers:
-                        future = pool.submit(run_point, pending[0])  # raises on a broken pool: the job stays pending
+                        future = pool.submit(self.work, pending[0])  # raises on a broken pool: the job stays pending
                         in_flight[future] = pending.popleft()
                     done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
                     broken = [f for f in done if isinstance(f.exception(), BrokenProcessPool)]
@@ -95,11 +99,14 @@ class LocalExecutor:
                         f"re-imports the main module ({_main_module()}), so a script that starts a sweep (sweep(), "
                         f"lr_sweep()) must do so under `if __name__ == \"__main__\":`, or train in this process with "
                         f"jobs=1") from None
-                for job in in_flight.values():  # a worker died mid-point (killed, out of memory): train it again
+                # A worker died mid-point (killed, out of memory): the pool is gone with every point in
+                # flight; train them again on a new pool.
+                for job in in_flight.values():
                     lost[job.index] += 1
                     if lost[job.index] > self.max_retries:
-                        deliver(Outcome(job.index, error=f"its worker process died {lost[job.index]} times while "
-                                                         f"training it (killed, or out of memory?)"))
+                        times = "once" if lost[job.index] == 1 else f"{lost[job.index]} times"
+                        deliver(Outcome(job.index, error=f"the local worker pool broke {times} while this point trained "
+                                                         f"(a worker killed, or out of memory?)"))
                     else:
                         pending.appendleft(job)
             except BaseException:  # Ctrl-C, or deliver raised: stop the workers, keep what finished
