@@ -61,3 +61,15 @@ def dies_once(job):
         marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGKILL)
     return Outcome(job.index, run="trained", where=str(os.getpid()))
+
+
+def sleeper(job):
+    """A stand-in for ``run_point`` (no torch) that writes its worker's pid to the path in the
+    job's ``key``, then takes a second and a half over its point."""
+    import os
+
+    from pytest_spikecheck.sweep.worker import Outcome
+
+    Path(job.key).write_text(str(os.getpid()))
+    time.sleep(1.5)
+    return Outcome(job.index, run="trained", where=str(os.getpid()))
