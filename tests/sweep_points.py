@@ -32,20 +32,25 @@ def broken_model(vocab_size: int):
 
 
 def nano_gpt(vocab_size: int, hang_on_node: str = "", started_marker: str = ""):
-    """The built-in GPT at the nano shape; on the Ray node ``hang_on_node`` it first writes
-    ``started_marker`` and then hangs until that node is removed (its point is lost with it)."""
+    """The built-in GPT at the nano shape. In a Ray task on the node ``hang_on_node`` it writes
+    ``started_marker`` and then hangs until that node is removed (its point is lost with it); in a
+    Ray task on any other node it first waits for that marker, so that the lost node surely had a
+    point in flight whatever Ray's placement (a point queued behind a busy node is moved to a free
+    one). Outside a Ray task (``train()`` in the test) it just builds the model."""
     if hang_on_node:
         import ray
 
-        if ray.is_initialized() and ray.get_runtime_context().get_node_id() == hang_on_node:
-            Path(started_marker).write_text(hang_on_node)
-            time.sleep(600)
+        if ray.is_initialized() and ray.get_runtime_context().get_task_id() is not None:
+            if ray.get_runtime_context().get_node_id() == hang_on_node:
+                Path(started_marker).write_text(hang_on_node)
+                time.sleep(600)
+            deadline = time.monotonic() + 120
+            while not Path(started_marker).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
     from pytest_spikecheck.models.config import GPTConfig
     from pytest_spikecheck.models.gpt import GPT
 
     return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=vocab_size))
-
-
 
 def dies_once(job):
     """A stand-in for ``run_point`` (no training, no torch): the first time a job's ``key``, here a

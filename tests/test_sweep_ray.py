@@ -101,9 +101,10 @@ class _OnFirstPoint(Progress):
 
 
 def test_a_node_lost_mid_sweep_and_every_point_still_finishes_once_with_the_same_metrics(cluster, tmp_path):
-    # Last in the module: the cluster has one node left afterwards. The model hangs on the worker
-    # node once it has started there (the marker says so); the first point back (from the head)
-    # removes that node, killing its point in flight, which Ray then trains on the head.
+    # Last to use the cluster: it has one node left afterwards. The model hangs on the worker node
+    # once it has started there (the marker says so) and waits for that on the head; the first
+    # point back (from the head) removes the worker node, killing its point in flight, which Ray
+    # then trains on the head.
     worker = cluster.worker.node_id
     marker = tmp_path / "started-on-the-lost-node"
     base = TINY.replace(model_factory="sweep_points:nano_gpt",
