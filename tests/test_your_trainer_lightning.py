@@ -21,7 +21,8 @@ from trainer_data import BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, corpus, on
 from pytest_spikecheck import Run, assert_clip_contains, assert_spike, diagnose  # noqa: E402
 from pytest_spikecheck.integrations.lightning import SpikecheckCallback  # noqa: E402
 from pytest_spikecheck.scenario import Scenario  # noqa: E402
-from pytest_spikecheck.training.build import build_model, build_optimizer  # noqa: E402
+from pytest_spikecheck.training.build import build_model  # noqa: E402
+from pytest_spikecheck.training.optimizers import build_optimizer  # noqa: E402
 from pytest_spikecheck.training.schedule import lr_at  # noqa: E402
 
 pytestmark = [

@@ -16,7 +16,8 @@ from pytest_spikecheck import Run, assert_clip_contains, assert_spike, diagnose,
 from pytest_spikecheck.cli import main as cli
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.training.build import build_model, build_optimizer
+from pytest_spikecheck.training.build import build_model
+from pytest_spikecheck.training.optimizers import build_optimizer
 from pytest_spikecheck.training.schedule import lr_at
 
 

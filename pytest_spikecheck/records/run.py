@@ -5,8 +5,9 @@ a folder that other tools can read::
 
     config.yaml      the resolved scenario (breaks folded in; their names are in run.json)
     metrics.jsonl    one JSON object per step: step, loss, grad_norm_pre, grad_norm_post,
-                     clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm, and
-                     the model's stats where it reports them (MODEL_STAT_KEYS)
+                     clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm, the
+                     model's stats where it reports them (MODEL_STAT_KEYS), and the columns
+                     only some runs have (OPTIONAL_KEYS)
     batches.jsonl    one JSON object per step: the batch's samples, sources, rare counts
     events.json      detail at burst steps and detected spikes: per-token losses with token
                      strings, per-tensor grad norms, Adam update statistics
@@ -34,6 +35,12 @@ METRIC_KEYS = ("step", "loss", "grad_norm_pre", "grad_norm_post", "clip_factor",
 #: |attention logit| over the layers, the mean and largest |log Z| of the output logits (over
 #: the batch's targets), and the z-loss term. Absent for a model without it.
 MODEL_STAT_KEYS = ("attn_logit_max", "logz_mean", "logz_absmax", "z_loss")
+#: Columns only some runs have: ``qk_clipped_heads`` (QK-Clip on: how many attention heads it
+#: scaled back after that step's update) and ``eval_loss_repeat`` (the induction corpus: the
+#: eval loss on the repeated half of each sequence, NaN where not evaluated).
+OPTIONAL_KEYS = ("qk_clipped_heads", "eval_loss_repeat")
+#: Columns logged only at some steps (NaN elsewhere, marked missing, written as null).
+SPARSE_KEYS = ("eval_loss", "eval_loss_repeat")
 
 
 @dataclass
@@ -52,11 +59,10 @@ class Run:
 
     def __post_init__(self) -> None:
         if not isinstance(self.metrics, MetricColumns):
-            # The engine logs every metric at every step except the eval loss, which is NaN
-            # where it was not evaluated (a run stops before evaluating a non-finite model).
-            eval_loss = self.metrics.get("eval_loss")
-            self.metrics = MetricColumns(self.metrics, {} if eval_loss is None else
-                                         {"eval_loss": np.isnan(np.asarray(eval_loss, dtype=np.float64))})
+            # The engine logs every metric at every step except the eval losses, which are NaN
+            # where not evaluated (a run stops before evaluating a non-finite model).
+            self.metrics = MetricColumns(self.metrics, {k: np.isnan(np.asarray(self.metrics[k], dtype=np.float64))
+                                                        for k in SPARSE_KEYS if k in self.metrics})
 
     # -- convenience ------------------------------------------------------------------------
     @property
@@ -113,7 +119,7 @@ class Run:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        cols = [k for k in METRIC_KEYS + MODEL_STAT_KEYS if k in self.metrics]
+        cols = [k for k in METRIC_KEYS + MODEL_STAT_KEYS + OPTIONAL_KEYS if k in self.metrics]
         rows = []
         for i in range(len(self)):
             row: dict[str, Any] = {}

@@ -145,13 +145,18 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{label} must be a number, inf or null, was {value!r}")
         return float(value)
-    if name in ("skip_spike_ratio", "new_source"):
+    if name in ("skip_spike_ratio", "new_source", "qk_clip"):
         if value is None:
             return None
         if name == "new_source":
             if not isinstance(value, str):
                 raise ConfigError(f"{label} must be a source name or null, was {value!r}")
             return value
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads 1e-2 as a string; accept it
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{label} must be a number or null, was {value!r}")
         return float(value)

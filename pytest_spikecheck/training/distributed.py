@@ -15,8 +15,12 @@
    each rank measures its shard, one float64 all-reduce adds the squares, every rank applies
    the same scale (or, under :class:`~pytest_spikecheck.scenario.breaks.ShardLocalNorm`, the bug: each
    rank clips to its own shard's norm);
-4. AdamW on the rank's shard (its state is sharded too), then an all-gather of the flat
-   parameters, which the model's weights are views of.
+4. AdamW (or SGD) on the rank's shard (its state is sharded too), then an all-gather of the flat
+   parameters, which the model's weights are views of. Muon (``optimizer.name: muon``)
+   orthogonalises whole matrices, which a shard splits: its matrices lie first in the flat
+   buffer, every rank gathers the whole clipped gradient and runs Muon on all of them (the same
+   computation on every rank, its momentum replicated), and keeps its own span of the result;
+   Muon's AdamW part is sharded as above.
 
 Rank 0 records the run (eval, events, the final lock-in check); the returned run is its record.
 The recorded ``grad_norm_pre`` / ``grad_norm_post`` are always those of the whole model's
@@ -48,7 +52,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.models.config import IGNORE_INDEX
-from pytest_spikecheck.training.build import build_optimizer, parameter_groups
+from pytest_spikecheck.training.optimizers import build_muon, build_optimizer, muon_matrices, parameter_groups
 from pytest_spikecheck.training.engine import train_with_sharding, validate_nproc
 from pytest_spikecheck.training.sharding import EventView
 from pytest_spikecheck.errors import ConfigError
@@ -86,6 +90,9 @@ def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     if resolved.model.z_loss > 0:
         raise ConfigError("z-loss (model.z_loss) is not supported with nproc > 1 yet: each rank's z-loss term "
                           "covers its own rows only, so the loss column could not be told apart from it")
+    if resolved.optimizer.qk_clip is not None:
+        raise ConfigError("QKClip is not supported with nproc > 1 yet: it needs the per-head attention logits of the "
+                          "whole batch, and each rank's forward sees its own rows (train with nproc=1)")
     if resolved.sampler.batch_size < nproc:
         raise ConfigError(f"nproc {nproc} exceeds the batch size {resolved.sampler.batch_size}: "
                           f"every rank needs at least one sample of each batch")
@@ -132,7 +139,11 @@ class FlatShard:
 
     def build_optimizer(self, model: torch.nn.Module, scenario: "Scenario") -> torch.optim.Optimizer:
         self._shard_local = scenario.optimizer.clip_mode == "shard_local"
-        groups = parameter_groups(model, scenario)
+        matrices = muon_matrices(model, scenario) if scenario.optimizer.name == "muon" else []
+        taken = {id(m.param) for m in matrices}
+        groups = parameter_groups(model, scenario, [p for p in model.parameters() if p.requires_grad and id(p) not in taken])
+        if matrices:  # Muon's matrices first: one contiguous region of the flat buffer, replicated
+            groups.insert(0, {"params": [m.param for m in matrices], "muon": True})
         ordered = [p for group in groups for p in group["params"]]
         first = ordered[0]
         if any(p.dtype != first.dtype or p.device != first.device for p in ordered):
@@ -178,15 +189,26 @@ class FlatShard:
         for group in groups:
             stop = start + sum(p.numel() for p in group["params"])
             a, b = max(start, lo) - lo, min(stop, hi) - lo
-            if a < b:
+            if a < b and not group.get("muon"):
                 piece = self.shard_params[a:b]
                 self._pieces.append((piece, self.shard_grads[a:b]))
                 shard_groups.append({**group, "params": [piece]})
             start = stop
-        if not shard_groups:
+        self._muon_numel = sum(m.param.numel() for m in matrices)
+        if not matrices and not shard_groups:
             raise ConfigError(f"the model's {numel} parameters are too few to give each of "
                               f"{self.world_size} ranks a shard")
-        return build_optimizer(model, scenario, shard_groups)
+        if not matrices:
+            return build_optimizer(model, scenario, shard_groups)
+        # Muon's tensors: views of the whole (replicated) weights, one per stacked matrix, their
+        # gradients views of the whole clipped gradient, gathered before each step.
+        self._muon_grads = torch.zeros_like(self.flat_grads)
+        tensors = []
+        for m in matrices:
+            where = self._slices[m.param]
+            weight, grad = self.flat_params[where].view_as(m.param), self._muon_grads[where].view_as(m.param)
+            tensors += [(weight[rows], grad[rows]) for rows in m.rows()]
+        return build_muon(tensors, shard_groups, scenario)
 
     # -- one step -------------------------------------------------------------------------
     def forward_backward(self, model: torch.nn.Module, x: torch.Tensor,
@@ -239,7 +261,14 @@ class FlatShard:
         return local.sqrt()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._muon_numel:
+            _all_gather(self._muon_grads, self.shard_grads, group=self.group)  # the whole clipped gradient
         optimizer.step()
+        if self._muon_numel:  # Muon updated the whole matrices in flat_params: keep this rank's span of them
+            lo = self.rank * self.shard_numel
+            hi = min(lo + self.shard_numel, self._muon_numel)
+            if lo < hi:
+                self.shard_params[:hi - lo].copy_(self.flat_params[lo:hi])
         _all_gather(self.flat_params, self.shard_params, group=self.group)
 
     def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:

@@ -36,6 +36,7 @@ from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.build import DTYPES, build_model
 from pytest_spikecheck.training.clip_policy import clip_policy
 from pytest_spikecheck.training.recorders import (
+    AttentionRecorder,
     CompositionRecorder,
     EvalRecorder,
     EventRecorder,
@@ -120,6 +121,7 @@ class _Training:
     compositions: CompositionRecorder
     events: EventRecorder
     evals: EvalRecorder
+    attention: AttentionRecorder
 
     @classmethod
     def build(cls, resolved: Scenario, device: torch.device, sharding: Sharding, backend: str) -> "_Training":
@@ -153,7 +155,9 @@ class _Training:
             metrics=MetricsRecorder(), compositions=CompositionRecorder(dataset, burst_ids, mixture),
             events=EventRecorder(resolved, dataset, plan, model, optimizer, sharding, named),
             evals=EvalRecorder(resolved, declared, model, to_device(dataset.eval.inputs),
-                               to_device(dataset.eval.targets), active=sharding.is_recorder))
+                               to_device(dataset.eval.targets), active=sharding.is_recorder,
+                               repeat_mask=None if dataset.eval_repeat is None else to_device(dataset.eval_repeat)),
+            attention=AttentionRecorder())
 
 
 def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
@@ -183,7 +187,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
             train_seconds += time.perf_counter() - t0
             break
         t.events.before_update(s, verdict)
-        t.trainer.update(skip=verdict.skip)
+        update_report = t.trainer.update(skip=verdict.skip)  # QK-Clip's qk_clipped_heads, when on
         t.events.after_update(s)
         skipped_steps += [step] if verdict.skip else []
         v_sum = sharding.adam_v_sum(t.optimizer)
@@ -191,7 +195,9 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         t.watch.observe(s)
         row = t.metrics.add(s, clip_factor=0.0 if verdict.skip else float(s.clip.scale),
                             grad_norm_post=0.0 if verdict.skip else s.grad_norm_post,  # a skipped step hands AdamW nothing
-                            eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum))
+                            eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum),
+                            **t.evals.optional_columns(), **update_report)
+        t.attention.add(s)
         if callbacks and _stop_requested(callbacks, StepContext(step, row, t.plan[step - 1], resolved, t.model,
                                                                 t.optimizer, t.dataset)):
             stop["stopped_by"] = "callback"
@@ -220,6 +226,7 @@ def _meta(t: _Training, original: Scenario, backend: str, device: torch.device, 
         "seconds": seconds, "train_seconds": train_seconds,
         "stopped_at": stopped_at, "stop_reason": stop["stop_reason"], "stopped_by": stop["stopped_by"],
         "declared_events": sorted(t.declared), "first_nonfinite": first_nonfinite,
+        "largest_attn_logit": t.attention.largest(),
         "first_step_update": t.events.first_step_update, "skipped_steps": skipped_steps,
         "lockin": (lockin_stats(t.model, t.dataset, device)
                    if sharding.is_recorder and stopped_at is None and hasattr(t.model, "config") else None),

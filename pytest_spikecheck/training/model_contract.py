@@ -65,16 +65,38 @@ def model_level_settings(scenario: Scenario) -> dict[str, Any]:
             if getattr(scenario.model, name) != getattr(defaults, name)}
 
 
+#: The custom model's hooks the wrapper hands through to the engine, where the model has them: the
+#: stats hook (``record_stats``, ``spikecheck_stats``), QK-Clip's (``spikecheck_qk_projections``)
+#: and Muon's stacked matrices (``spikecheck_fused_projections``).
+FORWARDED_HOOKS = ("record_stats", "spikecheck_stats", "spikecheck_qk_projections", "spikecheck_fused_projections")
+
+
 class ContractModel(torch.nn.Module):
     """The custom model, called the way the engine calls the built-in GPT: ``model(idx, targets)
     -> (logits, loss)`` and ``model(idx) -> (logits, None)``. Parameter names are the custom
-    model's own (no wrapper prefix), so event records name its tensors as its author does."""
+    model's own (no wrapper prefix), so event records name its tensors as its author does. The
+    hooks of :data:`FORWARDED_HOOKS` are the inner model's (absent where it has none)."""
 
-    def __init__(self, inner: torch.nn.Module, takes_targets: bool, label: str) -> None:
+    def __init__(self, inner: torch.nn.Module, takes_targets: bool, label: str, vocab_size: int = 0) -> None:
         super().__init__()
         self.inner = inner
         self.takes_targets = takes_targets
         self.label = label
+        self.vocab_size = vocab_size  # Muon's role rule: a matrix with this many rows or columns is the head
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in FORWARDED_HOOKS:
+                return getattr(self._modules["inner"], name)
+            raise
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in FORWARDED_HOOKS and "inner" in self._modules:
+            setattr(self._modules["inner"], name, value)
+        else:
+            super().__setattr__(name, value)
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         return self.inner.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
@@ -128,7 +150,7 @@ def build_custom_model(scenario: Scenario, vocab_size: int, pad_token_id: int) -
                               f"has no {CONFIGURE_HOOK}(**settings) method to apply them: implement it (README, "
                               f"'Your own model') or drop the model-level break")
         hook(**settings, pad_token_id=pad_token_id)
-    wrapped = ContractModel(model, _takes_targets(model), label)
+    wrapped = ContractModel(model, _takes_targets(model), label, vocab_size)
     _dry_run(wrapped, vocab_size, scenario.model.block_size, label)
     return wrapped
 

@@ -17,6 +17,8 @@ import torch
 
 from pytest_spikecheck.clipping import ClipResult
 from pytest_spikecheck.judge.baseline import spike_baseline
+from pytest_spikecheck.models.config import HEAD_LOGITS_KEY
+from pytest_spikecheck.training.optimizers import set_learning_rate
 from pytest_spikecheck.training.sharding import Sharding
 
 
@@ -40,6 +42,9 @@ class StepOutcome:
     #: What the model reported through the spikecheck stats hook on this forward (attention
     #: logits, log Z, the z-loss term; empty for a model without the hook), as floats.
     stats: dict[str, float] = field(default_factory=dict)
+    #: The per-head largest attention logit of this forward, (layers, heads), left on the device
+    #: (read at event steps only); None for a model that does not report it.
+    head_logits: torch.Tensor | None = None
 
     @property
     def nonfinite(self) -> bool:
@@ -58,8 +63,7 @@ class TrainingStep:
 
     def forward_backward_clip(self, step: int, batch: list[int], x: torch.Tensor, y: torch.Tensor, *,
                               lr: float, max_norm: float) -> StepOutcome:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         logits, loss = self.sharding.forward_backward(self.model, x, y)
         stats = model_stats(self.model)
         clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_mode)
@@ -68,22 +72,29 @@ class TrainingStep:
         cross_entropy = float(loss.detach()) - stats["z_loss"] if "z_loss" in stats else float(loss.detach())
         return StepOutcome(step=step, lr=lr, batch=batch, x=x, y=y, logits=logits, loss=cross_entropy,
                            clip=clip, max_norm=max_norm, grad_norm_pre=float(clip.total_norm),
-                           grad_norm_post=float(post), stats=stats)
+                           grad_norm_post=float(post), stats=stats,
+                           head_logits=(getattr(self.model, "spikecheck_stats", None) or {}).get(HEAD_LOGITS_KEY))
 
-    def update(self, *, skip: bool = False) -> None:
-        """AdamW's step (unless ``skip``: then nothing reaches the weights or Adam's moments),
-        then the gradients are dropped."""
+    def update(self, *, skip: bool = False) -> dict[str, float]:
+        """The optimizer's step (unless ``skip``: then nothing reaches the weights or the
+        optimizer's state), then the gradients are dropped. Returns what the optimizer's after-step
+        hook reported (QK-Clip's ``qk_clipped_heads``; 0 at a skipped step; empty without a hook)."""
         if not skip:
             self.sharding.optimizer_step(self.optimizer)
         self.optimizer.zero_grad(set_to_none=True)
+        keys = getattr(self.optimizer, "report_keys", ())
+        return dict.fromkeys(keys, 0.0) if skip else {k: self.optimizer.last_report[k] for k in keys}
 
 
 def model_stats(model: torch.nn.Module) -> dict[str, float]:
     """The model's ``spikecheck_stats`` from its last forward (the stats hook, see
     :class:`pytest_spikecheck.models.gpt.GPT`) as floats; empty when it has none. A key naming
-    several stats (``"a, b"``) holds a 1-d tensor of their values."""
+    several stats (``"a, b"``) holds a 1-d tensor of their values; the per-head attention logits
+    (``HEAD_LOGITS_KEY``, an array) are not a per-step float and are left to the event records."""
     out: dict[str, float] = {}
     for key, value in (getattr(model, "spikecheck_stats", None) or {}).items():
+        if key == HEAD_LOGITS_KEY:
+            continue
         if "," in key:  # several stats in one tensor: one host sync for all of them
             out.update(zip((k.strip() for k in key.split(",")), value.tolist()))
         else:
