@@ -126,7 +126,7 @@ INDUCTION_SYMBOLS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
 #: Each symbol's successors in the bigram chain: its first favourite with this probability, the
 #: second and third with the next two; the rest is spread evenly over all symbols (peaked: the
 #: first half is partly predictable, ~1.5 nats per symbol; the repeat is fully predictable).
-_INDUCTION_FAVOURITES = (0.6, 0.2, 0.1)
+_INDUCTION_FAVOURITES = (0.3,)
 
 
 def induction_prefix_length(block_size: int) -> int:
