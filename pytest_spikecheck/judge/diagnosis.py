@@ -27,6 +27,7 @@ from pytest_spikecheck.judge.analysis import (
     CLIP_RTOL, baseline, largest_spike, loss_jump, recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.records import Record, as_record
+from pytest_spikecheck.judge.sweeps import QK_CLIP_FACTOR
 from pytest_spikecheck.judge.text import fmt, fmt_measure
 
 
@@ -312,16 +313,17 @@ def attention_logit_rung(m: dict[str, Any], step: int, run: Any = None) -> tuple
     now, early = value_at(m, "attn_logit_max", step), value_at(m, "attn_logit_max", 10)
     worst = int(np.nanargmax(values))
     growth = now / early if math.isfinite(early) and early > 0 else math.nan
-    grew = bool(values[worst] >= ATTENTION_LOGIT_LIMIT
-                and math.isfinite(early) and values[worst] >= ATTENTION_GROWTH_FACTOR * early)
-    facts: dict[str, Any] = {"attn_logit_max": now, "attn_logit_growth": growth, "attention_logit_growth": grew}
+    optimizer = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "name", None)
+    tau = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "qk_clip", None)
+    # With QK-Clip on, logits up to QK_CLIP_FACTOR x tau are what it allows (its containment bound)
+    limit = ATTENTION_LOGIT_LIMIT if tau is None else max(ATTENTION_LOGIT_LIMIT, QK_CLIP_FACTOR * tau)
+    grew = bool(values[worst] > limit and math.isfinite(early) and values[worst] >= ATTENTION_GROWTH_FACTOR * early)
+    facts: dict[str, Any] = {"attn_logit_max": now, "attn_logit_growth": growth, "attention_logit_growth": grew,
+                             "optimizer": optimizer, "qk_clip_tau": tau}
     where = _largest_head(run)
     at = f" in layer {where[0]} head {where[1]}" if where is not None else ""
     if where is not None:
         facts.update(max_logit_layer=where[0], max_logit_head=where[1])
-    optimizer = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "name", None)
-    tau = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "qk_clip", None)
-    facts.update(optimizer=optimizer, qk_clip_tau=tau)
     if optimizer == "muon" or tau is not None:
         largest_growth = values[worst] / early if math.isfinite(early) and early > 0 else math.nan
         finding = (f"attention max logit {fmt(values[worst], ',.0f')} at step {int(steps[worst])} (×"
@@ -333,7 +335,7 @@ def attention_logit_rung(m: dict[str, Any], step: int, run: Any = None) -> tuple
     if "logz_mean" in m:
         finding += f"; output log Z {fmt(value_at(m, 'logz_mean', step), '.1f')}"
     if grew and tau is not None:
-        finding += f": the logits grew past QK-Clip's τ {tau:g}"
+        finding += f": the logits grew past {QK_CLIP_FACTOR:g} × QK-Clip's τ {tau:g}"
     elif grew:
         finding += (": a max-logit explosion; QK-Clip or qk-norm contains it" if optimizer == "muon"
                     else ": attention-logit growth; qk-layernorm contains it")

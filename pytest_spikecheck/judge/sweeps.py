@@ -145,7 +145,12 @@ def assert_logits_bounded(run: Any, attention: float | None = None, z: float | N
                                   f"record: {rec.source}")
 
 
-def assert_qk_clip_contains(run: Any, tau: float | None = None, factor: float = 2.0) -> int:
+#: QK-Clip bounds the largest attention logit to this many times its tau from its first clip on
+#: (a clip acts after its step's update; the next update moves the weights again).
+QK_CLIP_FACTOR = 2.0
+
+
+def assert_qk_clip_contains(run: Any, tau: float | None = None, factor: float = QK_CLIP_FACTOR) -> int | None:
     """Assert QK-Clip held the attention logits: from the first step at which it had to act (its
     ``qk_clipped_heads`` column is > 0 there, or the largest attention logit exceeded ``tau``),
     the largest attention logit of every later step is at most ``factor * tau``. ``tau`` defaults
