@@ -2,12 +2,15 @@
 Wortsman's LR sensitivity, and how attention-logit growth depends on the model's size.
 
     python scripts/high_lr.py sweep --seeds 0-4 --jobs 2 --out docs/high_lr.json --panel docs/lr_sensitivity.png
+    python scripts/high_lr.py sweep --recipes muon --seeds 0-4 --jobs 2 --out docs/high_lr.json   # adds one row
     python scripts/high_lr.py sizes --seeds 0-4 --jobs 2 --out docs/high_lr_sizes.json
     python scripts/high_lr.py table --out docs/high_lr.json [--sizes docs/high_lr_sizes.json]
 
 Every run is Phase-19's preset (240 sentences, batch 8, AdamW, weight decay 0.1, clip 1.0)
 for STEPS steps with a cosine schedule; a recipe is a set of breaks/defences, the peak LR the
-sweep's. ``final loss`` is the eval loss at the last step; the initial loss is step 1's train loss.
+sweep's (``muon``: torch.optim.Muon at the sweep's lr on the hidden matrices, its AdamW part at 1e-2,
+the rest of the recipe as the baseline's). ``final loss`` is the eval loss at the last step; the
+initial loss is step 1's train loss.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from _sweep import median, run_jobs, seed_range, spread
 
 STEPS = 150
 LRS = (1e-2, 3e-2, 1e-1, 3e-1)
-RECIPES = ("baseline", "no warmup", "qk-layernorm", "qk-layernorm + z-loss")
+RECIPES = ("baseline", "no warmup", "qk-layernorm", "qk-layernorm + z-loss", "muon")
 SIZES = ("nano", "micro", "mini")  # models.config.PRESETS: width 32, 64, 128; depth 2, 2, 4
 
 
@@ -32,8 +35,9 @@ def _scenario(recipe: str, lr: float, seed: int, model: str = "micro"):
     from pytest_spikecheck.models.config import model_preset
 
     defences = {"baseline": (), "no warmup": (NoWarmup(),), "qk-layernorm": (QKLayerNorm(),),
-                "qk-layernorm + z-loss": (QKLayerNorm(), ZLoss(1e-4))}[recipe]
-    return (Scenario.preset("phase-19").replace(steps=STEPS, seed=seed, model=model_preset(model))
+                "qk-layernorm + z-loss": (QKLayerNorm(), ZLoss(1e-4)), "muon": ()}[recipe]
+    optimizer = {"optimizer__name": "muon"} if recipe == "muon" else {}
+    return (Scenario.preset("phase-19").replace(steps=STEPS, seed=seed, model=model_preset(model), **optimizer)
             .with_breaks(HighLR(lr=lr), *defences))
 
 
@@ -131,20 +135,31 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--sizes", default=None, help="table: the sizes JSON to add")
     parser.add_argument("--panel", default=None, help="sweep: draw the final-loss-vs-LR panel here")
+    parser.add_argument("--recipes", default=",".join(RECIPES),
+                        help="sweep: the recipes to train (comma-separated); the JSON keeps the others' records")
     args = parser.parse_args()
     if args.mode == "table":
         sizes = json.loads(Path(args.sizes).read_text()) if args.sizes else None
         print(table(json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else None, sizes))
         return 0
     seeds = seed_range(args.seeds)
+    recipes = [r for r in args.recipes.split(",") if r]
+    unknown = sorted(set(recipes) - set(RECIPES))
+    if unknown:
+        parser.error(f"unknown recipe {unknown[0]!r}; choose from {', '.join(RECIPES)}")
     if args.mode == "sweep":
-        jobs = [{"recipe": rc, "lr": lr, "seed": s} for s in seeds for rc in RECIPES for lr in LRS]
+        jobs = [{"recipe": rc, "lr": lr, "seed": s} for s in seeds for rc in recipes for lr in LRS]
     else:
         jobs = [{"recipe": rc, "lr": 0.1, "seed": s, "model": m} for m in SIZES for s in seeds
                 for rc in ("baseline", "qk-layernorm")]
     records = run_jobs(measure, jobs, args.jobs,
                        lambda r: f"{r.get('model', 'micro')} {r['recipe']} lr {r['lr']:g} seed {r['seed']}: {r['final']:.3f}")
-    data = {"date": time.strftime("%Y-%m-%d"), "steps": STEPS, "records": records}
+    today, kept, old = time.strftime("%Y-%m-%d"), [], {}
+    if args.mode == "sweep" and Path(args.out).is_file():  # the recipes not re-run keep their records
+        old = json.loads(Path(args.out).read_text())
+        kept = [r for r in old["records"] if r["recipe"] not in recipes]
+    dates = {**{r["recipe"]: old.get("date", today) for r in kept}, **old.get("dates", {}), **{rc: today for rc in recipes}}
+    data = {"date": old.get("date", today) if kept else today, "dates": dates, "steps": STEPS, "records": kept + records}
     Path(args.out).write_text(json.dumps(data, indent=1))
     if args.panel:
         panel(data, Path(args.panel))

@@ -5,6 +5,7 @@ take them over as they are; each cell is one 1-thread training.
     python scripts/muon_fidelity.py run --grid main --seeds 0-4 --jobs 2 --out docs/muon.json
     python scripts/muon_fidelity.py run --grid equal_update --seeds 0-4 --jobs 2 --out docs/muon.json
     python scripts/muon_fidelity.py run --grid seed_a --seeds 0-4 --jobs 2 --out docs/muon.json
+    python scripts/muon_fidelity.py run --grid issue_probes --seeds 0-2 --jobs 2 --out docs/muon.json
     python scripts/muon_fidelity.py table --out docs/muon.json
 
 ``run`` adds its grid's records to the JSON (replacing that grid's earlier ones); ``table`` prints
@@ -51,6 +52,19 @@ DEFENCES = {
 #: Muon at AdamW's update size (adjust_lr_fn match_rms_adamw: Moonlight's 0.2·sqrt(max(A, B)),
 #: which makes Muon's update RMS about AdamW's) against AdamW at the same lr, no defence.
 EQUAL_UPDATE_LRS = (0.01, 0.03, 0.1)
+#: Issue 22's throwaway probes, rerun with the project's code (the GPT, no weight decay, Muon's AdamW
+#: part at 1e-2): Phase-19 for 400 steps at several Muon lrs, and induction for 600 steps in batches
+#: of 8. Each: (label, corpus, steps, optimizer, lr, defence, seeds used: "all" or "first").
+ISSUE_PROBES = (
+    [(f"phase19 muon lr {lr:g}", "phase19", 400, "muon", lr, "none", "all" if lr == 0.2 else "first")
+     for lr in (0.05, 0.1, 0.2, 0.4)]
+    + [("phase19 adamw lr 0.01", "phase19", 400, "adamw", 0.01, "none", "first")]
+    + [(f"phase19 muon lr {lr:g} qk-norm", "phase19", 400, "muon", lr, "qk-norm", "first") for lr in (0.2, 0.4)]
+    + [(f"induction muon lr 0.2 {d}", "induction-8", 600, "muon", 0.2, d, "all")
+       for d in ("none", "qk-clip 30", "qk-norm", "weight decay 0.1")]
+    + [(f"induction adamw lr {lr:g}", "induction-8", 600, "adamw", lr, "none", "first") for lr in (0.05, 0.1)]
+    + [("induction adamw lr 0.05 gated attention", "induction-8", 600, "adamw", 0.05, "gated attention", "first")]
+)
 #: Seed A's burst (8 unseen sentences at 312, Phase-19's full recipe), the llama beside the GPT.
 SEED_A = {"burst": {"count": 8, "at_step": 312, "content": "greek"}, "clips": {"clip-1.0": 1.0, "no-clip": None}}
 
@@ -65,7 +79,12 @@ def _jobs(grid: str, seeds: list[int]) -> list[dict]:
                 for s in seeds for lr in EQUAL_UPDATE_LRS for o in ("adamw", "muon")]
     if grid == "seed_a":
         return [{"grid": grid, "arch": a, "clip": c, "seed": s} for s in seeds for a in ARCHS for c in SEED_A["clips"]]
-    raise SystemExit(f"unknown grid {grid!r}; choose main, equal_update or seed_a")
+    if grid == "issue_probes":
+        return [{"grid": grid, "label": label, "corpus": corpus, "steps": steps, "optimizer": opt, "lr": lr,
+                 "defence": defence, "arch": "gpt", "seed": s}
+                for label, corpus, steps, opt, lr, defence, which in ISSUE_PROBES
+                for s in (seeds if which == "all" else seeds[:1])]
+    raise SystemExit(f"unknown grid {grid!r}; choose main, equal_update, seed_a or issue_probes")
 
 
 def scenario(job: dict):
@@ -75,6 +94,12 @@ def scenario(job: dict):
         return (sc.Scenario.preset("phase-19").replace(seed=job["seed"], model__arch=job["arch"],
                                                       optimizer__grad_clip=SEED_A["clips"][job["clip"]])
                 .with_breaks(sc.RareTokenBurst(**SEED_A["burst"])))
+    if job["grid"] == "issue_probes":
+        corpus = {**CORPORA["induction"], "sampler__batch_size": 8} if job["corpus"] == "induction-8" else {}
+        breaks, more = DEFENCES[job["defence"]]
+        changes = {**BASE, **corpus, "steps": job["steps"], "seed": job["seed"], "optimizer__name": job["optimizer"],
+                   "optimizer__lr": job["lr"], **more}
+        return sc.Scenario.preset("phase-19").replace(**changes).with_breaks(*(getattr(sc, n)(**p) for n, p in breaks))
     changes = {**BASE, **CORPORA[job["corpus"]], "seed": job["seed"], "model__arch": job["arch"]}
     if job["grid"] == "equal_update":
         changes.update(optimizer__name=job["optimizer"], optimizer__lr=job["lr"])
@@ -117,7 +142,7 @@ def measure(job: dict) -> dict:
         active = np.flatnonzero(clipped > 0)
         first = int(active[0]) if active.size else None
         out.update(clip_steps=int(active.size), clip_last=int(active[-1]) + 1 if active.size else None,
-                   clip_late_share=float((clipped[-STEPS // 4:] > 0).mean()), clip_heads=float(clipped.sum()),
+                   clip_late_share=float((clipped[-len(clipped) // 4:] > 0).mean()), clip_heads=float(clipped.sum()),
                    max_after_first_clip=float(np.nanmax(logits[first + 1:])) if first is not None else None)
     return out
 
@@ -172,6 +197,21 @@ def table(records: list[dict]) -> str:
         for lr in EQUAL_UPDATE_LRS:
             lines.append(f"| {lr:g} | {_cells(eq, 'max_logit', ',.0f', optimizer='adamw', lr=lr)} | "
                          f"{_cells(eq, 'max_logit', ',.0f', optimizer='muon', lr=lr)} |")
+        lines.append("")
+    probes = [r for r in records if r["grid"] == "issue_probes"]
+    if probes:
+        lines += ["Issue 22's probes rerun with the project's code (GPT, no weight decay): largest attention logit; "
+                  "final eval loss (induction: full (repeated half)); one value per seed:", "",
+                  "| probe | steps | seeds | max logit | final eval | grad-norm max / median |", "|---|---|---|---|---|---|"]
+        for label, *_ in ISSUE_PROBES:
+            rows = sorted((r for r in probes if r["label"] == label), key=lambda r: r["seed"])
+            if rows:
+                finals = ", ".join(f"{r['final_eval']:.2f}" + (f" ({r['final_eval_repeat']:.2f})" if r.get("final_eval_repeat")
+                                                               is not None else "") for r in rows)
+                seeds_text = ", ".join(str(r["seed"]) for r in rows)
+                logits = ", ".join(format(r["max_logit"], ",.0f") for r in rows)
+                grads = ", ".join(format(r["grad_ratio"], ".1f") for r in rows)
+                lines.append(f"| {label} | {rows[0]['steps']} | {seeds_text} | {logits} | {finals} | {grads} |")
         lines.append("")
     burst = [r for r in records if r["grid"] == "seed_a"]
     if burst:

@@ -198,9 +198,9 @@ def test_the_yaml_round_trip_keeps_the_new_fields_and_breaks(tmp_path):
 
 # -- every path that trains: probes, lr_sweep --------------------------------------------------
 
-@pytest.mark.parametrize("arch", ["gpt", "llama"])
-def test_the_probe_replays_a_muon_step_with_qk_clip_bit_for_bit(arch):
-    scenario = _nano(arch, lr=0.4).replace(steps=6).with_breaks(QKClip(tau=0.1))  # tau 0.1: it clips every step
+@pytest.mark.parametrize("arch,name", [("gpt", "muon"), ("llama", "muon"), ("llama", "sgd")])
+def test_the_probe_replays_a_step_with_qk_clip_bit_for_bit(arch, name):
+    scenario = _nano(arch, name=name, lr=0.4).replace(steps=6).with_breaks(QKClip(tau=1e-3))  # it clips every step
     seen = {}
 
     def at_step_5(ctx) -> None:
@@ -221,7 +221,7 @@ def test_the_probe_replays_a_muon_step_with_qk_clip_bit_for_bit(arch):
     for after, expected in zip(probe.model.parameters(), seen["weights"]):
         assert torch.equal(after.detach(), expected)
     probe._restore()
-    assert probe(probe.real_batch) == result  # and the probe still restores Muon's momentum and AdamW's moments
+    assert probe(probe.real_batch) == result  # and the probe still restores the momenta and AdamW's moments
 
 
 def test_lr_sweep_sweeps_muons_lr_on_the_llama():
@@ -229,3 +229,13 @@ def test_lr_sweep_sweeps_muons_lr_on_the_llama():
     assert [r.scenario.optimizer.lr for r in sweep.runs] == [0.05, 0.2]
     assert {r.scenario.optimizer.adamw_lr for r in sweep.runs} == {1e-2}  # the AdamW part keeps its own lr
     assert all(math.isfinite(x) for x in sweep.final_losses)
+
+
+def test_the_diagnosis_of_an_sgd_run_says_there_are_no_adam_moments():
+    from pytest_spikecheck import RareTokenBurst, diagnose
+
+    run = train(_nano(name="sgd", lr=0.5).replace(steps=4).with_breaks(RareTokenBurst(count=3, at_step=3)))
+    lines = dict(diagnose(run, step=3).lines)
+    assert lines["6 Adam v"] == "the optimizer keeps no Adam moments (SGD)"
+    per_head = np.asarray(run.event_at(3)["attn_logit_max_per_head"])  # the event records the per-head logits
+    assert per_head.shape == (2, 2) and per_head.max() == pytest.approx(run["attn_logit_max"][2], rel=1e-6)

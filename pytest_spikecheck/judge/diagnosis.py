@@ -240,12 +240,16 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         d.facts.update(top_tensor=top[0][0] if top else None)
         # 6. Adam memory
         surprise = event.get("adam_surprise") or {}
-        v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
-        fade = _fade_steps(m, step)
-        fade_text = f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
-        d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; "
-                                    f"{surprise.get('share', math.nan):.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"))
-        d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
+        if "share" in surprise and surprise["share"] is not None and not math.isfinite(surprise["share"]):
+            d.lines.append(("6 Adam v", "the optimizer keeps no Adam moments (SGD)"))
+            d.facts.update(v_jump=None, v_fade=None, adam_surprise=None)
+        else:
+            v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
+            fade = _fade_steps(m, step)
+            fade_text = f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
+            d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; "
+                                        f"{surprise.get('share', math.nan):.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"))
+            d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
 
     logits = attention_logit_rung(m, step, run)
     if logits is not None:

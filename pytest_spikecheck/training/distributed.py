@@ -184,6 +184,7 @@ class FlatShard:
         self._part_of = torch.tensor(part_of, dtype=torch.long, device=first.device)
         # (AdamW's parameter: a view of shard_params, its gradient: the same span of shard_grads)
         self._pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._piece_starts: list[int] = []  # where each piece begins in this rank's shard
         shard_groups = []
         start = 0
         for group in groups:
@@ -192,9 +193,14 @@ class FlatShard:
             if a < b and not group.get("muon"):
                 piece = self.shard_params[a:b]
                 self._pieces.append((piece, self.shard_grads[a:b]))
+                self._piece_starts.append(a)
                 shard_groups.append({**group, "params": [piece]})
             start = stop
         self._muon_numel = sum(m.param.numel() for m in matrices)
+        self._muon_params = {id(m.param) for m in matrices}
+        # Whether the optimizer keeps Adam moments, and how many updates it took: the same on every
+        # rank (a rank whose shard holds only Muon's matrices has no AdamW state of its own to ask).
+        self._adam, self._updates = scenario.optimizer.name != "sgd", 0
         if not matrices and not shard_groups:
             raise ConfigError(f"the model's {numel} parameters are too few to give each of "
                               f"{self.world_size} ranks a shard")
@@ -261,6 +267,7 @@ class FlatShard:
         return local.sqrt()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._updates += 1
         if self._muon_numel:
             _all_gather(self._muon_grads, self.shard_grads, group=self.group)  # the whole clipped gradient
         optimizer.step()
@@ -291,14 +298,12 @@ class FlatShard:
         pre_clip_squares.index_add_(0, self._part_of, self._pre_clip_squares.to(grads.device))
         dist.all_reduce(pre_clip_squares, op=dist.ReduceOp.SUM, group=self.group)
 
-        step = next((optimizer.state[piece]["step"] for piece, _ in self._pieces if piece in optimizer.state), None)
         moments = None
-        if step is not None:
+        step = torch.tensor(float(self._updates))  # AdamW's step count (every piece's)
+        if self._adam and self._updates:
             shard_moments = torch.zeros_like(self.shard_params)
-            offset = 0
-            for piece, _ in self._pieces:
-                shard_moments[offset:offset + piece.numel()] = optimizer.state[piece]["exp_avg_sq"]
-                offset += piece.numel()
+            for (piece, _), start in zip(self._pieces, self._piece_starts):
+                shard_moments[start:start + piece.numel()] = optimizer.state[piece]["exp_avg_sq"]
             moments = torch.empty_like(self.flat_params)
             _all_gather(moments, shard_moments, group=self.group)
 
@@ -311,8 +316,8 @@ class FlatShard:
             logits=full_logits,
             grads=[grads[s].view_as(p) for s, p in zip(per_param, self.params)],
             pre_clip_norms=pre_clip_squares.sqrt().to(torch.float32),
-            states=[{} if moments is None else {"exp_avg_sq": moments[s].view_as(p), "step": step}
-                    for s, p in zip(per_param, self.params)],
+            states=[{} if moments is None or id(p) in self._muon_params  # Muon's matrices keep no Adam moments
+                    else {"exp_avg_sq": moments[s].view_as(p), "step": step} for s, p in zip(per_param, self.params)],
         )
 
     def describe(self) -> dict[str, Any]:
