@@ -123,9 +123,10 @@ def burst_pool(content: str, count: int, corpus_seed: int = 0) -> tuple[Sample, 
 #: The induction corpus's symbols: one character each, written with a leading space, so that the
 #: byte-level BPE makes each " x" one token and a sequence of n symbols is n tokens.
 INDUCTION_SYMBOLS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUV"
-#: Each symbol's successors in the bigram chain: its first favourite with this probability, the
-#: second and third with the next two; the rest is spread evenly over all symbols (peaked: the
-#: first half is partly predictable, ~1.5 nats per symbol; the repeat is fully predictable).
+#: Each symbol's successors in the bigram chain: one favourite takes this much more probability
+#: than the rest, which is spread evenly over all symbols. Peaked, but only a little: the first half
+#: costs 3.26 nats per symbol at best (uniform: ln 48 = 3.87), so what a model gains by copying the
+#: repeated half (down to ~0) dwarfs what bigram statistics give it (measured: docs/fidelity.md).
 _INDUCTION_FAVOURITES = (0.3,)
 
 
