@@ -83,9 +83,10 @@ def test_dividing_by_a_largest_logit_at_or_below_zero_fails_the_finiteness_check
 # -- in training: the honest clip and its sabotage ---------------------------------------------
 
 #: The sabotage runs: Phase-19's GPT under Muon at lr 0.4 (the shipped break's recipe), cut to
-#: SHORT steps: the honest clip first acts at step 19 here, and an unclipped head passes 2 tau
-#: well before step SHORT (measured: scenarios/test_muon_max_logit.py, docs/fidelity.md).
-SHORT = 45
+#: SHORT steps: the honest clip first acts at step 19 here (and holds the logits under 1.8 tau);
+#: a clip that never scales lets them pass 2 tau at step 25, one that scales the wrong head at 26
+#: (measured, seed 42, 45 steps; the schedule of a 32-step run differs only after step 20).
+SHORT = 32
 
 
 def _muon(steps: int = SHORT, **changes) -> Scenario:

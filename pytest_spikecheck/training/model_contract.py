@@ -8,10 +8,10 @@ The factory is a callable or its import path ``"package.module:function"``, call
 * ``forward(idx)`` returns ``logits`` of shape ``(batch, time, vocab_size)``; the engine then
   computes that loss itself.
 
-Model-level breaks (``LayerNormEps0``, ``MaskPaddingKeys``) change the model, not the data. A
-custom model applies them through a hook, ``spikecheck_configure(**settings)``, called once
-after the factory with the changed settings (``layernorm_eps``, ``pos_embedding``,
-``pad_embedding``, ``mask_padding``) and the tokenizer's ``pad_token_id``; a model without
+Model-level breaks (``LayerNormEps0``, ``MaskPaddingKeys``, ``QKLayerNorm``, ``ZLoss``,
+``LogitSoftcap``, ``GatedAttention``) change the model, not the data. A custom model applies them
+through a hook, ``spikecheck_configure(**settings)``, called once after the factory with the
+changed settings (:data:`MODEL_LEVEL_FIELDS`) and the tokenizer's ``pad_token_id``; a model without
 the hook refuses such a break with a :class:`ConfigError` instead of silently ignoring it.
 
 Each rule is checked once, when the model is built, by a dry forward pass on a two-row batch
@@ -36,7 +36,10 @@ from pytest_spikecheck.scenario import Scenario
 #: The method a custom model implements to take model-level breaks.
 CONFIGURE_HOOK = "spikecheck_configure"
 #: GPTConfig fields that model-level breaks change (the rest of ``model`` describes the built-in GPT).
-MODEL_LEVEL_FIELDS = ("layernorm_eps", "pos_embedding", "pad_embedding", "mask_padding")
+MODEL_LEVEL_FIELDS = ("layernorm_eps", "pos_embedding", "pad_embedding", "mask_padding", "qk_layernorm", "z_loss",
+                      "logit_softcap", "attn_gate")
+#: GPTConfig fields that pick a built-in model: meaningless with your own.
+BUILT_IN_FIELDS = ("arch", "n_kv_head")
 
 
 def resolve_factory(factory: Callable[..., Any] | str) -> Callable[..., Any]:
@@ -129,6 +132,11 @@ def build_custom_model(scenario: Scenario, vocab_size: int, pad_token_id: int) -
     """Build the scenario's custom model, apply its model-level breaks through the hook, and
     check the contract with a dry forward pass. Every violation is a one-line ConfigError."""
     label = scenario.model_factory_path
+    defaults = GPTConfig()
+    for name in BUILT_IN_FIELDS:
+        if getattr(scenario.model, name) != getattr(defaults, name):
+            raise ConfigError(f"model.{name} {getattr(scenario.model, name)!r} picks a built-in model, and the scenario "
+                              f"trains your own ({label}): drop it (your factory decides the architecture)")
     factory = resolve_factory(scenario.model_factory)
     kwargs = dict(scenario.model_kwargs)
     try:
