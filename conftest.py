@@ -20,3 +20,12 @@ settings.register_profile("dev", max_examples=1000, deadline=None, print_blob=Tr
 # For mutation runs (pyproject's [tool.mutmut]): every mutant reruns its tests, so few examples.
 settings.register_profile("mutation", max_examples=25, derandomize=True, database=None, deadline=None)
 settings.load_profile("ci")
+
+# The documentation test: every fenced block of README.md and docs/ runs (docs/testing.md).
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent / "tests" / "docs"))
+from docs_harness import sybil as _docs_sybil  # noqa: E402
+
+pytest_collect_file = _docs_sybil().pytest()

@@ -22,6 +22,13 @@ docs/architecture.md):
     scenario                      Scenario, breaks, presets, YAML (no torch)
     models | kernels              the tiny GPT and its config; the CUDA sources
     errors
+
+No module here uses a plain ``assert`` (checks raise ``SpikeCheckError`` or ``ConfigError`` with
+their own messages), so the package asks pytest not to rewrite it: PYTEST_DONT_REWRITE. Without
+that, whether pytest registered the package for rewriting before importing it depended on how
+pytest was launched (an editable install is found through its metadata only when the source tree
+is on ``sys.path``, as under ``python -m pytest``), and a pytester session run in process then
+failed under ``filterwarnings = error`` with "Module already imported so cannot be rewritten".
 """
 
 from __future__ import annotations

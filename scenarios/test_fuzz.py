@@ -191,6 +191,7 @@ def test_the_search_rediscovers_rare_token_concentration(spikecheck, probe):
     assert result.probe is probe  # the same cached checkpoint
     assert result.real.ratio < 2, "the batch the sampler really serves at 312 is ordinary"
     assert result.worst.ratio >= 20 and result.minimal.ratio >= result.keep_fraction * result.worst.ratio
+    assert result.worst.ratio >= result.minimal.ratio, "the worst reported is the largest ratio the search saw"
     assert len(result.necessary) >= 3, f"not a concentration: {result.necessary}"
     assert all(probe.dataset.is_rare(i) for i in result.necessary), result.text()
     text = result.text()

@@ -18,7 +18,10 @@ Three phases, all on the one-step probe of :mod:`pytest_spikecheck.training.prob
 2. **Minimise.** Each sample of the best batch in turn is swapped for one of the real
    batch's; a swap is kept when the ratio stays at least ``keep_fraction`` (90 %) of the
    best. At the fixed point every swapped-in sample is necessary: swapping any one of them
-   back drops the ratio below the bar. (The batch size stays fixed: the loss is a mean over
+   back drops the ratio below the bar. A swap can also *raise* the ratio (a real sample may
+   add to the spike more than the outlier it replaces): then that batch is the worst seen,
+   and the phase starts again from it under its higher bar, so the reported worst is the
+   largest ratio of any probe of the search and the minimal batch never beats it. (The batch size stays fixed: the loss is a mean over
    the batch's tokens, so a *smaller* batch of the same outliers spikes as much, and "the
    fewest samples" would always shrink to one outlier and hide the concentration.
    Hypothesis's own shrinker aims at its notion of simple — the first candidates — rather
@@ -67,7 +70,7 @@ class SearchResult:
 
     probe: Probe
     real: ProbeResult  # the batch the sampler serves at S
-    worst: ProbeResult  # the largest ratio of phase 1
+    worst: ProbeResult  # the largest ratio of any probe of the search (screen, climb, minimise)
     minimal: ProbeResult  # phase 2's fixed point, probed with per-token losses
     necessary: tuple[int, ...]  # pool indices of the worst batch that phase 2 could not swap out
     keep_fraction: float
@@ -175,7 +178,7 @@ def find_worst_batch(
                           "search a later step")
     started = time.perf_counter()
     batch_size = len(probe.real_batch)
-    order = _screened_order(probe)
+    order, screened_worst = _screened_order(probe)
     probes = len(order)
     best: list[ProbeResult] = []
 
@@ -193,8 +196,8 @@ def find_worst_batch(
             best[:] = [result]
 
     climb()
-    worst = best[0]
-    necessary, minimal_indices, minimise_probes = _minimise(probe, worst, keep_fraction)
+    worst, necessary, minimal_indices, minimise_probes = _worst_and_minimal(probe, max(best[0], screened_worst, key=_score),
+                                                                          keep_fraction)
     probes += minimise_probes
     minimal = probe(minimal_indices, token_losses=True)
     real = probe(probe.real_batch)
@@ -202,21 +205,43 @@ def find_worst_batch(
                         keep_fraction=keep_fraction, probes=probes + 2, seconds=time.perf_counter() - started)
 
 
-def _screened_order(probe: Probe) -> list[int]:
+def _screened_order(probe: Probe) -> tuple[list[int], ProbeResult]:
     """Pool indices ordered by the ratio of the real batch at S with that sample swapped in
-    (weakest first, so Hypothesis shrinks toward harmless samples and climbs toward harmful ones)."""
+    (weakest first, so Hypothesis shrinks toward harmless samples and climbs toward harmful ones),
+    and the screen's largest ratio."""
     real = list(probe.real_batch)
-    effect = {}
+    effect, worst = {}, None
     for i in range(probe.pool_size):
         batch = real if i in real else [i, *real[1:]]
-        effect[i] = _score(probe(batch))
-    return sorted(effect, key=lambda i: (effect[i], i))
+        result = probe(batch)
+        effect[i] = _score(result)
+        if worst is None or effect[i] > _score(worst):
+            worst = result
+    return sorted(effect, key=lambda i: (effect[i], i)), worst
 
 
-def _minimise(probe: Probe, worst: ProbeResult, keep_fraction: float) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+def _worst_and_minimal(probe: Probe, worst: ProbeResult,
+                       keep_fraction: float) -> tuple[ProbeResult, tuple[int, ...], tuple[int, ...], int]:
+    """Minimise ``worst``; when a swap beats it, that batch is the worst and minimising starts
+    again from it (the worst's score rises each time, over finitely many batches: it ends).
+
+    Returns (the worst batch seen, necessary samples, the minimal batch, probes run).
+    """
+    probes = 0
+    while True:
+        necessary, minimal, n, beaten_by = _minimise(probe, worst, keep_fraction)
+        probes += n
+        if beaten_by is None:
+            return worst, necessary, minimal, probes
+        worst = beaten_by
+
+
+def _minimise(probe: Probe, worst: ProbeResult,
+              keep_fraction: float) -> tuple[tuple[int, ...], tuple[int, ...], int, ProbeResult | None]:
     """Swap samples of ``worst`` for the real batch's until every one left is necessary.
 
-    Returns (necessary samples, the minimal batch, probes run).
+    Returns (necessary samples, the minimal batch, probes run, the first probed batch whose
+    ratio beats ``worst``'s, or None); it stops at such a batch.
     """
     bar = keep_fraction * _score(worst)
     current = list(worst.indices)
@@ -233,9 +258,12 @@ def _minimise(probe: Probe, worst: ProbeResult, keep_fraction: float) -> tuple[t
             candidate = current.copy()
             candidate[slot] = unused[0]
             probes += 1
-            if _score(probe(candidate)) >= bar:
+            result = probe(candidate)
+            if _score(result) > _score(worst):
+                return (), tuple(candidate), probes, result
+            if _score(result) >= bar:
                 current = candidate
                 unused.pop(0)
                 changed = True
     necessary = tuple(sorted(i for i in current if i not in real))
-    return necessary, tuple(current), probes
+    return necessary, tuple(current), probes, None
