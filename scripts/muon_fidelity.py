@@ -124,7 +124,7 @@ def measure(job: dict) -> dict:
             hook = getattr(ctx.model, "spikecheck_qk_projections", None)
             if hook is not None:
                 layers = hook()
-                norms["qk_weight_norm"] = float(np.mean([float(q.norm() * k.norm()) for q, k, *_ in layers]))
+                norms["qk_weight_norm"] = float(np.mean([float(q.detach().norm() * k.detach().norm()) for q, k, *_ in layers]))
 
     run = train(scenario(job), backend="torch", threads=1, callbacks=[qk_norms])
     m = run.metrics
