@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # would make pip download a multi-GB CUDA build, so it is installed first, on its own.
 TORCH  := torch==2.13.0
 
-.PHONY: demo demo-high-lr test setup setup-dev clean
+.PHONY: demo demo-high-lr test setup setup-dev chromium clean
 
 $(VENV)/.setup-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,7 +40,20 @@ demo-high-lr: $(VENV)/.setup-base
 	$(BIN)/spikecheck compare experiments/high-lr-qk-layernorm experiments/high-lr-break --out out/high-lr
 	$(BIN)/spikecheck diagnose experiments/high-lr-break
 
-test: $(VENV)/.setup-dev
+# The report page's browser tests (tests/test_report_page.py) open it in headless Chromium: Debian's
+# chromium is installed with apt-get where make runs as root with apt (CI does); elsewhere those
+# tests skip and say why. Instant when a browser is already on PATH.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	 if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	   echo "make: installing chromium with apt-get (the report page's browser tests)"; \
+	   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	     echo "make: apt-get could not install chromium: the browser tests will skip (and fail under CI)"; \
+	 else \
+	   echo "make: no chromium on PATH and no root apt-get: the browser tests will skip (apt-get install chromium)"; \
+	 fi
+
+test: $(VENV)/.setup-dev chromium
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope
 

@@ -11,7 +11,8 @@ norm passes over the gradients (pre- and post-clip), Σv of Adam, the batch indi
 The bare and the recorded loop train side by side in one process, one torch thread, their
 steps alternating (a shared machine's load then slows both alike); the ratio of medians over
 the repeats is the number. ``--parts`` also times each recorder call in place (one more
-paired run, ``perf_counter`` around ``before_clip``, ``after_clip``, ``step`` and the Σv read).
+paired run, ``perf_counter`` around ``before_clip``, ``after_clip``, the optimizer step hook that
+measures the post-clip norm, ``step`` and the Σv read).
 """
 
 from __future__ import annotations
@@ -120,7 +121,9 @@ def parts_in_place(scenario) -> dict[str, float]:
         return call
 
     with ExitStack() as patches:
+        # The post-clip norm is measured when the optimizer's step returns (its step post-hook).
         for cls, name, label in [(Recorder, "before_clip", "before_clip"), (Recorder, "after_clip", "after_clip"),
+                                 (Recorder, "_after_optimizer_step", "post-clip (optimizer step hook)"),
                                  (Recorder, "step", "step"), (SingleProcess, "adam_v_sum", "step: sum of v")]:
             patches.enter_context(mock.patch.object(cls, name, timed(getattr(cls, name), label)))
         paired_run(scenario)

@@ -14,14 +14,15 @@ docs/architecture.md):
     cli | plugin                  the spikecheck command; the pytest plugin, its session and fixtures
     fuzz | integrations           Hypothesis strategies, the worst-batch search;
                                   recording your own trainer (plain loop, Hugging Face, Lightning) and bursts in your data
-    training | report             the engine, probes, N ranks (torch); panels and comparison tables (matplotlib)
+    training | report             the engine, probes, N ranks (torch), the run store; panels, comparisons, the
+                                  summary's Markdown and the HTML page (matplotlib when drawing)
     judge                         detectors, analysis, diagnosis, assertions (numpy only)
     records                       Run, Record, log readers (numpy only)
     clipping | data               clipping backends (torch, cupy, emulator) and their conformance kit;
                                   corpus, tokenizer, samplers
     scenario                      Scenario, breaks, presets, YAML (no torch)
     models | kernels              the tiny GPT and its config; the CUDA sources
-    errors
+    errors | progress             exceptions; progress bars and lines
 
 No module here uses a plain ``assert`` (checks raise ``SpikeCheckError`` or ``ConfigError`` with
 their own messages), so the package asks pytest not to rewrite it: PYTEST_DONT_REWRITE. Without
@@ -63,6 +64,9 @@ _EXPORTS = {
     "LogitSoftcap": "pytest_spikecheck.scenario.breaks",
     "QKClip": "pytest_spikecheck.scenario.breaks",
     "GatedAttention": "pytest_spikecheck.scenario.breaks",
+    "ClipBeforeUnscale": "pytest_spikecheck.scenario.breaks",
+    "ClipEachMicrobatch": "pytest_spikecheck.scenario.breaks",
+    "AccumulateSum": "pytest_spikecheck.scenario.breaks",
     "Run": "pytest_spikecheck.records.run",
     "train": "pytest_spikecheck.training.launch",
     "SpikeCheckError": "pytest_spikecheck.errors",
@@ -74,6 +78,8 @@ _EXPORTS = {
     "assert_diverges": "pytest_spikecheck.judge.assertions",
     "assert_finite": "pytest_spikecheck.judge.assertions",
     "assert_no_lockin": "pytest_spikecheck.judge.assertions",
+    "assert_accumulation_invariant": "pytest_spikecheck.judge.setup_checks",
+    "assert_overflow_skips": "pytest_spikecheck.judge.setup_checks",
     "diagnose": "pytest_spikecheck.judge.diagnosis",
     "LRSweep": "pytest_spikecheck.judge.sweeps",
     "lr_sensitivity": "pytest_spikecheck.judge.sweeps",

@@ -22,7 +22,7 @@ import yaml
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.judge.policy import judge_log
-from pytest_spikecheck.records import read_log
+from pytest_spikecheck.records.logs import read_runs
 
 ROOT = Path(__file__).parent / "data" / "reallogs"
 TOLERANCE_INTERVALS = 2
@@ -33,11 +33,14 @@ def corpus() -> list[dict]:
 
 
 def judge_entry(entry: dict, detectors: tuple[str, ...] = ()) -> dict | None:
-    """The judgement of one corpus file; None where the reader refuses it."""
+    """The judgement of one corpus file, every run it holds together (series of all runs; ok
+    when every run is; judged when any is); None where the reader refuses it."""
     try:
-        return judge_log(read_log(ROOT / entry["file"]), detectors)
+        reports = [judge_log(record, detectors) for record in read_runs(ROOT / entry["file"])]
     except ConfigError:
         return None
+    return {"series": [s for r in reports for s in r["series"]], "ok": all(r["ok"] for r in reports),
+            "judged": any(r["judged"] for r in reports), "runs": reports}
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Score:
     unjudged_logs: list[str] = field(default_factory=list)
     unreadable_ok: int = 0
     unreadable_wrong: list[str] = field(default_factory=list)
+    unread: list[str] = field(default_factory=list)  # readable logs the reader refused
 
     @property
     def detection(self) -> float:
@@ -66,6 +70,12 @@ class Score:
     @property
     def flags_per_1000(self) -> float:
         return 1000 * self.negative_flags / self.negative_points if self.negative_points else float("nan")
+
+
+def split(name: str) -> list[dict]:
+    """The corpus entries of one split: ``tune`` (the rules were calibrated on these) or
+    ``heldout`` (added with issue 24 and never tuned on)."""
+    return [e for e in corpus() if e["split"] == name]
 
 
 def score(detectors: tuple[str, ...] = (), entries: list[dict] | None = None) -> Score:
@@ -82,6 +92,7 @@ def score(detectors: tuple[str, ...] = (), entries: list[dict] | None = None) ->
         out.onsets += len(onsets)
         if report is None:
             out.missed += [f"{entry['file']}@{o} (unreadable)" for o in onsets]
+            out.unread.append(entry["file"])
             continue
         judged_series = [s for s in report["series"] if s["status"] != "skipped"]
         out.points += sum(s["logged"] for s in judged_series)

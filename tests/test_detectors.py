@@ -133,9 +133,14 @@ AT_THE_THRESHOLD = [
     # loss-jump: a jump of exactly `nats` over the median
     ("loss-jump", {"nats": 0.5}, [2.0] * 5 + [2.5, 2.49], 2, [(6, 2.5, 2.0, 0.5)]),
     # ... and of 6 robust sigmas on a noisy history (median 2, MAD 1: bar 6 x 1.4826 = 8.8956);
-    # the alternation's first points, judged on 5 values with no spread yet, are flagged too
-    ("loss-jump", {}, [1.0, 3.0] * 5 + [10.9, 10.8], 7,
+    # without the log-noise floor the alternation's first points, judged on 5 values with no
+    # spread yet, are flagged too
+    ("loss-jump", {"noise_sigmas": 0.0}, [1.0, 3.0] * 5 + [10.9, 10.8], 7,
      [(6, 3.0, 1.0, 2.0), (8, 3.0, 1.0, 2.0), (10, 3.0, 1.0, 2.0), (11, 10.9, 2.0, 8.9)]),
+    # ... with it, the alternation is the log's own noise (second differences of 4: sigma
+    # 1.4826 x 4 / sqrt 6 = 2.421) and the bar is 4 of those, 9.684: 8.9 is no spike, 10.5 is
+    ("loss-jump", {}, [1.0, 3.0] * 5 + [10.9, 10.8], 7, []),
+    ("loss-jump", {}, [1.0, 3.0] * 5 + [12.5, 12.4], 7, [(11, 12.5, 2.0, 10.5)]),
     # loss-sustained: up 1 nat and staying up for `hold` points; once per episode; the last two
     # points lack 2 later ones (not judged)
     ("loss-sustained", {}, [2.0] * 6 + [3.0] * 4 + [2.0] * 3 + [3.0] * 3, 13, [(7, 3.0, 2.0, 1.0), (14, 3.0, 2.0, 1.0)]),

@@ -112,7 +112,7 @@ class _EngineRun:
 def _ladder_record(event_extra=None, declared=(50, 81, 500), **run_kwargs):
     pre = np.ones(100)
     pre[80] = 40.0
-    post = np.minimum(pre, 1.0)
+    post = np.minimum(pre, 2.0)  # clipped to the event's own limit (a clip to 1 under max_norm 2 is over-clipping)
     adam_v = np.ones(100)
     adam_v[80:85] = [3.0, 2.0, 1.5, 1.1, 1.0]  # back within 1.10x (1.1 itself counts) 3 steps after
     attn = np.full(100, 5.0)
@@ -141,7 +141,7 @@ def test_every_rung_of_an_engine_record_word_for_word():
     assert d.text() == (
         "diagnosis at step 81:\n"
         "  1 loss          train loss 2.000 vs median 2.000 over the 50 steps before\n"
-        "  2 grad norm     pre-clip 40 = 40.0× the baseline 1; clipped to 1, clip factor ×0.025; within max_norm 2\n"
+        "  2 grad norm     pre-clip 40 = 40.0× the baseline 1; clipped to 2, clip factor ×0.05; within max_norm 2\n"
         "  3 batch         4 samples (3 web, 1 code); 2 with rare tokens (7 rare-token occurrences); "
         "3 injected by a burst: b1, b2\n"
         "  4 token losses  mean 3.50, p90 5.25, max 9.30 nats; worst: 'zq' 9.3†, 'ab' 7.5*, 'the' 6.0, 'x' 5.0, "
@@ -150,7 +150,7 @@ def test_every_rung_of_an_engine_record_word_for_word():
         "  6 Adam v        sqrt(Σv) jumps ×3.00, back within 1.10× after 3 steps; 1.2% of weights have |g|/√v̂ > 8\n"
         "  7 logits        attention logits 500 at step 81 (×100 since step 10); largest 800 at step 86; "
         "output log Z 3.3: attention-logit growth; qk-layernorm contains it\n"
-        "  => rare tokens concentrated in one batch; the clip contained it (post-clip 1 ≤ max_norm 2); attention "
+        "  => rare tokens concentrated in one batch; the clip contained it (post-clip 2 ≤ max_norm 2); attention "
         "logits grew beyond control (attention-logit growth: qk-layernorm contains it)")
     assert d.markdown().splitlines()[:5] == [
         "**Diagnosis at step 81**", "", "| rung | finding |", "|---|---|",
@@ -264,4 +264,4 @@ def test_the_facts_are_the_records_numbers():
                        clip_factor=lambda p: np.minimum(1, 1 / p)), max_norm=1.0)
     assert d.facts == {"loss": 2.5, "loss_baseline": 2.5, "grad_norm_pre": 40.0, "baseline": 1.0, "ratio": 40.0,
                        "grad_norm_post": 1.0, "clip_factor": 0.025, "max_norm": 1.0, "clipped": True, "contained": True,
-                       "nonfinite": []}
+                       "overclipped": False, "skipped": None, "nonfinite": []}

@@ -18,7 +18,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pytest_spikecheck import ClipAt, ConfigError, NoClip, RareTokenBurst, Scenario, ShardLocalNorm, train
+from pytest_spikecheck import (
+    ClipAt, ClipBeforeUnscale, ClipEachMicrobatch, ConfigError, NoClip, RareTokenBurst, Scenario, ShardLocalNorm, train,
+)
 from pytest_spikecheck.clipping import clip_grads_
 from pytest_spikecheck.training.distributed import DistributedError, FlatShard, run_on_ranks, train_in_process_group
 from pytest_spikecheck.training.engine import train_with_sharding
@@ -40,6 +42,11 @@ MUON = (Scenario.preset("phase-19").replace(name="two-ranks-muon", steps=12, opt
         .with_breaks(RareTokenBurst(count=3, at_step=8)))
 #: SGD on 2 ranks (elementwise, sharded as AdamW is; no Adam moments for the event records to gather).
 SGD = MUON.replace(name="two-ranks-sgd", optimizer__name="sgd", optimizer__lr=0.3)
+#: fp16 with dynamic loss scaling, 2 micro-batches per step and the clip before the unscale (the
+#: bug), in the same launch: each rank runs its rows' micro-batches, the ranks agree on the
+#: overflow skip of the 8-sample burst (one all-reduce of the flag), the records stay unscaled.
+FP16_BUG = (Scenario.preset("phase-19").replace(steps=30, sampler__accumulation=2, name="two-ranks-fp16-bug")
+            .with_breaks(RareTokenBurst(count=8, at_step=24), ClipBeforeUnscale()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,20 +159,20 @@ class _TeacherForced(FlatShard):
         self.single_process_norms: list[float] = []
         self.shard_norms: list[tuple[float, float]] = []
 
-    def forward_backward(self, model, x, y):
+    def forward_backward(self, model, x, y, rows_backward):
         if self.is_recorder:
             self.flat_grads.zero_()
             _, loss = model(x, y)
             loss.backward()
             self.single_process_norms.append(float(clip_grads_(self.params, math.inf, backend="torch").total_norm))
-        return super().forward_backward(model, x, y)
+        return super().forward_backward(model, x, y, rows_backward)
 
-    def clip(self, max_norm, *, backend, mode):
+    def clip(self, max_norm, *, backend, mode, **options):
         def shard_norm() -> float:
             return float(clip_grads_(self._clip_parts, math.inf, backend="torch").total_norm)
 
         before = shard_norm()
-        result = super().clip(max_norm, backend=backend, mode=mode)
+        result = super().clip(max_norm, backend=backend, mode=mode, **options)
         self.shard_norms.append((before, shard_norm()))
         return result
 
@@ -182,8 +189,8 @@ def _train_teacher_forced(scenarios: list[Scenario]) -> list[tuple]:
 @pytest.fixture(scope="module")
 def two_ranks():
     """{name: (rank 0's run, the single-process norms per step, [each rank's shard norms per step])}."""
-    names = [*SCENARIOS, "shard_local", "muon", "sgd"]
-    ranks = run_on_ranks(_train_teacher_forced, 2, args=([*SCENARIOS.values(), SHARD_LOCAL, MUON, SGD],))
+    names = [*SCENARIOS, "shard_local", "fp16_bug", "muon", "sgd"]
+    ranks = run_on_ranks(_train_teacher_forced, 2, args=([*SCENARIOS.values(), SHARD_LOCAL, FP16_BUG, MUON, SGD],))
     return {name: (ranks[0][i][0], ranks[0][i][1], [rank[i][2] for rank in ranks]) for i, name in enumerate(names)}
 
 
@@ -250,6 +257,18 @@ def test_shard_local_norm_clips_each_shard_and_records_the_whole_gradient(two_ra
     assert "shard-local" in run.meta["distributed"]["clip_norm"]
 
 
+def test_fp16_accumulation_and_a_clip_before_unscale_on_two_ranks(two_ranks):
+    two, one = two_ranks["fp16_bug"][0], train(FP16_BUG)
+    assert two.skipped == one.skipped == {24: "overflow"}  # both ranks skipped the step one rank's shard overflowed
+    np.testing.assert_array_equal(two["loss_scale"], one["loss_scale"])
+    applied = two["step"] != 24
+    # the optimizer received max_norm / scale on every rank: the over-clip the records show unscaled
+    np.testing.assert_allclose(two["grad_norm_post"][applied] * two["loss_scale"][applied], 1.0, rtol=1e-4)
+    # step 1, same weights: the ranks' micro-batches (2 rows each) sum to one process's (4 rows) in fp16 rounding
+    assert _relative(two["grad_norm_pre"][:1], one["grad_norm_pre"][:1]).max() <= 1e-4
+    assert _relative(two["loss"][:1], one["loss"][:1]).max() <= 1e-5
+
+
 #: Muon's whole-run tolerance on the loss: the ranks' float32 gradient sums differ from one
 #: process's in the last bits, and Newton-Schulz runs in bfloat16, which rounds those apart to
 #: 8 bits; measured (12 steps, max over steps) on the 2-core machine type on 2026-12-01: 6.5e-4
@@ -295,6 +314,10 @@ def test_bad_nproc_is_one_clear_error(nproc):
     (SHORT.with_breaks(ShardLocalNorm()), {"nproc": 1}, r"ShardLocalNorm .* needs nproc >= 2"),
     (SHORT.with_breaks(ClipAt(max_norm=1.0, mode="per_tensor")), {"nproc": 2}, r"per-tensor clipping is not defined"),
     (Scenario.preset("phase-19").replace(sampler__batch_size=1), {"nproc": 2}, r"nproc 2 exceeds the batch size 1"),
+    (Scenario.preset("phase-19").replace(sampler__accumulation=8), {"nproc": 2},
+     r"nproc 2 x accumulation 8 exceeds the batch size 8: every rank needs at least one sample of each micro-batch"),
+    (Scenario.preset("phase-19").replace(sampler__accumulation=2).with_breaks(ClipEachMicrobatch()), {"nproc": 2},
+     r"ClipEachMicrobatch \(clip_mode each_microbatch\) is declared on one process"),
     (SHORT, {"nproc": 2, "callbacks": [print]}, r"callbacks cannot be used with nproc > 1"),
     (SHORT.replace(model_factory=lambda vocab_size: None), {"nproc": 2}, r"must be picklable"),
     (SHORT, {"nproc": 2, "device": "cuda:1"}, r"pass device 'cuda' \(rank r trains on cuda:r\)"),

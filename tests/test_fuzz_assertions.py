@@ -89,7 +89,11 @@ def _expected_verdict(name: str, kwargs: dict) -> bool | None:
             return False  # nothing finite shows the clip held
         bad = ~(post <= limit) & ~np.isnan(post)
         if "grad_norm_pre" in log:
-            bad |= np.isnan(post) & np.isfinite(log["grad_norm_pre"])
+            pre = np.asarray(log["grad_norm_pre"], dtype=float)
+            bad |= np.isnan(post) & np.isfinite(pre)
+            # over-clipped: below min(pre-clip, max_norm) by more than rtol and torch's 1e-6 epsilon
+            with np.errstate(invalid="ignore"):
+                bad |= np.isfinite(pre) & np.isfinite(post) & (post < np.minimum(pre, kwargs["max_norm"]) * (1 - kwargs["rtol"]) - 1e-6)
         return not bad.any()
     if name == "assert_finite":
         return all(np.isfinite(v).all() for k, v in log.items() if k != "step")
@@ -139,7 +143,7 @@ def test_detectors_never_crash_and_flag_every_nonfinite_value(name, data, thresh
 @given(max_norm=st.floats(0.01, 10), rtol=st.sampled_from([0.0, 1e-5, 0.1]),
        factors=st.lists(st.sampled_from([0.5, 1.0, 1 + 4e-6, 1 + 2e-5, 1.05, 1.2, math.nan, math.inf]), min_size=1, max_size=20),
        with_pre=st.booleans())
-def test_clip_contains_fails_exactly_when_a_post_clip_norm_is_over_the_limit(max_norm, rtol, factors, with_pre):
+def test_clip_contains_fails_exactly_when_a_post_clip_norm_is_over_the_limit_or_over_clipped(max_norm, rtol, factors, with_pre):
     post = max_norm * np.asarray(factors)
     log = {"grad_norm_post": post, **({"grad_norm_pre": np.full(post.size, 2.0 * max_norm)} if with_pre else {})}
     expected = _expected_verdict("assert_clip_contains", {"run": log, "max_norm": max_norm, "rtol": rtol})
@@ -150,7 +154,11 @@ def test_clip_contains_fails_exactly_when_a_post_clip_norm_is_over_the_limit(max
         if not np.isfinite(post).any() and not with_pre:
             assert str(exc).startswith("no finite grad_norm_post in the record")
             return
-        first = int(np.flatnonzero(~(post <= max_norm * (1 + rtol)) & ~np.isnan(post) | (np.isnan(post) & with_pre))[0])
-        assert f"at step {first + 1} (" in str(exc)
+        over = ~(post <= max_norm * (1 + rtol)) & ~np.isnan(post) | (np.isnan(post) & with_pre)
+        if over.any():
+            assert f"at step {int(np.flatnonzero(over)[0]) + 1} (" in str(exc)
+        else:  # nothing over the limit: the failure is a clip that scaled too far
+            under = np.isfinite(post) & (post < max_norm * (1 - rtol) - 1e-6)
+            assert str(exc).startswith(f"over-clipped at step {int(np.flatnonzero(under)[0]) + 1}: ")
     else:
         assert expected is True

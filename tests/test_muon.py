@@ -239,3 +239,27 @@ def test_the_diagnosis_of_an_sgd_run_says_there_are_no_adam_moments():
     assert lines["6 Adam v"] == "the optimizer keeps no Adam moments (SGD)"
     per_head = np.asarray(run.event_at(3)["attn_logit_max_per_head"])  # the event records the per-head logits
     assert per_head.shape == (2, 2) and per_head.max() == pytest.approx(run["attn_logit_max"][2], rel=1e-6)
+
+
+def test_a_loss_scaler_unscales_the_stacked_matrices_muon_reads_at_its_step():
+    """GradScaler.unscale_ walks the optimizer's groups before the step: the fused c_attn, which
+    Muon reads through views only at the step, must be among them, unscaled once."""
+    model = _model("gpt")
+    optimizer = build_optimizer(model, _nano().resolved())
+    idx = torch.randint(0, 50, (2, 8))
+    _, loss = model(idx, idx)
+    loss.backward()
+    expected = {n: p.grad.clone() for n, p in model.named_parameters()}
+    optimizer.zero_grad()
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    _, loss = model(idx, idx)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-5, atol=1e-8, msg=name)
+
+
+def test_muon_trains_under_fp16_loss_scaling_and_accumulation():
+    run = train(_nano("llama").replace(steps=3, sampler__accumulation=2, amp__dtype="float16",
+                                      amp__loss_scale="dynamic").with_breaks(QKClip(tau=1e-3)))
+    assert np.isfinite(run["loss"]).all() and "loss_scale" in run.metrics and run["qk_clipped_heads"].max() > 0

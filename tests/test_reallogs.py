@@ -10,14 +10,15 @@ from pytest_spikecheck.cli.check import EXIT_FOUND, EXIT_NOT_JUDGED
 from pytest_spikecheck.cli.commands import main
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.judge.assertions import assert_no_spike, assert_spike
-from reallogs import ROOT, corpus, score
+from pytest_spikecheck.records.logs import read_log
+from reallogs import ROOT, corpus, score, split
 
 ENTRIES = corpus()
 
 
-def test_default_policy_meets_the_goal_on_the_real_corpus():
-    result = score()
-    assert result.onsets == 18 and result.negatives == 38
+def test_default_policy_meets_the_goal_on_the_tune_split():
+    result = score(entries=split("tune"))
+    assert result.onsets == 18 and result.negatives == 38 and not result.unread
     assert result.detection >= 0.90, result.missed  # 17 of 18: the 90050 blow-up is rolled back by the log itself
     assert result.clean_flagged <= 0.05, result.flagged
     assert result.unreadable_ok == 4 and not result.unreadable_wrong  # refused with one line, not guessed at
@@ -26,6 +27,20 @@ def test_default_policy_meets_the_goal_on_the_real_corpus():
     # preference loss the loss rules step aside from.
     assert result.unjudged_logs == ["hf/grpo-one-entry/trainer_state.json", "jsonl/dpo-360-llamafactory/trainer_log.jsonl",
                                     "jsonl/dpo-recsys-llamafactory/trainer_log.jsonl"]
+
+
+def test_default_policy_meets_the_goal_on_the_heldout_split():
+    # Added with issue 24 (text logs, an MLflow run, a real LFS pointer) and never tuned on.
+    result = score(entries=split("heldout"))
+    assert result.onsets == 1 and result.negatives == 7 and not result.unread
+    assert result.detection >= 0.90, result.missed
+    assert result.clean_flagged <= 0.05, result.flagged
+    assert result.unreadable_ok == 1 and not result.unreadable_wrong
+
+
+def test_no_rl_or_preference_log_is_flagged():
+    rl = [e for e in ENTRIES if e["label"] == "rl_surrogate" and not e["spikes"]]
+    assert len(rl) == 8 and not score(entries=rl).flagged
 
 
 def test_the_published_ratio_rule_misses_what_the_policy_finds():
@@ -43,25 +58,30 @@ def test_check_and_assertions_agree(entry, capsys):
         with pytest.raises(ConfigError):
             assert_no_spike(path)
         return
-    report = json.loads(out)
-    spikes = any(s["spikes"] for s in report["series"])
-    assert code == (EXIT_FOUND if not report["ok"] else EXIT_NOT_JUDGED if report["not_judged"] or not report["judged"] else 0)
-    # assert_no_spike(log, strict=True) fails exactly where `check --strict` exits non-zero
-    if code:
-        with pytest.raises(SpikeCheckError, match="default policy flagged|non-finite|not judged"):
-            assert_no_spike(path, strict=True)
-    else:
-        assert_no_spike(path, strict=True)
-    # assert_spike(log) passes exactly where check lists a spike
-    if spikes:
-        assert_spike(path)
-    else:
-        with pytest.raises(SpikeCheckError, match="expected the default policy to flag a spike"):
-            assert_spike(path)
-    # "no spike" only for a judged series: every other one says why it was not judged
-    for s in report["series"]:
-        assert s["status"] in ("judged", "not judged", "skipped")
-        if s["status"] == "not judged":
-            assert s["message"].startswith(f"not judged: {s['logged']} point") and "needs" in s["message"]
-    if entry["label"] == "rl_surrogate":
-        assert report["kind"] == "rl" and all(s["status"] == "skipped" for s in report["series"] if s["metric"] == "loss")
+    out = json.loads(out)
+    runs = out["logs"] if "logs" in out else [out]
+    worst = max(EXIT_FOUND if not r["ok"] else EXIT_NOT_JUDGED if r["not_judged"] or not r["judged"] else 0 for r in runs)
+    assert code == worst
+    for number, report in enumerate(runs, 1):
+        record = read_log(path, run=number)  # the assertions judge one run: the one the check reported here
+        code = EXIT_FOUND if not report["ok"] else EXIT_NOT_JUDGED if report["not_judged"] or not report["judged"] else 0
+        spikes = any(s["spikes"] for s in report["series"])
+        # assert_no_spike(log, strict=True) fails exactly where `check --strict` exits non-zero
+        if code:
+            with pytest.raises(SpikeCheckError, match="default policy flagged|non-finite|not judged"):
+                assert_no_spike(record, strict=True)
+        else:
+            assert_no_spike(record, strict=True)
+        # assert_spike(log) passes exactly where check lists a spike
+        if spikes:
+            assert_spike(record)
+        else:
+            with pytest.raises(SpikeCheckError, match="expected the default policy to flag a spike"):
+                assert_spike(record)
+        # "no spike" only for a judged series: every other one says why it was not judged
+        for s in report["series"]:
+            assert s["status"] in ("judged", "not judged", "skipped")
+            if s["status"] == "not judged":
+                assert s["message"].startswith(f"not judged: {s['logged']} point") and "needs" in s["message"]
+        if entry["label"] == "rl_surrogate":
+            assert report["kind"] == "rl" and all(s["status"] == "skipped" for s in report["series"] if s["metric"] == "loss")

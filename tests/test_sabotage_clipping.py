@@ -39,7 +39,7 @@ from pytest_spikecheck.clipping.torch_backend import BACKEND as TORCH, clip_scal
 from pytest_spikecheck.clipping.conformance import ConformanceError, check_clip_function
 from pytest_spikecheck.fuzz.strategies import batch_compositions
 from pytest_spikecheck.models.config import model_preset
-from pytest_spikecheck.plugin.session import summarise
+from pytest_spikecheck.report.summary import summarise
 from pytest_spikecheck.training.probe import probe_at
 
 MAX_NORM = 1.0

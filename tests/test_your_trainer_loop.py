@@ -1,6 +1,9 @@
 """A plain training loop recorded with ``pytest_spikecheck.record``: the burst injected into its
 data spikes, the recorder measures the norms itself, and the run folder is diagnosed and
-asserted on like an engine run. Two 40-step runs of the micro GPT (about 1 s)."""
+asserted on like an engine run. Two 40-step runs of the micro GPT (about 1 s); then the loops
+people write with gradient accumulation (4 micro-batches of 2) and with fp16 autocast and a
+``GradScaler("cpu")`` at ``init_scale=2**24`` (it overflows in the first steps: skipped steps on
+a CPU), and the classic AMP bug, the clip before ``unscale_`` (short fp16 runs)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,13 @@ import torch
 from torch.utils.data import DataLoader
 from trainer_data import BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, corpus, one_thread, stream
 
-from pytest_spikecheck import Run, assert_clip_contains, assert_spike, diagnose, record
+import warnings
+
+from pytest_spikecheck import (
+    Run, SpikeCheckError, assert_clip_contains, assert_finite, assert_overflow_skips, assert_spike, diagnose, inject_burst,
+    record,
+)
+from pytest_spikecheck.integrations.recorder import ClipBeforeUnscaleWarning, Recorder, RecorderOrderWarning
 from pytest_spikecheck.cli import main as cli
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
@@ -107,7 +116,7 @@ def test_inject_burst_plans_the_burst_and_holds_its_samples_out():
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"samples": [10_000]}, "sample index 10000 is outside the dataset"),
-    ({"samples": [1, 2], "count": 3}, "count <= min(len(samples), batch_size)"),
+    ({"samples": [1, 2], "count": 3}, "count <= min(len(samples), batch_size × accumulation)"),
     ({"samples": [1], "at_step": 99}, "1 <= at_step <= steps"),
 ])
 def test_inject_burst_rejects_bad_input_in_one_line(kwargs, message):
@@ -120,3 +129,159 @@ def test_inject_burst_rejects_bad_input_in_one_line(kwargs, message):
 def test_recorder_rejects_a_negative_max_norm():
     with pytest.raises(ConfigError, match="max_norm must be >= 0"):
         record(torch.nn.Linear(2, 2), max_norm=-1.0)
+
+
+# -- gradient accumulation and mixed precision, as people write them ---------------------------
+
+
+def train_loop(*, accumulation: int = 1, dtype=None, scaler_init: float | None = None, unscale_first: bool = True,
+               steps: int = STEPS, recorder=Recorder, burst_step: int = BURST_STEP):
+    """The user's loop with ``accumulation`` micro-batches per optimizer step (each micro-batch's
+    loss divided by their number, as most loops do) under ``torch.autocast(dtype)`` and, with
+    ``scaler_init``, a ``GradScaler("cpu")``; ``unscale_first=False`` is the AMP bug."""
+    data, burst = corpus()
+    scenario = Scenario.preset("phase-19")
+    torch.manual_seed(0)
+    model = build_model(scenario, data.tokenizer.vocab_size, pad_token_id=data.tokenizer.pad_id)
+    optimizer = build_optimizer(model, scenario)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scaler_init) if scaler_init else None
+    micro = BATCH // accumulation
+    planned = inject_burst(_rows(), samples=burst, at_step=burst_step, count=3, batch_size=micro, steps=steps, seed=0,
+                           accumulation=accumulation)
+    rec = recorder(model, optimizer, max_norm=MAX_NORM, catalog=catalog(), stream=planned, name="plain-loop",
+                   accumulation=accumulation, scaler=scaler, seed=0)
+    batches = iter(DataLoader(planned, batch_size=micro))
+    autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else torch.autocast("cpu", enabled=False)
+    for step in range(1, steps + 1):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, base_lr=1e-2, total_steps=steps, spec=scenario.schedule)
+        losses, logits_parts, targets = [], [], []
+        for _ in range(accumulation):
+            x, y = next(batches)
+            with autocast:
+                logits, loss = model(x, y)
+            (scaler.scale(loss / accumulation) if scaler else loss / accumulation).backward()
+            losses.append(float(loss.detach()))
+            logits_parts.append(logits.detach())
+            targets.append(y)
+        if scaler is not None and unscale_first:
+            scaler.unscale_(optimizer)
+        with rec.clipping():
+            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        rec.step(loss=sum(losses) / accumulation, logits=logits_parts, targets=targets)
+        optimizer.zero_grad(set_to_none=True)
+    return rec.run()
+
+
+@pytest.fixture(scope="module")
+def accumulated_loop():
+    with one_thread():
+        return train_loop(accumulation=4)
+
+
+@pytest.fixture(scope="module")
+def fp16_loop():
+    with one_thread():
+        return train_loop(dtype=torch.float16, scaler_init=2.0 ** 24)
+
+
+def test_accumulation_is_recorded_per_optimizer_step(accumulated_loop, loop_runs):
+    run = accumulated_loop
+    assert len(run) == STEPS and run.meta["recorded"]["accumulation"] == 4
+    batch = run.batch_at(BURST_STEP)  # the step's 4 micro-batches of 2: all 8 samples
+    assert len(batch["samples"]) == BATCH and batch["burst_samples"] == 3
+    d = diagnose(run)
+    assert d.step == BURST_STEP and d.facts["burst_samples"] == 3  # the burst where it was injected
+    assert len(run.event_at(BURST_STEP)["token_losses"]["worst"]) > 0  # all micro-batches' logits
+    assert_clip_contains(run, MAX_NORM)
+    # step 1 (same weights and batch): the mean of the micro-batch means, as this loop computes it,
+    # next to the whole batch's token-weighted mean at accumulation 1
+    one, _ = loop_runs["clip"]
+    assert run["loss"][0] == pytest.approx(one["loss"][0], rel=1e-2)
+
+
+def test_a_stream_planned_for_another_accumulation_is_refused():
+    data, burst = corpus()
+    planned = inject_burst(_rows(), samples=burst, at_step=5, count=3, batch_size=2, steps=10, accumulation=4)
+    with pytest.raises(ConfigError, match=r"the burst stream plans 4 micro-batch\(es\) per optimizer step .* "
+                                          r"accumulation=1: give both the same"):
+        record(torch.nn.Linear(2, 2), max_norm=1.0, stream=planned)
+    with pytest.raises(ConfigError, match=r"accumulation=\.\.\.\) must be an integer >= 1"):
+        record(torch.nn.Linear(2, 2), accumulation=0)
+
+
+def test_grad_scaler_skips_are_marked_and_are_no_failure(fp16_loop, tmp_path, capsys):
+    run = fp16_loop
+    skipped = sorted(run.skipped)
+    assert skipped and skipped[0] == 1 and set(run.skipped.values()) == {"overflow"}  # 2**24 overflows at once
+    scales = run["loss_scale"]
+    assert scales[0] == 2 ** 24 and all(scales[s] == scales[s - 1] / 2 for s in skipped)  # halved after each skip
+    assert all(run["grad_norm_post"][s - 1] == 0.0 for s in skipped)  # nothing reached the optimizer
+    finite = assert_finite(run)
+    assert finite.skipped_steps == len(skipped)
+    assert_clip_contains(run, MAX_NORM)  # unscaled before the clip: it holds
+    with pytest.raises(SpikeCheckError, match=rf"the loss scaler skipped {len(skipped)} of {STEPS} steps on overflow"):
+        assert_overflow_skips(run)  # the 2**24 start costs more than 1% of a 40-step run ...
+    assert assert_overflow_skips(run, after_step=skipped[-1]) == 0.0  # ... and nothing once it settled
+    d = diagnose(run)
+    assert d.step == BURST_STEP and "injected" in d.facts and "GradScaler" not in d.verdict  # the burst's diagnosis
+    first = diagnose(run, 2)
+    assert first.verdict.startswith("GradScaler skipped this step (overflow at scale 2²³; scale halved): the update "
+                                    "was not applied, not a numeric break; the data: ")
+    run.save(tmp_path / "run")
+    assert cli(["check", str(tmp_path / "run")]) == 0  # spikecheck check reads the skip marks too
+    assert "skipped" in capsys.readouterr().out
+
+
+def test_clip_before_unscale_is_warned_and_fails_clip_containment(fp16_loop):
+    with one_thread(), pytest.warns(ClipBeforeUnscaleWarning, match=r"^rec.clipping\(\) at step 1: the gradients are "
+                                                                    r"still scaled by the GradScaler \(×2¹⁶\)"):
+        buggy = train_loop(dtype=torch.float16, scaler_init=2.0 ** 16, unscale_first=False, steps=8, burst_step=6)
+    assert buggy.meta["clip_before_unscale_at"] == list(range(1, 9))
+    applied = [s for s in buggy["step"] if s not in buggy.skipped]
+    post = buggy["grad_norm_post"][np.asarray(applied) - 1]
+    np.testing.assert_allclose(post * buggy["loss_scale"][np.asarray(applied) - 1], MAX_NORM, rtol=1e-4)
+    assert buggy["grad_norm_pre"][0] > MAX_NORM  # recorded unscaled: the real pre-clip norm
+    with pytest.raises(SpikeCheckError, match=r"^over-clipped at step 1: the optimizer received 1\.5e-5 for pre-clip "
+                                              r"\S+ and max_norm 1 .*: clipped before unscaling"):
+        assert_clip_contains(buggy, MAX_NORM)
+    assert diagnose(buggy, 3).verdict == "clipped before unscaling: the optimizer received ‖g‖ = 1.5e-5 for max_norm 1"
+    assert "post-clip when the optimizer's step returned" in buggy.meta["grad_norms"]
+
+
+class _PostClipAtTheEndOfClipping(Recorder):
+    """Sabotage: the post-clip norm measured when ``rec.clipping()`` ends (the scaled, clipped
+    gradients), not on what the optimizer consumes."""
+
+    def after_clip(self) -> None:
+        super().after_clip()
+        self._measure_after_clip()
+
+    def _after_optimizer_step(self, optimizer, args, kwargs) -> None:
+        pass
+
+
+def test_sabotage_a_recorder_that_measures_post_clip_at_the_end_of_clipping_hides_the_bug():
+    with one_thread(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", ClipBeforeUnscaleWarning)
+        hidden = train_loop(dtype=torch.float16, scaler_init=2.0 ** 16, unscale_first=False, steps=8, burst_step=6,
+                            recorder=_PostClipAtTheEndOfClipping)
+    applied = [s - 1 for s in hidden["step"] if s not in hidden.skipped]
+    # it records the scaled gradients after the clip: max_norm, as if the clip had worked
+    assert np.allclose(hidden["grad_norm_post"][applied], MAX_NORM, rtol=1e-3)
+
+
+def test_rec_step_before_the_optimizer_step_is_warned():
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = record(model, optimizer)
+    model(torch.ones(1, 2)).sum().backward()
+    with pytest.warns(RecorderOrderWarning, match=r"^rec.step\(\) at step 1: the optimizer did not step"):
+        rec.step(loss=1.0)
+    optimizer.step()
+    assert rec.run().skipped == {1: "no optimizer step"}

@@ -47,7 +47,7 @@ def _column_mapping(text: str) -> dict[str, str]:
 
 
 def check_record(record: Record, detectors: Sequence[str] = (), metrics: Sequence[str] = (),
-                 max_norm: float | None = None, kind: str | None = None) -> dict:
+                 max_norm: float | None = None, kind: str | None = None, strict_finite: bool = False) -> dict:
     """What ``spikecheck check`` finds in a record, as plain data (``--json`` prints it):
     :func:`~pytest_spikecheck.judge.policy.judge_log`, plus (with ``max_norm``) whether the
     post-clip norm stayed under it."""
@@ -55,7 +55,7 @@ def check_record(record: Record, detectors: Sequence[str] = (), metrics: Sequenc
     from pytest_spikecheck.judge.assertions import assert_clip_contains
     from pytest_spikecheck.judge.policy import judge_log
 
-    report = judge_log(record, detectors, metrics, kind)
+    report = judge_log(record, detectors, metrics, kind, strict_finite)
     clip = None
     if max_norm is not None:
         clip = {"max_norm": max_norm, "checked": "grad_norm_post" in record.metrics, "ok": True,
@@ -105,7 +105,17 @@ def _check_text(report: dict, strict: bool) -> str:
         if len(s["spikes"]) > _CHECK_MAX_ROWS:
             lines.append(f"  … and {len(s['spikes']) - _CHECK_MAX_ROWS} more (--json lists them all)")
     bad = report["nonfinite"]
-    lines += ["", "non-finite values: " + ("none" if bad is None else f"{bad['metric']} = {bad['value']} at step {bad['step']} (the first)")]
+    excused = [d for d in report["finite"]["decisions"] if d["decision"] != "fails"]
+    if bad is not None:
+        headline = f"{bad['metric']} = {bad['value']} at step {bad['step']} (the first)"
+    elif excused:
+        headline = "none that fails the run (--strict-finite fails every one)"
+    else:
+        headline = "none"
+    lines += ["", "non-finite values: " + headline]
+    for d in excused:
+        where = f"step {d['first_step']}" if d["count"] == 1 else f"{d['count']} steps from step {d['first_step']}"
+        lines.append(f"  {d['metric']} = {d['first_value']} at {where}: {d['why']}")
     if report["clip"] is not None:
         lines.append(f"clip containment: {report['clip']['message']}")
     spiky = [s["metric"] for s in report["series"] if s["spikes"]]
@@ -115,7 +125,8 @@ def _check_text(report: dict, strict: bool) -> str:
         lines.append(f"FOUND {' and '.join(found)} (exit {EXIT_FOUND})")
     else:
         judged = [s["metric"] for s in report["series"] if s["status"] == "judged"]
-        verdict = f"OK: no spike in {', '.join(judged)}, every value finite" if judged else "every value finite"
+        finite = "every value finite" if not excused else "no non-finite value that fails the run"
+        verdict = f"OK: no spike in {', '.join(judged)}, {finite}" if judged else finite
         status = f"exit {EXIT_NOT_JUDGED}, --strict" if strict else f"exit 0; --strict makes it exit {EXIT_NOT_JUDGED}"
         if report["not_judged"]:
             verdict += f"; NOT JUDGED: {', '.join(report['not_judged'])} ({status})"
@@ -137,23 +148,28 @@ def _json_safe(value: Any) -> Any:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from pytest_spikecheck.records.logs import find_logs, read_log
+    from pytest_spikecheck.records.logs import find_logs, read_runs
 
     mapping = {k: v for part in args.map for k, v in part.items()}
     path = Path(args.log)
     logs = find_logs(path) if path.is_dir() else [path]
     reports = []
     for log in logs:
-        record = read_log(log, format=args.format, mapping=mapping)
-        reports.append(check_record(record, args.detector or (), args.metric, args.max_norm, args.kind))
+        # A log whose step counter starts again holds several runs: each is judged on its own.
+        for record in read_runs(log, format=args.format, mapping=mapping):
+            reports.append(check_record(record, args.detector or (), args.metric, args.max_norm, args.kind,
+                                        args.strict_finite))
     status = max(exit_status(r, args.strict) for r in reports)
     if args.json:
-        out = reports[0] if len(reports) == 1 and not path.is_dir() else {"folder": str(path), "logs": reports}
+        single = len(reports) == 1 and not path.is_dir()
+        out = reports[0] if single else {"folder" if path.is_dir() else "log": str(path), "logs": reports}
         print(json.dumps(_json_safe(out), indent=2, allow_nan=False, ensure_ascii=False))
     else:
         if len(logs) > 1 or (path.is_dir() and logs[0].parent != path and logs[0] != path):
             print(f"{path}: {len(logs)} log{'s' if len(logs) != 1 else ''} found one level down: "
                   + ", ".join(str(p.relative_to(path)) for p in logs) + "\n")
+        if not path.is_dir() and len(reports) > 1:
+            print(f"{path}: {len(reports)} runs in one file (the step counter starts again): each judged on its own\n")
         print("\n\n".join(_check_text(r, args.strict) for r in reports))
     return status
 
@@ -165,14 +181,17 @@ def add_parser(sub: Any) -> None:
 
     policy = "; ".join(f"{role}: {', '.join(rules)}" for role, rules in POLICY.items())
     p = sub.add_parser("check", help="find spikes and non-finite values in a training log (exit 1 if any)",
-                       description="Read a trainer_state.json, Lightning metrics.csv, TensorBoard events, CSV or "
-                                   "JSONL log (or a folder holding them, one level down too); judge it with the "
+                       description="Read a trainer_state.json, Lightning metrics.csv, TensorBoard events, an MLflow run, "
+                                   "a CSV or JSONL log, or a training log printed to stdout (Megatron-LM, torchtitan, "
+                                   "nanoGPT, llm.c, HF Trainer, key=value lines), or a folder holding them (one level "
+                                   "down too); judge every run it holds with the "
                                    f"default policy ({policy}; non-finite values) or named detectors. A series too "
                                    "short for its rules is reported as 'not judged', never as 'no spike'. Exit 0: "
                                    f"clean; {EXIT_FOUND}: a spike, a non-finite value or an uncontained clip; 2: the "
                                    f"log or an option is wrong; {EXIT_NOT_JUDGED}: with --strict, a series not judged.")
     p.add_argument("log", metavar="LOG", help="a log file, or a folder holding one (TensorBoard event files, a run, "
-                                              "checkpoint-*/, lightning_logs/version_*/, runs/*/)")
+                                              "checkpoint-*/, lightning_logs/version_*/, runs/*/, an MLflow run, "
+                                              "experiment or mlruns folder)")
     p.add_argument("--detector", action="append", choices=list(DETECTORS), metavar="NAME",
                    help=f"run this detector on every series instead of the default policy (repeatable): "
                         f"{', '.join(DETECTORS)}")
@@ -183,6 +202,9 @@ def add_parser(sub: Any) -> None:
                         "loss; the loss rules then step aside)")
     p.add_argument("--strict", action="store_true",
                    help=f"exit {EXIT_NOT_JUDGED} when a series could not be judged (too few points for its rules)")
+    p.add_argument("--strict-finite", action="store_true",
+                   help="fail on every non-finite value in any column, excusing none (default: the gradient norm "
+                        "of a step the optimizer skipped is reported, not a failure)")
     p.add_argument("--max-norm", type=_max_norm, default=None, metavar="X",
                    help="also check that the post-clip grad norm (grad_norm_post) never exceeds X")
     p.add_argument("--map", action="append", type=_column_mapping, default=[], metavar="OURS=THEIRS,...",

@@ -59,7 +59,14 @@ def default_run_dir(config: Path) -> Path:
 def cmd_train(args: argparse.Namespace) -> int:
     from pytest_spikecheck.scenario import Scenario
 
+    from pytest_spikecheck.records.run import TRAINER_NAMES, recorded_by
+
     config = Path(args.config)
+    trainer = recorded_by(config) if config.is_dir() else None
+    if trainer is not None:  # its config is the user's trainer's, not a scenario we could train
+        who = TRAINER_NAMES.get(trainer, trainer) + ("" if trainer == "loop" else " run")
+        raise ConfigError(f"{config}: recorded from {who}; retrain it with your trainer "
+                          f"(spikecheck train trains scenarios: a config.yaml or an experiment directory)")
     scenario = Scenario.from_yaml(config)
     changes = {}
     if args.seed is not None:
@@ -75,28 +82,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from pytest_spikecheck.training.launch import train  # refuses an unusable device or backend first
 
-    callbacks = []
-    bar = None
-    if not args.quiet and args.nproc == 1:  # with several ranks the loop runs in other processes
-        from tqdm import tqdm
-
-        bar = tqdm(total=scenario.steps, desc=scenario.name, unit="step", file=sys.stderr, leave=False, disable=None)
-        def progress(ctx) -> None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{ctx.row['loss']:.3f}", gnorm=f"{ctx.row['grad_norm_pre']:.2f}", refresh=False)
-
-        callbacks.append(progress)
+    from pytest_spikecheck.progress import Progress
     from pytest_spikecheck.training.distributed import DistributedError
 
-    try:
-        run = train(scenario, backend=args.backend, device=args.device, threads=args.threads, callbacks=callbacks,
-                    nproc=args.nproc)
-    except DistributedError as exc:  # a rank crashed: one line, then the rank's traceback
-        print(f"spikecheck: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
-        return 1
-    finally:
-        if bar is not None:
-            bar.close()
+    # A bar (steps, ETA, loss) on a terminal; elsewhere the result line below is the one line of
+    # this scenario. With several ranks the loop runs in other processes: no bar.
+    progress = Progress(sys.stderr, mode="quiet" if args.quiet or args.nproc > 1 else "auto", leave=False)
+    with progress.task(scenario.name, total=scenario.steps) as task:
+        try:
+            run = train(scenario, backend=args.backend, device=args.device, threads=args.threads,
+                        callbacks=[task.step_callback()] if progress.mode == "bar" else [], nproc=args.nproc)
+        except DistributedError as exc:  # a rank crashed: one line, then the rank's traceback
+            print(f"spikecheck: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
+            return 1
+        task.finish()
     clip = "inf" if math.isinf(run.scenario.max_norm) else f"{run.scenario.max_norm:g}"
     nproc = f" --nproc {args.nproc}" if args.nproc > 1 else ""
     run.meta["reproduce"] = (f"spikecheck train {config} --seed {run.scenario.seed} --grad-clip {clip} "
@@ -133,7 +132,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     run = Run.load(resolve_run_dir(args.run))
     if args.step is not None and not (run.steps == args.step).any():
         raise ConfigError(f"step {args.step} is not in the run (it covers 1–{int(run.steps[-1])})")
-    print(run.scenario.describe())
+    print(run.describe())
     print(diagnose(run, args.step).text())
     return 0
 
@@ -177,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nproc", type=_positive_int, default=1, metavar="N",
                    help="train on N processes with torch.distributed (gloo on CPU, NCCL with one GPU per rank), "
                         "gradients and AdamW state sharded across them; rank 0 writes the run. Default: %(default)s")
-    p.add_argument("--quiet", action="store_true", help="no progress bar (there is none with --nproc > 1)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar (a bar is drawn on a terminal only, never with --nproc > 1)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("compare", help="compare two runs: panels and a table of spike, jump, recovery")

@@ -1,17 +1,25 @@
 """A Hugging Face ``transformers.Trainer`` recorded like our own runs (extra ``[hf]``).
 
 Where the gradients are, in ``Trainer``'s inner loop (transformers 5.x; tested with 5.24.0):
-backward, then the clip (``max_grad_norm > 0``) *and then* ``on_pre_optimizer_step``, the
-optimizer's step, ``on_optimizer_step``, the scheduler, ``zero_grad``, ``on_step_end``. No
-callback runs between backward and the clip, so the pre-clip norms are measured in backward,
-by a post-accumulate-grad hook on each parameter (:meth:`Recorder.tap_gradients`); the
-post-clip norm and Adam's state are read in ``on_pre_optimizer_step`` (clipped gradients, no
-update yet); loss, logits and labels come from a forward hook on the model (training mode
-only), and the row is closed in ``on_step_end``.
+for each of the ``gradient_accumulation_steps`` micro-batches a forward and a backward, then
+(after the last) the clip (``max_grad_norm > 0``; accelerate unscales fp16 gradients first)
+*and then* ``on_pre_optimizer_step``, the optimizer's step (skipped by accelerate's GradScaler
+on an overflow), ``on_optimizer_step``, the scheduler, ``zero_grad``, ``on_step_end``. No
+callback runs between the last backward and the clip, so the pre-clip norms are measured in
+backward, by a post-accumulate-grad hook on each parameter (:meth:`Recorder.tap_gradients`),
+armed for the step's last micro-batch only (accelerate's ``sync_gradients``): once per
+optimizer step, on the accumulated gradient, the loss scale divided out. The post-clip norm is
+measured when the optimizer's step returns, on what it consumed (not at all when it was
+skipped: that step is ``skipped: overflow``); loss, logits and labels come from a forward hook
+on the model (training mode only), and the row is closed in ``on_step_end``. The step's loss is
+the one the Trainer backpropagated: with ``num_items_in_batch`` (models that take loss kwargs,
+GPT-2 and Llama in 5.24 do) the token-weighted mean over the step's micro-batches, else the
+mean of their means.
 
-The Trainer's own logged ``grad_norm`` is the **pre-clip** norm (``clip_grad_norm_`` returns the
-norm before clipping); it is kept in ``run.json`` (``trainer_grad_norm``) beside ours. NoClip is
-the Trainer's own setting: ``TrainingArguments(max_grad_norm=0)``.
+The Trainer's own logged ``grad_norm`` is the **pre-clip** norm of the accumulated, unscaled
+gradient (``clip_grad_norm_`` returns the norm before clipping; measured equal to ours within
+1e-5 at accumulation 1 and 4); it is kept in ``run.json`` (``trainer_grad_norm``) beside ours.
+NoClip is the Trainer's own setting: ``TrainingArguments(max_grad_norm=0)``.
 """
 
 from __future__ import annotations
@@ -47,44 +55,56 @@ class SpikecheckCallback(TrainerCallback):
         self.out, self.catalog, self.stream, self.name = out, catalog, stream, name
         self.options = recorder_options
         self.recorder: Recorder | None = None
-        self._forward: dict[str, Any] = {}
+        self._micro: list[dict[str, Any]] = []  # the forward of each micro-batch of the current step
         self._handle: Any = None
         self.trainer_grad_norm: dict[int, float] = {}
 
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        if args.gradient_accumulation_steps != 1:
-            raise ConfigError(f"SpikecheckCallback records one batch per optimizer step: gradient_accumulation_steps "
-                              f"must be 1, was {args.gradient_accumulation_steps}")
-        if self.stream is not None and args.per_device_train_batch_size != self.stream.batch_size:
-            raise ConfigError(f"per_device_train_batch_size is {args.per_device_train_batch_size} but the burst stream "
-                              f"plans batches of {self.stream.batch_size}")
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+        accumulation = args.gradient_accumulation_steps
+        if self.stream is not None:  # before the first step: a mismatch would misname every batch
+            self.stream.check_trainer(batch_size=args.per_device_train_batch_size, accumulation=accumulation,
+                                      max_steps=args.max_steps if args.max_steps > 0 else None,
+                                      names=("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps"))
+        inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+        scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16 on a GPU), else None
         max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
-        self.recorder = Recorder(model, optimizer, max_norm=max_norm, catalog=self.catalog, stream=self.stream,
-                                 name=self.name, trainer=f"transformers {transformers.__version__}",
-                                 meta={"trainer_grad_norm_is": "pre-clip"}, **self.options)
-        self.recorder.tap_gradients()
+        requested = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+        precision = f"{requested} (TrainingArguments)" + (", GradScaler" if scaler is not None else "")
+        if args.fp16 and scaler is None:  # accelerate sets up fp16 AMP only on accelerators (measured: fp32 on a CPU)
+            precision += ", but accelerate set up no GradScaler (on a CPU it trains in float32)"
+        facts = {"trainer_version": f"transformers {transformers.__version__}", "precision": precision,
+                 "lr": args.learning_rate, "micro_batch_size": args.per_device_train_batch_size,
+                 "batch_size": args.per_device_train_batch_size * accumulation * max(args.world_size, 1),
+                 "max_steps": args.max_steps, "output_dir": str(args.output_dir)}
+        self.recorder = Recorder(model, inner, max_norm=max_norm, catalog=self.catalog, stream=self.stream,
+                                 name=self.name, trainer="hf", accumulation=accumulation, scaler=scaler, seed=args.seed,
+                                 facts=facts, meta={"trainer_grad_norm_is": "pre-clip"}, **self.options)
+        gradient_state = getattr(optimizer, "gradient_state", None)
+        if gradient_state is not None:  # accelerate says which backward closes the optimizer step
+            armed = lambda: bool(gradient_state.sync_gradients)  # noqa: E731
+        else:
+            armed = lambda: len(self._micro) == accumulation  # noqa: E731
+        self.recorder.tap_gradients(armed, scaled=scaler is not None)
         self._handle = model.register_forward_hook(self._capture, with_kwargs=True)
 
     def _capture(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-        if not module.training:
+        if not module.training or not torch.is_grad_enabled():
             return
         labels = kwargs.get("labels")
         logits = getattr(output, "logits", None)
-        self._forward = {"loss": getattr(output, "loss", None),
-                         # a causal LM predicts labels[t + 1] at position t (the model shifts them)
-                         "logits": logits[:, :-1].detach() if logits is not None else None,
-                         "targets": labels[:, 1:] if labels is not None else None}
+        # a causal LM predicts labels[t + 1] at position t (the model shifts them)
+        targets = labels[:, 1:] if labels is not None else None
+        self._micro.append({"loss": getattr(output, "loss", None), "summed": "num_items_in_batch" in kwargs,
+                            "logits": logits[:, :-1].detach() if logits is not None else None, "targets": targets})
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.recorder.before_clip()  # the norms the backward hooks measured before the clip
-        self.recorder.after_clip()  # the clipped gradients, before the optimizer's step
 
     def on_step_end(self, args, state, control, **kwargs):
-        f = self._forward
-        loss = f.get("loss")
-        self.recorder.step(loss=loss if loss is not None else math.nan, logits=f.get("logits"), targets=f.get("targets"))
-        self._forward = {}
+        parts, self._micro = self._micro, []
+        logits = [m["logits"] for m in parts] if parts and all(m["logits"] is not None for m in parts) else None
+        targets = [m["targets"] for m in parts] if logits is not None and all(m["targets"] is not None for m in parts) else None
+        self.recorder.step(loss=_step_loss(parts), logits=logits, targets=targets)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
@@ -106,3 +126,15 @@ class SpikecheckCallback(TrainerCallback):
         run = self.recorder.run()
         run.meta["trainer_grad_norm"] = {str(k): v for k, v in sorted(self.trainer_grad_norm.items())}
         return run
+
+
+def _step_loss(parts: list[dict[str, Any]]) -> float:
+    """The loss the Trainer backpropagated for the optimizer step, from its micro-batches'
+    forwards: their sum when the model divided each by the step's target count
+    (``num_items_in_batch``: the token-weighted mean over the step's batch), else their mean
+    (the Trainer divides each by ``gradient_accumulation_steps``: the mean of the micro-batch
+    means). NaN when a forward gave no loss."""
+    if not parts or any(m["loss"] is None for m in parts):
+        return math.nan
+    losses = [float(m["loss"].detach()) for m in parts]
+    return sum(losses) if all(m["summed"] for m in parts) else sum(losses) / len(losses)

@@ -1,16 +1,25 @@
 """A Lightning run recorded like our own runs (extra ``[lightning]``; tested with 2.6.6).
 
 Where the gradients are, in Lightning's automatic optimization: the closure runs
-``training_step`` and backward, then ``on_before_optimizer_step`` (gradients complete, *not yet
-clipped*), then the trainer's clip (``gradient_clip_val``), the optimizer's update,
-``on_train_batch_end``; the gradients are zeroed only at the next step's closure. So the
-pre-clip norms and Adam's state are read in ``on_before_optimizer_step`` and the post-clip norm
-in ``on_train_batch_end``, on the very gradients the optimizer consumed.
+``training_step`` and backward for each of the ``accumulate_grad_batches`` micro-batches (the
+loss divided by their number), and after the last one ``on_before_optimizer_step`` (gradients
+complete and, under ``16-mixed``, unscaled; *not yet clipped*), then the trainer's clip
+(``gradient_clip_val``), the optimizer's update (skipped by the GradScaler on an overflow), and
+``on_train_batch_end`` after every micro-batch; the gradients are zeroed only at the next
+step's closure. So the pre-clip norms and Adam's state are read in
+``on_before_optimizer_step``, the post-clip norm when the optimizer's step returns (on the very
+gradients it consumed), and the row is closed at the ``on_train_batch_end`` of the micro-batch
+that stepped. The loss Lightning hands that hook is the micro-batch's loss divided by
+``accumulate_grad_batches``; the recorded loss is their sum, the loss Lightning backpropagated:
+the mean of the micro-batch means (where micro-batches hold different numbers of target
+tokens, not the token-weighted mean over the step's batch, and its gradient differs from
+accumulation 1's: ``assert_accumulation_invariant`` shows by how much).
 
 Lightning logs no gradient norm itself; its ``lightning.pytorch.utilities.grad_norm``, called
-in ``on_before_optimizer_step`` as its docs show, sees the **pre-clip** gradients. NoClip is
-the trainer's own setting: ``Trainer(gradient_clip_val=None)`` (or 0). Value clipping
-(``gradient_clip_algorithm="value"``) has no norm limit: the records say so.
+in ``on_before_optimizer_step`` as its docs show, sees the **pre-clip**, accumulated gradients.
+NoClip is the trainer's own setting: ``Trainer(gradient_clip_val=None)`` (or 0). Value clipping
+(``gradient_clip_algorithm="value"``) has no norm limit: the records say so. On a CPU
+Lightning turns ``precision="16-mixed"`` into ``bf16-mixed`` (its own warning): no GradScaler.
 
 Per-token losses need the logits: return ``{"loss": loss, "logits": logits, "targets": y}``
 from ``training_step`` (targets aligned with the logits).
@@ -19,6 +28,7 @@ from ``training_step`` (targets aligned with the logits).
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -40,22 +50,36 @@ class SpikecheckCallback(Callback):
         self.out, self.catalog, self.stream, self.name = out, catalog, stream, name
         self.options = recorder_options
         self.recorder: Recorder | None = None
+        self._micro: list[dict[str, Any]] = []  # what training_step returned for each micro-batch of the step
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.accumulate_grad_batches != 1:
-            raise ConfigError(f"SpikecheckCallback records one batch per optimizer step: accumulate_grad_batches "
-                              f"must be 1, was {trainer.accumulate_grad_batches}")
+        accumulation = trainer.accumulate_grad_batches
         if len(trainer.optimizers) != 1:
             raise ConfigError(f"SpikecheckCallback records one optimizer, the trainer has {len(trainer.optimizers)}")
         loader = trainer.train_dataloader
         batch_size = getattr(loader, "batch_size", None)
-        if self.stream is not None and batch_size is not None and batch_size != self.stream.batch_size:
-            raise ConfigError(f"the train DataLoader's batch_size is {batch_size} but the burst stream plans batches "
-                              f"of {self.stream.batch_size}")
+        if self.stream is not None:  # before the first step: a mismatch would misname every batch
+            if trainer.max_steps < 0 and trainer.max_epochs != 1:
+                raise ConfigError(f"give the Trainer max_steps (at most the burst stream's {self.stream.steps}) or "
+                                  f"max_epochs=1: the stream plans {self.stream.steps} optimizer steps, and a second "
+                                  f"epoch would read it again")
+            self.stream.check_trainer(batch_size=batch_size, accumulation=accumulation,
+                                      max_steps=trainer.max_steps if trainer.max_steps >= 0 else None,
+                                      names=("the train DataLoader's batch_size", "accumulate_grad_batches",
+                                             "max_steps"))
         by_norm = trainer.gradient_clip_algorithm in (None, "norm")
         max_norm = trainer.gradient_clip_val if by_norm and trainer.gradient_clip_val else None
-        self.recorder = Recorder(pl_module, trainer.optimizers[0], max_norm=max_norm, catalog=self.catalog,
-                                 stream=self.stream, name=self.name, trainer=f"lightning {lightning.__version__}",
+        scaler = getattr(trainer.precision_plugin, "scaler", None)  # 16-mixed on a GPU: torch's GradScaler
+        optimizer = trainer.optimizers[0]
+        seed = os.environ.get("PL_GLOBAL_SEED")  # what seed_everything set, if it ran
+        facts = {"trainer_version": f"lightning {lightning.__version__}", "precision": str(trainer.precision)
+                 + (", GradScaler" if scaler is not None else ""), "micro_batch_size": batch_size,
+                 "batch_size": batch_size * accumulation if batch_size is not None else None,
+                 "lr": float(optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"])),
+                 "max_steps": trainer.max_steps}
+        self.recorder = Recorder(pl_module, optimizer, max_norm=max_norm, catalog=self.catalog,
+                                 stream=self.stream, name=self.name, trainer="lightning", accumulation=accumulation,
+                                 scaler=scaler, seed=int(seed) if seed is not None else None, facts=facts,
                                  meta={"gradient_clip_algorithm": str(trainer.gradient_clip_algorithm),
                                        "gradient_clip_val": trainer.gradient_clip_val}, **self.options)
 
@@ -63,11 +87,16 @@ class SpikecheckCallback(Callback):
         self.recorder.before_clip()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.recorder.after_clip()  # the gradients the optimizer just consumed (zeroed only at the next step)
         out = outputs if isinstance(outputs, dict) else {"loss": outputs}
-        loss = out.get("loss")
-        self.recorder.step(loss=loss if loss is not None else math.nan, logits=out.get("logits"),
-                           targets=out.get("targets"))
+        self._micro.append(out)
+        if not self.recorder.step_open:  # a micro-batch that did not close an optimizer step
+            return
+        parts, self._micro = self._micro, []
+        logits = [m.get("logits") for m in parts]
+        targets = [m.get("targets") for m in parts]
+        if any(v is None for v in logits + targets):
+            logits = targets = None
+        self.recorder.step(loss=_step_loss(parts), logits=logits, targets=targets)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = trainer.callback_metrics.get("val_loss")
@@ -75,9 +104,21 @@ class SpikecheckCallback(Callback):
             self.recorder.set_eval_loss(trainer.global_step, float(value))
 
     def on_train_end(self, trainer, pl_module) -> None:
+        self.recorder.close()
         if self.out is not None:
             self.run().save(self.out)
 
     def run(self):
         """The recorded run (a :class:`~pytest_spikecheck.Run`)."""
         return self.recorder.run()
+
+
+def _step_loss(parts: list[dict[str, Any]]) -> float:
+    """The loss Lightning backpropagated for the optimizer step: the sum of what it hands
+    ``on_train_batch_end`` for each micro-batch (each micro-batch's mean loss divided by
+    ``accumulate_grad_batches``): the mean of the micro-batch means, not the token-weighted mean
+    over the step's batch where the micro-batches hold different numbers of tokens."""
+    losses = [m.get("loss") for m in parts]
+    if not losses or any(v is None for v in losses):
+        return math.nan
+    return sum(float(v.detach()) if hasattr(v, "detach") else float(v) for v in losses)

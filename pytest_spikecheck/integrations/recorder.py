@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import platform
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,12 +45,12 @@ from pytest_spikecheck.data.samplers import batch_composition
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.integrations.burst import BurstStream
-from pytest_spikecheck.records.run import Run
-from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.scenario.sections import OptimizerSpec, RecordSpec, SamplerSpec
+from pytest_spikecheck.judge.text import fmt_scale
+from pytest_spikecheck.records.run import TRAINER_NAMES, Run, recorded_scenario
+from pytest_spikecheck.scenario.sections import RecordSpec, SamplerSpec
 from pytest_spikecheck.training.recorders import MetricsRecorder, adam_surprise, token_loss_table
 from pytest_spikecheck.training.sharding import EventView, SingleProcess, float64_norm
-from pytest_spikecheck.training.step import SpikeWatch, StepVerdict
+from pytest_spikecheck.training.step import SKIPPED_OVERFLOW, SpikeWatch, StepVerdict
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,41 @@ class _Pending:
     lr: float
     verdict: StepVerdict
     adam_states: list[dict[str, Any]] | None  # Adam's state before this step's update (event steps only)
+    loss_scale: float = math.nan  # the scale of this step's backward (NaN: no loss scaler)
     grad_norm_post: float | None = None
     surprise: dict[str, Any] | None = None
+
+
+class ClipBeforeUnscaleWarning(UserWarning):
+    """``rec.clipping()`` found the gradients still loss-scaled: the clip acts on scaled gradients."""
+
+
+class RecorderOrderWarning(UserWarning):
+    """``rec.step()`` ran with no optimizer step since the last one."""
+
+
+def _joined(logits: Any, targets: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One logits tensor and one targets tensor from a tensor each or lists of them (one per
+    micro-batch), rows concatenated in order; micro-batches padded to different lengths are
+    padded to the longest (targets with IGNORE_INDEX, so the padding counts for nothing)."""
+    if logits is None or targets is None or torch.is_tensor(logits):
+        return logits, targets
+    logits, targets = [t.detach() for t in logits], list(targets)
+    if not logits:
+        return None, None
+    length = max(t.shape[1] for t in targets)
+    if any(t.shape[1] != length for t in targets):
+        logits = [torch.nn.functional.pad(lg, (0, 0, 0, length - lg.shape[1])) for lg in logits]
+        targets = [torch.nn.functional.pad(t, (0, length - t.shape[1]), value=IGNORE_INDEX) for t in targets]
+    return torch.cat(logits), torch.cat(targets)
+
+
+def scaler_stage(scaler: Any, optimizer: Any) -> str:
+    """``READY`` (the gradients are still scaled), ``UNSCALED`` or ``STEPPED``: where
+    ``torch.amp.GradScaler`` is in this iteration for ``optimizer``. torch keeps it in a private
+    per-optimizer table with no public accessor; a fresh optimizer has no entry (READY)."""
+    state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer)) if optimizer is not None else None
+    return getattr(state.get("stage"), "name", "READY") if state else "READY"
 
 
 @dataclass
@@ -125,7 +159,14 @@ class Recorder:
     """See the module docstring. ``max_norm``: the clip your trainer applies (None, 0 or inf:
     none); it is written into the records, never used to compute a norm. ``stream`` (from
     :func:`~pytest_spikecheck.integrations.burst.inject_burst`) names each step's samples and
-    declares its burst; ``catalog`` describes the samples (ids, sources, rare tokens)."""
+    declares its burst; ``catalog`` describes the samples (ids, sources, rare tokens).
+
+    ``accumulation``: micro-batches per optimizer step (call :meth:`step` once per optimizer
+    step; a stream must plan the same). ``scaler``: your ``torch.amp.GradScaler``, so that the
+    recorded norms are the unscaled ones, the loss scale is a column and the steps it skips are
+    marked ``skipped: overflow``. ``seed``: your run's seed, for the record (run.json).
+    ``trainer``: ``loop``, ``hf`` or ``lightning``; ``facts``: what the trainer reports about the
+    run (the callbacks fill them: lr, max_grad_norm, precision, versions), written to run.json."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None = None
@@ -139,10 +180,23 @@ class Recorder:
     window: int = RecordSpec.spike_window
     top_tokens: int = RecordSpec.top_tokens
     meta: dict[str, Any] = field(default_factory=dict)
+    accumulation: int = 1
+    scaler: Any = None
+    seed: int | None = None
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.max_norm is not None and not self.max_norm >= 0:
             raise ConfigError(f"Recorder max_norm must be >= 0 (0, None or inf: no clip), was {self.max_norm}")
+        if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
+            raise ConfigError(f"record(..., accumulation=...) must be an integer >= 1 (micro-batches per optimizer "
+                              f"step), was {self.accumulation!r}")
+        if self.stream is not None and self.stream.accumulation != self.accumulation:
+            raise ConfigError(f"the burst stream plans {self.stream.accumulation} micro-batch(es) per optimizer step "
+                              f"(inject_burst(..., accumulation={self.stream.accumulation})) but the recorder was given "
+                              f"accumulation={self.accumulation}: give both the same")
+        if self.scaler is not None and not all(hasattr(self.scaler, a) for a in ("get_scale", "scale", "unscale_")):
+            raise ConfigError(f"record(..., scaler=...) takes a torch.amp.GradScaler, was {type(self.scaler).__name__}")
         self.max_norm = math.inf if not self.max_norm else float(self.max_norm)
         self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if not self.named:
@@ -152,45 +206,89 @@ class Recorder:
         self._adam_reader = SingleProcess([p for _, p in self.named])
         self._metrics = MetricsRecorder()
         self.events: list[dict[str, Any]] = []
+        self.skipped: dict[int, str] = {}  # step -> why its update was not applied
         self._batch_indices: list[tuple[int, Sequence[int]]] = []  # (step, dataset indices)
         self._pending: _Pending | None = None
         self._tapped: torch.Tensor | None = None  # pre-clip norms measured in backward (tap_gradients)
         self._tap_handles: list[Any] = []
+        self._tap_armed: Callable[[], bool] = lambda: True
+        self._taps_scaled = False  # the taps measured loss-scaled gradients (a trainer's backward under its scaler)
+        self._in_clipping = False
+        self._clip_before_unscale_at: list[int] = []
+        self._warned_no_step = False
+        self._logits_dtype: str | None = None
+        self._first_lr = math.nan
+        # The post-clip norm is measured when the optimizer's step returns, on what it consumed
+        # (after a loss scaler's unscale_, whoever calls it); a step that never returns there was
+        # skipped (a loss scaler's overflow). An optimizer without step hooks: measured at step().
+        hook = getattr(self.optimizer, "register_step_post_hook", None)
+        self._step_hook = hook(self._after_optimizer_step) if callable(hook) else None
         self._started = time.perf_counter()
 
     @property
     def steps_recorded(self) -> int:
         return len(self._metrics.columns["step"])
 
+    @property
+    def step_open(self) -> bool:
+        """True between the measurement of a step's gradients and :meth:`step`, which closes it."""
+        return self._pending is not None
+
     def _grads(self) -> list[torch.Tensor | None]:
         return [p.grad for _, p in self.named]
 
-    def tap_gradients(self) -> None:
+    def tap_gradients(self, armed: Callable[[], bool] | None = None, scaled: bool = False) -> None:
         """Measure each parameter's gradient norm in backward, as soon as it is complete
         (a post-accumulate-grad hook), for trainers whose first hook after backward comes after
-        their clip (Hugging Face's Trainer): :meth:`before_clip` then uses these norms."""
+        their clip (Hugging Face's Trainer): :meth:`before_clip` then uses these norms. Under
+        accumulation ``armed()`` says whether the backward running now is the step's last one
+        (only that one is measured: once per optimizer step, on the accumulated gradient).
+        ``scaled``: the backward runs on the loss-scaled loss (the scale is divided out)."""
         self._tapped = torch.full((len(self.named),), math.nan, dtype=torch.float64)
+        self._taps_scaled = scaled
+        if armed is not None:
+            self._tap_armed = armed
         for k, (_, p) in enumerate(self.named):
             self._tap_handles.append(p.register_post_accumulate_grad_hook(self._tap_hook(k)))
 
     def _tap_hook(self, k: int) -> Callable[[torch.Tensor], None]:
         def measure(param: torch.Tensor) -> None:
-            self._tapped[k] = torch.linalg.vector_norm(param.grad, dtype=torch.float64)
+            if self._tap_armed():
+                self._tapped[k] = torch.linalg.vector_norm(param.grad, dtype=torch.float64)
         return measure
 
     def close(self) -> None:
-        """Remove the gradient hooks of :meth:`tap_gradients`."""
+        """Remove the gradient hooks of :meth:`tap_gradients` and the optimizer's step hook."""
         for handle in self._tap_handles:
             handle.remove()
         self._tap_handles = []
+        if self._step_hook is not None:
+            self._step_hook.remove()
+            self._step_hook = None
 
     # -- the three calls of a step ----------------------------------------------------------
     def before_clip(self) -> None:
-        """Measure the gradients as they are before the clip (call after backward)."""
+        """Measure the gradients as they are before the clip (call after backward; with a
+        loss scaler, after ``scaler.unscale_(optimizer)``: if the gradients are still scaled the
+        recorder divides the scale out and warns once, since your clip then acts on scaled ones)."""
+        still_scaled = self.scaler is not None and scaler_stage(self.scaler, self.optimizer) == "READY"
+        if still_scaled and self._in_clipping:
+            step = self.steps_recorded + 1
+            self._clip_before_unscale_at.append(step)
+            if len(self._clip_before_unscale_at) == 1:
+                warnings.warn(
+                    f"rec.clipping() at step {step}: the gradients are still scaled by the GradScaler "
+                    f"(×{fmt_scale(float(self.scaler.get_scale()))}): call scaler.unscale_(optimizer) before clipping, "
+                    f"or the clip sees ‖g‖ × scale and the optimizer receives the clipped gradient divided by the scale",
+                    ClipBeforeUnscaleWarning, stacklevel=3)
+        self._measure_before_clip(still_scaled)
+
+    def _measure_before_clip(self, still_scaled: bool) -> None:
         step = self.steps_recorded + 1
         grads = self._grads()
         has_grad = [g is not None for g in grads]
-        if self._tapped is not None and not self._tapped[torch.tensor(has_grad)].isnan().any():
+        tapped = self._tapped is not None and not self._tapped[torch.tensor(has_grad)].isnan().any()
+        if tapped:
             per = torch.where(torch.tensor(has_grad), self._tapped, 0.0)
         elif all(has_grad):  # measured now (no tap, or a gradient the backward hooks never saw)
             per = torch.stack(torch._foreach_norm(grads)).double()
@@ -200,8 +298,14 @@ class Recorder:
                 per[torch.tensor(has_grad)] = torch.stack(torch._foreach_norm([g for g in grads if g is not None])).double()
         if self._tapped is not None:
             self._tapped.fill_(math.nan)
+        scale = float(self.scaler.get_scale()) if self.scaler is not None else math.nan
+        if self.scaler is not None and ((tapped and self._taps_scaled) or (not tapped and still_scaled)):
+            per = per / scale  # measured on scaled gradients: the unscaled norms (exact for a power-of-two scale)
         pre = float(torch.linalg.vector_norm(per))
-        verdict = self._watch.judge_norm(step, pre, nonfinite=not math.isfinite(pre))
+        if self.scaler is not None and not math.isfinite(pre):
+            verdict = self._watch.overflowed(step)  # the scaler skips this step: no spike, no failure
+        else:
+            verdict = self._watch.judge_norm(step, pre, nonfinite=not math.isfinite(pre))
         states = None
         if verdict.is_event and self.optimizer is not None:
             # cloned now: a trainer whose hook after the clip comes after the update (Lightning)
@@ -209,52 +313,86 @@ class Recorder:
             states = [{"exp_avg_sq": st["exp_avg_sq"].clone(), "step": float(st["step"])} if "exp_avg_sq" in st else {}
                       for st in (self.optimizer.state.get(p, {}) for _, p in self.named)]
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else math.nan
-        self._pending = _Pending(step, pre, per, has_grad, lr, verdict, states)
+        self._pending = _Pending(step, pre, per, has_grad, lr, verdict, states, loss_scale=scale)
 
     def after_clip(self) -> None:
-        """Measure the gradients as the optimizer receives them (after the clip; before or after
-        the optimizer's step, never after zero_grad)."""
+        """The clip is done. The post-clip norm is measured on what the optimizer consumes: when
+        its step returns (an optimizer step hook), else at :meth:`step`."""
         if self._pending is None:
             raise SpikeCheckError("Recorder.after_clip called without before_clip for this step")
+
+    def _measure_after_clip(self) -> None:
         p = self._pending
         grads = self._grads()
         p.grad_norm_post = float(float64_norm([g for g in grads if g is not None]))
-        if p.adam_states is not None and not p.verdict.nonfinite:
+        if p.adam_states is not None and not (p.verdict.nonfinite or p.verdict.overflow):
             p.surprise = adam_surprise(self.optimizer, self.named, EventView(None, grads, p.pre_norms, p.adam_states))
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._pending is None:  # no rec.clipping() this step (an unclipped loop): nothing clipped in between
+            self._measure_before_clip(still_scaled=False)
+        self._measure_after_clip()
 
     @contextmanager
     def clipping(self) -> Iterator["Recorder"]:
         """``with rec.clipping(): clip(...)``: before_clip on entry, after_clip on exit."""
-        self.before_clip()
+        self._in_clipping = True
+        try:
+            self.before_clip()
+        finally:
+            self._in_clipping = False
         yield self
         self.after_clip()
 
     def step(self, *, loss: Any, lr: float | None = None, batch: Sequence[int] | None = None,
-             logits: torch.Tensor | None = None, targets: torch.Tensor | None = None,
-             eval_loss: float = math.nan) -> dict[str, float]:
-        """Close the step: its row, its batch composition and (at an event step) its event
-        record. Call it before zero_grad. Without an earlier before_clip/after_clip it measures
-        both now (an unclipped loop needs nothing else). ``batch``: the dataset indices of the
-        batch (default: the stream's plan); ``logits``/``targets`` aligned (targets[..., t] is
-        what logits[..., t, :] predicts; -100 ignored) for the per-token losses."""
+             logits: Any = None, targets: Any = None, eval_loss: float = math.nan) -> dict[str, float]:
+        """Close the optimizer step: its row, its batch composition and (at an event step) its
+        event record. Call it after the optimizer's step and before zero_grad, once per optimizer
+        step (with accumulation, after the last micro-batch). Without an earlier
+        before_clip/after_clip it measures both now (an unclipped loop needs nothing else).
+        ``batch``: the dataset indices of the step's samples (default: the stream's plan);
+        ``logits``/``targets`` aligned (targets[..., t] is what logits[..., t, :] predicts; -100
+        ignored) for the per-token losses, or a list of them, one per micro-batch."""
         if self._pending is None:
-            self.before_clip()
+            self._measure_before_clip(still_scaled=False)
         p = self._pending
+        why_skipped = None
         if p.grad_norm_post is None:
-            self.after_clip()
+            if self._step_hook is not None:  # the optimizer's step never returned: it did not step
+                why_skipped = SKIPPED_OVERFLOW if self.scaler is not None else "no optimizer step"
+                if self.scaler is None and not self._warned_no_step:
+                    self._warned_no_step = True
+                    warnings.warn(f"rec.step() at step {p.step}: the optimizer did not step since the last rec.step() "
+                                  f"(recorded as skipped); call rec.step() after optimizer.step(), once per optimizer "
+                                  f"step", RecorderOrderWarning, stacklevel=2)
+            elif p.verdict.overflow:
+                why_skipped = SKIPPED_OVERFLOW
+            if why_skipped is None:
+                self._measure_after_clip()
+        logits, targets = _joined(logits, targets)
+        if self._logits_dtype is None and logits is not None:
+            self._logits_dtype = str(logits.dtype).removeprefix("torch.")
+        if self.steps_recorded == 0:
+            self._first_lr = p.lr if lr is None else float(lr)
         loss_value = float(loss.detach()) if torch.is_tensor(loss) else float(loss)
         indices = list(batch) if batch is not None else (self.stream.batch_at(p.step) if self.stream is not None else None)
         if indices is not None:
             self._batch_indices.append((p.step, indices))
-        clip_factor = _clip_factor(p.grad_norm_pre, p.grad_norm_post)
+        if why_skipped is not None:  # nothing reached the weights: as the engine records a skipped step
+            self.skipped[p.step] = why_skipped
+            post, clip_factor = 0.0, 0.0
+        else:
+            post, clip_factor = p.grad_norm_post, _clip_factor(p.grad_norm_pre, p.grad_norm_post)
         if p.verdict.is_event:
-            self.events.append(self._event(p, loss_value, clip_factor, indices, logits, targets))
+            self.events.append(self._event(p, loss_value, clip_factor, post, indices, logits, targets,
+                                           skipped=why_skipped is not None))
         v_sum = self._adam_reader.adam_v_sum(self.optimizer) if self.optimizer is not None else math.nan
         row = self._metrics.add_row(step=p.step, loss=loss_value, grad_norm_pre=p.grad_norm_pre,
-                                    grad_norm_post=p.grad_norm_post, clip_factor=clip_factor,
+                                    grad_norm_post=post, clip_factor=clip_factor,
                                     lr=p.lr if lr is None else float(lr), eval_loss=float(eval_loss),
-                                    adam_v_norm=math.sqrt(v_sum))
-        self._watch.observe_norm(p.step, p.grad_norm_pre)
+                                    adam_v_norm=math.sqrt(v_sum), loss_scale=p.loss_scale)
+        if not p.verdict.overflow:
+            self._watch.observe_norm(p.step, p.grad_norm_pre)
         self._pending = None
         return row
 
@@ -280,8 +418,8 @@ class Recorder:
             out.append({"step": step, **composition, **({"injected": injected} if injected else {})})
         return out
 
-    def _event(self, p: _Pending, loss: float, clip_factor: float, indices: Sequence[int] | None,
-               logits: torch.Tensor | None, targets: torch.Tensor | None) -> dict[str, Any]:
+    def _event(self, p: _Pending, loss: float, clip_factor: float, post: float, indices: Sequence[int] | None,
+               logits: torch.Tensor | None, targets: torch.Tensor | None, *, skipped: bool) -> dict[str, Any]:
         table = None
         if logits is not None and targets is not None:
             cat = self.catalog
@@ -298,7 +436,7 @@ class Recorder:
         return {
             "step": p.step, "kinds": p.verdict.kinds, "loss": loss, "grad_norm_pre": p.grad_norm_pre,
             "baseline_grad_norm": p.verdict.baseline, "clip_factor": clip_factor, "max_norm": self.max_norm,
-            "grad_norm_post": p.grad_norm_post, "skipped": False, "token_losses": table,
+            "grad_norm_post": post, "skipped": skipped, "token_losses": table,
             "param_grad_norms": dict(sorted(((n, float(v)) for n, v, g in zip(names, p.pre_norms.tolist(), has_grad) if g),
                                             key=lambda kv: -kv[1])),
             "adam_surprise": p.surprise,
@@ -306,28 +444,43 @@ class Recorder:
 
     def run(self) -> Run:
         """The recorded steps as a :class:`~pytest_spikecheck.Run` (what assertions take)."""
-        steps = self.steps_recorded
-        scenario = Scenario(
-            name=self.name, steps=max(steps, 1),
-            optimizer=OptimizerSpec(grad_clip=self.max_norm if math.isfinite(self.max_norm) else None),
-            sampler=SamplerSpec(batch_size=self.stream.batch_size) if self.stream is not None else SamplerSpec(),
-            record=RecordSpec(spike_ratio=self.spike_ratio, spike_window=self.window, top_tokens=self.top_tokens))
+        recorded = self.recorded_facts()
+        record = {"spike_ratio": self.spike_ratio, "spike_window": self.window, "top_tokens": self.top_tokens}
+        where_post = ("when the optimizer's step returned, on the gradients it consumed" if self._step_hook is not None
+                      else "at rec.step(), on the gradients as the optimizer left them")
         meta = {
             "package_version": __version__, "torch_version": torch.__version__, "python": platform.python_version(),
-            "trainer": self.trainer, "backend": f"{self.trainer} (recorded)", "device": str(self.named[0][1].device),
+            "name": self.name, "trainer": self.trainer, "recorded": recorded, "record": record,
+            "backend": f"{self.trainer} (recorded)", "device": str(self.named[0][1].device),
             "threads": torch.get_num_threads(), "distributed": None, "breaks": [],
             "parameters": sum(p.numel() for _, p in self.named),
             "seconds": time.perf_counter() - self._started, "stopped_at": None, "stop_reason": None, "stopped_by": None,
-            "declared_events": sorted(self.declared),
+            "declared_events": sorted(self.declared), "skipped_steps": sorted(self.skipped),
             "burst_samples": sorted(self.catalog.ids[i] if self.catalog is not None else str(i)
                                     for i in self.stream.burst_ids) if self.stream is not None else [],
-            "grad_norms": "measured by pytest_spikecheck in float64: pre-clip before the trainer's clip, post-clip on "
-                          "the gradients the optimizer received",
-            "reproduce": f"rerun the training that recorded this ({self.trainer})",
+            "grad_norms": f"measured by pytest_spikecheck in float64, of the unscaled gradients: pre-clip before the "
+                          f"trainer's clip, post-clip {where_post}",
+            "reproduce": f"rerun the training that recorded this ({TRAINER_NAMES.get(self.trainer, self.trainer)})",
+            **({"clip_before_unscale_at": list(self._clip_before_unscale_at)} if self._clip_before_unscale_at else {}),
             **self.meta,
         }
+        scenario = recorded_scenario(meta, name=self.name, steps=self.steps_recorded)
         return Run(scenario=scenario, metrics=self._metrics.arrays(), batches=self.batches,
-                   events=list(self.events), meta=meta)
+                   events=list(self.events), meta=meta, skipped=dict(self.skipped))
+
+    def recorded_facts(self) -> dict[str, Any]:
+        """What the run was, as the trainer reports it (run.json ``recorded``): the trainer, the
+        seed, the lr, the clip, the batch and accumulation, the precision."""
+        micro = self.stream.batch_size if self.stream is not None else None
+        precision = (f"{self._logits_dtype} logits" if self._logits_dtype else "not reported") + (
+            ", loss scaled by a GradScaler" if self.scaler is not None else "")
+        return {
+            "trainer": self.trainer, "seed": self.seed, "lr": self._first_lr,
+            "max_grad_norm": self.max_norm if math.isfinite(self.max_norm) else None,
+            "accumulation": self.accumulation, "micro_batch_size": micro,
+            "batch_size": micro * self.accumulation if micro is not None else None,
+            "precision": precision, **self.facts,
+        }
 
     def save(self, directory: str | Path) -> Path:
         """Write the run folder (``spikecheck diagnose DIRECTORY`` reads it)."""

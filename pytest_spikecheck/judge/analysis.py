@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -25,6 +25,19 @@ RECOVERY_HORIZON = 50
 #: A post-clip norm is "contained" when at most max_norm·(1 + CLIP_RTOL): float32 rounding of a
 #: norm scaled to exactly max_norm lands a few ulps either side.
 CLIP_RTOL = 1e-5
+#: torch's clip coefficient is max_norm / (norm + 1e-6) (ours too): a clipped gradient ends up to
+#: 1e-6 below max_norm, which a tiny max_norm makes a large relative shortfall. Not over-clipping.
+CLIP_EPS = 1e-6
+
+
+def overclipped(pre: Any, post: Any, limit: Any, rtol: float = CLIP_RTOL) -> np.ndarray:
+    """Where a clip scaled too far: the post-clip norm below min(pre-clip, limit)·(1 − rtol) −
+    CLIP_EPS, with both norms finite. A correct clip leaves min(pre, limit) (the gradient
+    untouched, or scaled to the limit); a clip of loss-scaled gradients leaves 1/scale of it."""
+    pre, post = np.asarray(pre, dtype=np.float64), np.asarray(post, dtype=np.float64)
+    expected = np.minimum(pre, np.asarray(limit, dtype=np.float64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.isfinite(pre) & np.isfinite(post) & (post < expected * (1 - rtol) - CLIP_EPS)
 
 #: Means, medians, differences and ratios of values near float64's limit overflow; inf is then
 #: the honest result (a ratio too large to represent is still a spike), so numpy need not warn
@@ -162,20 +175,22 @@ class EventSummary:
     loss_jump: float
     recovery: int | None
     post_clip_at_step: float | None  # None: the record has no post-clip norm at that step
-    final_eval: float
+    final_eval: float  # NaN when nothing was evaluated (never the train loss in its place)
+    evaluated: bool = True  # the record has eval losses (the jump and recovery are then the eval loss's)
 
     @classmethod
     def measure(cls, metrics: Metrics, step: int | None) -> "EventSummary":
         if step is None:
             step, _ = largest_spike(metrics)
-        if step is None:
-            return cls(None, math.nan, math.nan, None, None, final_value(metrics))
         has_eval = "eval_loss" in metrics and np.isfinite(np.asarray(metrics["eval_loss"], dtype=float)).any()
+        final = final_value(metrics) if has_eval else math.nan
+        if step is None:
+            return cls(None, math.nan, math.nan, None, None, final, has_eval)
         return cls(
             step=step,
             ratio=spike_ratio(metrics, step),
             loss_jump=loss_jump(metrics, step) if has_eval else loss_jump(metrics, step, name="loss"),
             recovery=recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss"),
             post_clip_at_step=value_at(metrics, "grad_norm_post", step) if "grad_norm_post" in metrics else None,
-            final_eval=final_value(metrics) if has_eval else final_value(metrics, "loss", last=20),
+            final_eval=final, evaluated=has_eval,
         )

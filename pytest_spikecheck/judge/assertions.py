@@ -15,15 +15,16 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, column, first_nonfinite, largest_spike,
-    recovery_steps, spike_ratio, value_at,
+    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, column, largest_spike, overclipped, recovery_steps, spike_ratio,
 )
 from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.judge.detectors import get_detector
+from pytest_spikecheck.judge.diagnosis import LOSS_SCALE_LIKE
+from pytest_spikecheck.judge.finiteness import Finiteness, judge_finite
 from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
-from pytest_spikecheck.judge.text import MISSING, fmt, fmt_measure, sparkline, table
+from pytest_spikecheck.judge.text import MISSING, fmt, fmt_compact, fmt_measure, sparkline, table
 
 __all__ = [
     "assert_clip_contains", "assert_diverges", "assert_finite", "assert_no_lockin", "assert_no_spike",
@@ -170,7 +171,7 @@ def _neighbour_hint(rec: Record, at: int | None, min_ratio: float, metric: str, 
 
 
 def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, strict: bool = False,
-                    kind: str | None = None, **params: Any) -> None:
+                    kind: str | None = None, strict_finite: bool = False, **params: Any) -> None:
     """Assert that ``detector`` (a name from :mod:`pytest_spikecheck.judge.detectors` or an
     instance; ``params`` configure it; default ``ratio``) flags no step of ``metric``
     (default: the pre-clip grad norm, else the loss).
@@ -178,12 +179,13 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
     On a training log (a path, or a record read from one) with neither ``detector`` nor
     ``metric`` given, this is ``spikecheck check``'s judgement: the default policy on the
     pre-clip grad norm and the loss, and no non-finite value in any column (``kind`` as
-    ``--kind``). With ``strict``, as ``--strict``, a series too short to be judged fails too.
+    ``--kind``). With ``strict``, as ``--strict``, a series too short to be judged fails too;
+    ``strict_finite``, as ``--strict-finite``, fails every non-finite value.
     """
     __tracebackhide__ = True
     rec = as_record(run)
     if rec.log_format is not None and detector is None and metric is None and not params:
-        report = judge_log(rec, kind=kind)
+        report = judge_log(rec, kind=kind, strict_finite=strict_finite)
         failure = _log_policy_failure(rec, report)
         if failure is not None:
             _fail(failure[0], rec, failure[1], failure[2])
@@ -206,12 +208,17 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
 FLOAT32_NORM_DRIFT = 1e-3
 
 
-def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> None:
-    """Assert the post-clip gradient norm never exceeds ``max_norm * (1 + rtol)`` (and is finite
-    where the pre-clip norm was). A record with no finite norm at all fails: it shows nothing.
-    The default ``rtol`` (1e-5) holds for float32 clips whose norm is accurate (our backends, torch
-    on a GPU); torch's CPU clip of a model with tensors of millions of elements overshoots by up to
-    ~1e-3 (the failure says so), so pass ``rtol=1e-3`` there."""
+def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL, allow_overclip: bool = False) -> None:
+    """Assert the clip did its job at every step: the post-clip gradient norm never exceeds
+    ``max_norm * (1 + rtol)`` (and is finite where the pre-clip norm was), and the clip never
+    scaled too far: post-clip ≥ min(pre-clip, max_norm)·(1 − rtol) (less torch's 1e-6 epsilon),
+    the over-clip of a clip on loss-scaled gradients. An adaptive clip's record carries its own
+    limit per step (``clip_limit``), which the over-clip side judges against. ``allow_overclip=True``
+    keeps only the upper bound. Steps whose update was skipped (``Record.skipped``) hand the
+    optimizer nothing and are left out. A record with no finite norm at all fails: it shows
+    nothing. The default ``rtol`` (1e-5) holds for float32 clips whose norm is accurate (our
+    backends, torch on a GPU); torch's CPU clip of a model with tensors of millions of elements
+    overshoots by up to ~1e-3 (the failure says so), so pass ``rtol=1e-3`` there."""
     __tracebackhide__ = True
     rec = as_record(run)
     metric = _pick_metric(rec, "grad_norm_post")
@@ -222,9 +229,10 @@ def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> 
         # Nothing finite before or after the clip: no value shows the clip held (or that it broke).
         _fail(f"no finite {metric} in the record ({post.size} step{'s' if post.size != 1 else ''}), and no finite "
               f"grad_norm_pre either: nothing shows whether the clip held", rec, None, metric, max_norm=max_norm)
+    applied = ~np.isin(steps, np.fromiter(rec.skipped, dtype=np.int64, count=len(rec.skipped)))
     limit = max_norm * (1 + rtol)
-    bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post))
-    nans = np.flatnonzero(np.isnan(post))
+    bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post) & applied)
+    nans = np.flatnonzero(np.isnan(post) & applied)
     if nans.size and pre is not None:
         # NaN post-clip where the pre-clip norm was finite means the clip itself broke something.
         bad = np.union1d(bad, nans[np.isfinite(pre[nans])]).astype(int)
@@ -239,6 +247,29 @@ def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL) -> 
               f"{max_norm:g} at step {int(steps[i])} ({bad.size} step{'s' if bad.size > 1 else ''} over; worst "
               f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])}){rounding}", rec, int(steps[worst]),
               metric, max_norm=max_norm)
+    if allow_overclip or pre is None:
+        return
+    own_limit = np.asarray(rec.metrics["clip_limit"], dtype=float) if "clip_limit" in rec.metrics else max_norm
+    under = np.flatnonzero(overclipped(pre, post, np.minimum(own_limit, max_norm), rtol) & applied)
+    if under.size:
+        i = int(under[0])
+        expected = min(float(pre[i]), float(np.broadcast_to(own_limit, pre.shape)[i]), max_norm)
+        times = expected / post[i] if post[i] > 0 else math.inf
+        more = f" ({under.size} steps over-clipped)" if under.size > 1 else ""
+        _fail(f"over-clipped at step {int(steps[i])}: the optimizer received {fmt_compact(float(post[i]))} for pre-clip "
+              f"{fmt_compact(float(pre[i]))} and max_norm {max_norm:g} (×{fmt_compact(times)} too small){more}: "
+              f"{_overclip_cause(rec, times)}", rec, int(steps[i]), metric, max_norm=max_norm)
+
+
+def _overclip_cause(rec: Record, times: float) -> str:
+    """What a too-far clip most likely is: the record's own declaration, else a guess."""
+    run = rec.run
+    declared = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "clip_mode", None)
+    if declared == "before_unscale" or (run is not None and run.meta.get("clip_before_unscale_at")):
+        return "clipped before unscaling (the clip saw the loss-scaled gradients)"
+    if times >= LOSS_SCALE_LIKE:
+        return "clipped before unscaling? (a loss scale between the clip and the optimizer shrinks it this much)"
+    return "a clip that scales below min(pre-clip, max_norm) breaks the update it guards"
 
 
 def assert_recovers(run: Any, within: int = 50, factor: float = RECOVERY_FACTOR, reference: Any = None,
@@ -282,7 +313,9 @@ def assert_diverges(run: Any, within: int | None = None, at: int | None = None) 
     the event, if given). Returns the first non-finite step."""
     __tracebackhide__ = True
     rec = as_record(run)
-    first = first_nonfinite(rec.metrics, [k for k in ("loss", "grad_norm_pre", "grad_norm") if k in rec.metrics], rec.missing)
+    # A skipped step's non-finite gradient norm is no divergence: the update was not applied.
+    failure = judge_finite(rec, [k for k in ("loss", "grad_norm_pre", "grad_norm") if k in rec.metrics]).first_failure
+    first = None if failure is None else (failure.first_step, failure.metric)
     metric = "loss" if "loss" in rec.metrics else next(iter(k for k in rec.metrics if k != "step"), "loss")
     if first is None:
         _fail("expected the run to diverge (a NaN or inf loss or gradient norm), but every value is finite",
@@ -295,21 +328,26 @@ def assert_diverges(run: Any, within: int | None = None, at: int | None = None) 
     return first[0]
 
 
-def assert_finite(run: Any) -> None:
-    """Assert every recorded loss and gradient norm is finite; a failure names the first bad
-    step and, for engine runs, the module where the first non-finite tensor appeared."""
+def assert_finite(run: Any, strict: bool = False) -> Finiteness:
+    """Assert every recorded value is finite, except what the finiteness decisions excuse
+    (:mod:`pytest_spikecheck.judge.finiteness`: the gradient norm of a step the optimizer
+    skipped, never its loss). ``strict=True`` excuses nothing (``--strict-finite``). A failure
+    names the first bad step and, for engine runs, the module where the first non-finite
+    tensor appeared. Returns the decisions (``.skipped_steps``, ``.excused_groups()``)."""
     __tracebackhide__ = True
     rec = as_record(run)
-    names = [k for k in rec.metrics if k != "step"]
-    first = first_nonfinite(rec.metrics, names, rec.missing)
+    finite = judge_finite(rec, strict=strict)
+    first = finite.first_failure
     if first is not None:
-        step, name = first
+        step, name = first.first_step, first.metric
         where = ""
         if rec.run is not None and rec.run.meta.get("first_nonfinite"):
             info = rec.run.meta["first_nonfinite"]
             where = f"; first non-finite tensor: {info.get('tensor', '?')} in {info.get('module', '?')} at step {info.get('step', step)}"
-        _fail(f"non-finite {name} at step {step} ({fmt(value_at(rec.metrics, name, step))}){where}",
+        excused = "".join(f"\n(excused: {g.text()})" for g in finite.excused_groups())
+        _fail(f"non-finite {name} at step {step} ({fmt(first.first_value)}){where}{excused}",
               rec, step, name, diagnose_step=False)
+    return finite
 
 
 def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float = 0.1) -> None:

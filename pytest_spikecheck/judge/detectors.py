@@ -31,13 +31,13 @@ values are flagged (a NaN loss is the worst spike) and never enter a baseline.
 
 from __future__ import annotations
 
-import bisect
 import math
 from dataclasses import dataclass, fields, replace
 from typing import Any, ClassVar
 
 import numpy as np
 
+from pytest_spikecheck.judge import rolling
 from pytest_spikecheck.judge.baseline import BASELINE_WINDOW, MIN_BASELINE_POINTS, baseline_history, spike_baseline
 
 
@@ -371,26 +371,26 @@ class Megatron(Detector):
 MAD_TO_SIGMA = 1.4826
 
 
-def _median(values: np.ndarray) -> float:
-    """np.median's value for a small finite array, without its per-call overhead (the rules
-    take a median at every logged point, and the corpus test judges ~30,000 of them)."""
-    ordered = np.sort(values)
-    mid = ordered.size // 2
-    return float(ordered[mid]) if ordered.size % 2 else float((ordered[mid - 1] + ordered[mid]) / 2)
-
-
-def _median_and_spread(hist: np.ndarray) -> tuple[float, float]:
-    med = _median(hist)
-    return med, MAD_TO_SIGMA * _median(np.abs(hist - med))
+def log_noise(values: np.ndarray) -> float:
+    """The log's own point-to-point noise, as a standard deviation: 1.4826 x the median absolute
+    second difference of its finite values, over sqrt(6) (the second difference of independent
+    noise has variance 6 sigma^2, and a straight descent has none, so a falling loss does not
+    count as noise the way its spread around a median does). 0 below three finite values."""
+    v = values[np.isfinite(values)]
+    if v.size < 3:
+        return 0.0
+    return float(MAD_TO_SIGMA * np.median(np.abs(v[2:] - 2 * v[1:-1] + v[:-2])) / math.sqrt(6))
 
 
 @dataclass(frozen=True)
-class LossJump(_HistoryRule):
+class LossJump(Detector):
     """The loss is a log-likelihood, so a spike is an *additive* event: a jump of ``nats``
     above the median of the previous points means the same thing at any baseline (ln 2: the
     model's perplexity doubled). On a noisy per-batch loss the bar rises to ``sigmas``
     robust standard deviations (1.4826 MAD) of the history, so ordinary batch-to-batch noise
-    does not fire it."""
+    does not fire it; and never below ``noise_sigmas`` times the log's own noise
+    (:func:`log_noise`): the spread of five quiet points says little about a short, noisy log's
+    scale, and a move a noisy log makes every few points is no spike (0: no such floor)."""
 
     name: ClassVar[str] = "loss-jump"
     unit: ClassVar[str] = "nats"
@@ -398,15 +398,22 @@ class LossJump(_HistoryRule):
     sigmas: float = 6.0
     window: int = BASELINE_WINDOW
     min_history: int = 5
+    noise_sigmas: float = 4.0
 
     @property
     def threshold_name(self) -> str:
         return "nats"
 
-    def _rule(self, value, history):
-        med, spread = _median_and_spread(history)
-        jump = value - med
-        return med, jump, jump >= max(self.nats, self.sigmas * spread)
+    def _detect(self, steps, values):
+        ok = np.isfinite(values)
+        med, mad = rolling.median_and_spread(rolling.histories(steps, values, self.window, self.min_history))
+        has = ok & ~np.isnan(med)
+        jump = values - med
+        bar = np.maximum(self.nats, self.sigmas * (MAD_TO_SIGMA * mad))
+        if self.noise_sigmas:
+            bar = np.maximum(bar, self.noise_sigmas * log_noise(values))
+        flagged = has & (jump >= bar)
+        return _in_order(steps, values, ok, flagged, med, jump), int((~ok).sum() + has.sum())
 
 
 @dataclass(frozen=True)
@@ -418,7 +425,14 @@ class SustainedLoss(Detector):
     points before it and the median of it and the next ``hold - 1`` points is still that high. Needs only ``min_history`` earlier points, because the level that follows
     is the evidence; flagged once per episode, at its onset. The baseline is the median of the
     last ``history_points`` logged points (over at least ``window`` steps); before a log has
-    that many, of every earlier point (at least ``min_history``)."""
+    that many, of every earlier point (at least ``min_history``). There, with ``early="lowest"``,
+    the baseline is the lowest loss so far and the sigmas are the log's own noise
+    (:func:`log_noise`): "a rise that the next points keep is a divergence whatever the history"
+    - a log's first points fall fast, so the median of two or three of them sits above where the
+    model already is and their spread is the slope, not the noise, and both hid such a rise (an
+    LR sweep logged every 200 steps diverging at its third point); and later the spread is never
+    taken below that noise (five quiet points of a noisy short log would let its noise through).
+    ``early="median"``: the median and spread of the points before everywhere, as before."""
 
     name: ClassVar[str] = "loss-sustained"
     unit: ClassVar[str] = "nats"
@@ -428,6 +442,7 @@ class SustainedLoss(Detector):
     window: int = BASELINE_WINDOW
     min_history: int = 1
     history_points: int = 5  # the baseline's usual size; a log's first points have fewer
+    early: str = "lowest"  # before history_points: "lowest" (lowest loss so far, the log's noise) or "median"
 
     @property
     def threshold_name(self) -> str:
@@ -439,29 +454,35 @@ class SustainedLoss(Detector):
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        out, judged, elevated = [], 0, False
-        for i in range(values.size):
-            if not ok[i]:
-                out.append(_nonfinite(steps, values, i))
-                judged += 1
-                continue
-            later = values[i:i + self.hold]
-            hist = _history(steps, values, i, self.window, self.history_points)
-            if hist.size == 0:  # early in the log: every earlier point, if there are enough
-                earlier = values[:i][ok[:i]]
-                hist = earlier if earlier.size >= self.min_history else hist
-            if hist.size == 0 or later.size < self.hold:
-                continue
-            judged += 1
-            med, spread = _median_and_spread(hist)
-            bar = max(self.nats, self.sigmas * spread)
-            # A non-finite value among the next points: no level (flagged on its own).
-            level = _median(later) if np.isfinite(later).all() else math.nan
-            now = float(values[i]) - med >= bar and level - med >= bar
-            if now and not elevated:
-                out.append(Detection(int(steps[i]), float(values[i]), med, level - med))
-            elevated = now
-        return out, judged
+        h = rolling.histories(steps, values, self.window, self.history_points)  # loss-jump's, at its defaults
+        before = h.stop  # finite values before each point
+        # Early in the log (no usual history yet): every earlier finite value, if there are enough.
+        early = (h.size == 0) & (before >= self.min_history) & (before > 0)
+        med, mad = rolling.median_and_spread(h)
+        spread = MAD_TO_SIGMA * mad
+        if early.any() and self.early == "median":
+            at = rolling.Histories(h.finite, np.where(early, 0, before), before)  # only the early points' histories
+            early_med, early_mad = rolling.median_and_spread(at)
+            med, spread = np.where(early, early_med, med), np.where(early, MAD_TO_SIGMA * early_mad, spread)
+        if self.early == "lowest":
+            noise = log_noise(values)
+            spread = np.where(early, noise, np.maximum(spread, noise))  # never below the log's own noise
+            if early.any():
+                lowest = np.minimum.accumulate(h.finite)
+                med = np.where(early, lowest[np.maximum(before - 1, 0)], med)
+        sizes = np.where(early, before, h.size)
+        level, level_ok = rolling.forward_median(values, self.hold)
+        # judged: a finite value with a history and `hold` values from it (any of them non-finite: no level)
+        has = ok & (sizes > 0) & (np.arange(values.size) + self.hold <= values.size)
+        bar = np.maximum(self.nats, self.sigmas * spread)
+        level = np.where(level_ok, level, np.nan)
+        now = has & (values - med >= bar) & (level - med >= bar)
+        # Flagged once per episode: where `now` starts, over the judged values in order.
+        judged_at = np.flatnonzero(has)
+        now_j = now[judged_at]
+        onset = np.zeros(values.size, dtype=bool)
+        onset[judged_at] = now_j & ~np.concatenate([[False], now_j[:-1]])
+        return _in_order(steps, values, ok, onset, med, level - med), int((~ok).sum() + has.sum())
 
 
 @dataclass(frozen=True)
@@ -485,34 +506,41 @@ class GradRatio(Detector):
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        level = ok & (values > 0)
-        level_steps, level_values = steps[level], values[level]
-        seen = 0  # how many of level_values come before the value being judged
-        long_run: list[float] = []  # every earlier level value, sorted: its median is the long-run level
-        out, judged = [], 0
-        for i in range(values.size):
-            if not ok[i]:
-                out.append(_nonfinite(steps, values, i))
-                judged += 1
-                continue
-            hist = baseline_history(level_steps[:seen], level_values[:seen], int(steps[i]), self.window, self.min_history)
-            if level[i]:
-                seen += 1
-            if hist.size == 0:
-                if level[i]:
-                    bisect.insort(long_run, float(values[i]))
-                continue
-            judged += 1
-            log_med, log_spread = _median_and_spread(np.log(hist))
-            n = len(long_run)
-            long_run_median = long_run[n // 2] if n % 2 else (long_run[n // 2 - 1] + long_run[n // 2]) / 2
-            if level[i]:
-                bisect.insort(long_run, float(values[i]))
-            base = max(math.exp(log_med), self.floor * long_run_median)
-            x = float(values[i])
-            if x >= self.threshold * base and math.log(x) - log_med >= self.sigmas * log_spread:
-                out.append(Detection(int(steps[i]), x, base, x / base))
-        return out, judged
+        level = ok & (values > 0)  # zero norms (no gradient at all) are no level
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logs = np.where(level, np.log(np.where(level, values, 1.0)), np.nan)
+        h = rolling.histories(steps, logs, self.window, self.min_history, usable=level)
+        log_med, log_mad = rolling.median_and_spread(h)
+        has = ok & (h.size > 0)
+        log_spread = MAD_TO_SIGMA * log_mad
+        # Necessary conditions, a hair looser than the rule (numpy's exp/log may differ from the
+        # C library's by an ulp): the few candidates are then judged exactly, one by one.
+        with np.errstate(over="ignore", invalid="ignore"):
+            maybe = has & level & (values >= self.threshold * np.exp(log_med) * (1 - 1e-12)) & (
+                logs - log_med >= self.sigmas * log_spread - 1e-12 * (1 + np.abs(log_med)))
+        candidates = np.flatnonzero(maybe)
+        levels = values[level]
+        long_run = rolling.expanding_median_at(levels, h.stop[candidates])  # every earlier level value
+        out = []
+        flagged = np.zeros(values.size, dtype=bool)
+        base_at = np.full(values.size, np.nan)
+        for i, lrm in zip(candidates.tolist(), long_run.tolist()):
+            lm, spread, x = float(log_med[i]), float(log_spread[i]), float(values[i])
+            base = max(math.exp(lm), self.floor * lrm)
+            if x >= self.threshold * base and math.log(x) - lm >= self.sigmas * spread:
+                flagged[i], base_at[i] = True, base
+        with np.errstate(divide="ignore", invalid="ignore"):
+            out = _in_order(steps, values, ok, flagged, base_at, values / base_at)
+        return out, int((~ok).sum() + has.sum())
+
+
+def _in_order(steps: np.ndarray, values: np.ndarray, ok: np.ndarray, flagged: np.ndarray, baseline: np.ndarray,
+              score: np.ndarray) -> list[Detection]:
+    """The detections of a vectorised rule, in step order: every non-finite value (the worst
+    spike, score inf, no baseline) and every flagged finite one."""
+    rows = np.flatnonzero(~ok | flagged)
+    return [Detection(int(steps[i]), float(values[i]), float(baseline[i]) if ok[i] else math.nan,
+                      float(score[i]) if ok[i] else math.inf) for i in rows.tolist()]
 
 
 DETECTORS: dict[str, type[Detector]] = {

@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    CLIP_RTOL, baseline, largest_spike, loss_jump, recovery_steps, spike_ratio, value_at,
+    CLIP_RTOL, baseline, largest_spike, loss_jump, overclipped, recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.records import Record, as_record
 from pytest_spikecheck.judge.sweeps import QK_CLIP_FACTOR
-from pytest_spikecheck.judge.text import fmt, fmt_measure
+from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure, fmt_scale
 
 
 #: "Clipped" means the post-clip norm is below the pre-clip norm by more than this (relative):
@@ -36,6 +36,9 @@ from pytest_spikecheck.judge.text import fmt, fmt_measure
 CLIPPED_RTOL = 1e-6
 #: The verdict calls a step a spike from this ratio to the baseline on.
 SPIKE_VERDICT_RATIO = 3.0
+#: An over-clip this many times too small looks like a loss scale between the clip and the
+#: optimizer (dynamic scales are 2^k, 65536 by default): the verdict asks "clipped before unscaling?".
+LOSS_SCALE_LIKE = 100.0
 
 
 @dataclass
@@ -202,10 +205,23 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         clip_text = f"post-clip norm not logged{factor_text}"
     else:
         clip_text = f"post-clip {fmt(post, '.3g')}{factor_text}: whether it was clipped cannot be told"
-    if contained is True:
+    over = (pre is not None and post is not None and limit is not None
+            and bool(overclipped(pre, post, limit)) and step not in rec.skipped)
+    d.facts.update(overclipped=over)
+    if over:
+        clip_text += f"; OVER-CLIPPED: ×{fmt_compact(min(pre, limit) / post if post > 0 else math.inf)} below min(pre-clip, max_norm {limit:g})"
+    elif contained is True:
         clip_text += f"; within max_norm {limit:g}"
     elif contained is False:
         clip_text += f"; ABOVE max_norm {limit:g}"
+    skip_text = _skip_text(rec, step)
+    d.facts.update(skipped=rec.skipped.get(step))
+    overflow = str(rec.skipped.get(step, "")).startswith("overflow")
+    if overflow:  # the norm measures the overflow, not the data: nothing was clipped, nothing applied
+        pre_text = "pre-clip not logged" if pre is None else f"pre-clip {fmt(pre, '.3g')}"
+        clip_text = f"{skip_text}: nothing reached the optimizer"
+    elif skip_text:
+        clip_text += f"; {skip_text}"
     d.lines.append(("2 grad norm", f"{pre_text}; {clip_text}"))
 
     event = run.event_at(step) if run is not None else None
@@ -258,11 +274,30 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
 
     # 7. verdict
     logged = {"loss": loss_now, metric: pre, "grad_norm_post": post}
-    nonfinite = [name for name, v in logged.items() if v is not None and not math.isfinite(v)]
+    excused = step in rec.skipped  # a skipped step's gradient norm may be non-finite (an overflow); never its loss
+    nonfinite = [name for name, v in logged.items() if v is not None and not math.isfinite(v)
+                 and not (excused and name != "loss")]
     d.facts.update(nonfinite=nonfinite)
     rare_batch = d.facts.get("rare_samples", 0) >= 2 or d.facts.get("burst_samples", 0) >= 2
     cause = "rare tokens concentrated in one batch" if rare_batch else "an outlier batch"
-    if nonfinite:
+    declared = _declared_bug(run)
+    if overflow and not nonfinite:
+        loss_ratio = loss_now / loss_base if loss_now is not None and loss_base and math.isfinite(loss_base) else math.nan
+        data = (f"{cause} (train loss {fmt_measure(loss_ratio, '.1f')}× its median)" if rare_batch or loss_ratio >= SPIKE_VERDICT_RATIO
+                else "no data spike in the batch")
+        d.verdict = f"{skip_text}: the update was not applied, not a numeric break; the data: {data}"
+    elif over:
+        received = f"the optimizer received ‖g‖ = {fmt_compact(post)} for max_norm {limit:g}"
+        if declared == "before_unscale":
+            d.verdict = f"clipped before unscaling: {received}"
+        else:
+            times = min(pre, limit) / post if post > 0 else math.inf
+            guess = ("clipped before unscaling?" if times >= LOSS_SCALE_LIKE
+                     else "a clip that scales below min(pre-clip, max_norm)")
+            d.verdict = f"over-clipped: {received} and pre-clip {fmt_compact(pre)} (×{fmt_compact(times)} too small): {guess}"
+        if math.isfinite(ratio) and ratio >= SPIKE_VERDICT_RATIO:
+            d.verdict = f"{cause}; {d.verdict}"
+    elif nonfinite:
         d.verdict = (f"non-finite values at step {step} ({', '.join(f'{n} {fmt(logged[n])}' for n in nonfinite)}): "
                      f"a numeric break (overflow, 0/0), not a data spike")
     elif pre is None:
@@ -284,6 +319,14 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     else:
         d.verdict = (f"a {fmt(ratio, '.0f')}× gradient spike; the record has no post-clip norm, so whether a "
                      f"clip contained it cannot be told")
+    if excused and not str(rec.skipped[step]).startswith("overflow"):
+        d.verdict += f"; {skip_text}"
+    if declared == "each_microbatch" and contained is False:
+        d.verdict += (": each micro-batch was clipped on its own and the clipped parts summed (ClipEachMicrobatch): "
+                      "clip the accumulated gradient once")
+    elif declared == "accumulate_sum":
+        k = run.scenario.sampler.accumulation
+        d.verdict += (f"; the {k} micro-batch losses are summed, not averaged (AccumulateSum): loss and gradient ×{k}")
     if d.facts.get("attention_logit_growth") and d.facts.get("optimizer") == "muon":
         d.verdict += ("; a max-logit explosion under Muon: QK-Clip or qk-norm contains it"
                       if d.facts.get("qk_clip_tau") is None else
@@ -291,6 +334,38 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     elif d.facts.get("attention_logit_growth"):
         d.verdict += "; attention logits grew beyond control (attention-logit growth: qk-layernorm contains it)"
     return d
+
+
+def _declared_bug(run: Any) -> str | None:
+    """The defence bug the run declares or its recorder saw: ``before_unscale`` (ClipBeforeUnscale,
+    or a recorder that found the gradients still scaled at the clip), ``each_microbatch``
+    (ClipEachMicrobatch), ``accumulate_sum`` (AccumulateSum); None otherwise."""
+    if run is None:
+        return None
+    if (getattr(run, "meta", None) or {}).get("clip_before_unscale_at"):
+        return "before_unscale"
+    scenario = getattr(run, "scenario", None)
+    clip_mode = getattr(getattr(scenario, "optimizer", None), "clip_mode", None)
+    if clip_mode in ("before_unscale", "each_microbatch"):
+        return clip_mode
+    return "accumulate_sum" if getattr(getattr(scenario, "sampler", None), "accumulate", None) == "sum" else None
+
+
+def _skip_text(rec: Record, step: int) -> str:
+    """Why the update of ``step`` was not applied, in words ("" where it was applied)."""
+    why = rec.skipped.get(step)
+    if why is None:
+        return ""
+    if why == "skip_spikes":
+        return "SkipSpikes skipped the update"
+    if not str(why).startswith("overflow"):
+        return f"the update was skipped ({why})"
+    scale, after = _logged(rec, "loss_scale", step), _logged(rec, "loss_scale", step + 1)
+    change = ""
+    if scale is not None and after is not None and math.isfinite(scale) and math.isfinite(after):
+        change = "; scale halved" if after == scale / 2 else "; scale kept" if after == scale else f"; scale now {fmt_scale(after)}"
+    at = f" at scale {fmt_scale(scale)}" if scale is not None and math.isfinite(scale) else ""
+    return f"GradScaler skipped this step (overflow{at}{change})"
 
 
 #: A largest |attention logit| above this, and ATTENTION_GROWTH_FACTOR x its value at step 10,

@@ -8,7 +8,9 @@ the measurements are in ``docs/detectors.md``):
   next points keep);
 - **gradient norm** (robust ratio): ``grad-ratio`` (10x the recent median and 2.5 robust σ
   above it in log space, against a baseline never below half the run's long-run median);
-- **non-finite values** in any column.
+- **non-finite values**: decided per value by :mod:`pytest_spikecheck.judge.finiteness` (the
+  gradient norm of a skipped step is excused and counted; ``strict_finite`` fails every
+  non-finite value in any column).
 
 The series checked are the pre-clip gradient norm (``grad_norm`` in other tools' logs) and
 the loss, those the log has. On an RL or preference log (:func:`detect_kind`) the loss is a
@@ -20,13 +22,16 @@ never "no spike". numpy only.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
-from pytest_spikecheck.judge.analysis import first_nonfinite, spike_ratio, value_at
+from pytest_spikecheck.judge import rolling
+from pytest_spikecheck.judge.analysis import spike_ratio, value_at
 from pytest_spikecheck.judge.detectors import Detector, get_detector, log_interval
+from pytest_spikecheck.judge.finiteness import judge_finite
 from pytest_spikecheck.judge.text import sparkline
 from pytest_spikecheck.records import Record
 
@@ -42,6 +47,10 @@ _RL_KEYS = ("reward", "reward_std", "kl", "frac_reward_zero_std", "entropy", "cl
 _RL_PREFIXES = ("rewards/", "objective/", "logps/", "logits/", "policy/", "val/", "clip_ratio/")
 #: A surrogate loss: more than this share of the logged losses exactly 0, or any negative.
 _ZERO_LOSS_SHARE = 0.2
+#: An RL gradient norm is bimodal when its log10 splits (Otsu's threshold) into two groups this many
+#: decades apart at least (30x), the lower holding at least this share of the points.
+_DEGENERATE_DECADES = math.log10(30)
+_DEGENERATE_SHARE = 0.2
 
 
 def pick_metric(rec: Record, metric: str) -> str:
@@ -74,18 +83,72 @@ def detect_kind(rec: Record) -> tuple[str | None, str]:
     return None, ""
 
 
+def _judged_series(rec: Record, name: str, excused: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of ``name`` where logged, less the values the finiteness decisions excused."""
+    if excused is None:
+        return rec.series(name)
+    keep = ~excused if name not in rec.missing else ~(excused | rec.missing[name])
+    return np.asarray(rec.metrics["step"])[keep], np.asarray(rec.metrics[name], dtype=np.float64)[keep]
+
+
+def _split_decades(norms: np.ndarray) -> tuple[float, float, float] | None:
+    """(threshold, separation in decades, lower share) of Otsu's two-group split of log10(norms),
+    or None below 20 points."""
+    x = np.sort(np.log10(norms))
+    n = x.size
+    if n < 20:
+        return None
+    total = np.cumsum(x)
+    k = np.arange(1, n)
+    lower_mean = total[:-1] / k
+    upper_mean = (total[-1] - total[:-1]) / (n - k)
+    share = k / n
+    between = share * (1 - share) * (upper_mean - lower_mean) ** 2
+    best = int(np.argmax(between))
+    return float((x[best] + x[best + 1]) / 2), float(upper_mean[best] - lower_mean[best]), float(share[best])
+
+
+def degenerate_steps(rec: Record, steps: np.ndarray, norms: np.ndarray) -> tuple[np.ndarray, str]:
+    """The points of an RL run's gradient norm that are no level: steps where every group's rewards
+    were equal (a zero-std share of 1: zero advantage, only the KL or entropy term is left), or the
+    lower group of a bimodal norm (most steps ~0, the rest ~100x). (mask over the points, why)."""
+    mask = np.zeros(steps.size, dtype=bool)
+    reasons = []
+    for name in rec.metrics:
+        if "zero_std" in name.lower():
+            zs, share = rec.series(name)
+            degenerate_at = zs[np.isfinite(share) & (share >= 1 - 1e-9)]
+            hit = np.isin(steps, degenerate_at)
+            if hit.any():
+                mask |= hit
+                reasons.append(f"{name} = 1 at {int(hit.sum())}")
+    positive = np.isfinite(norms) & (norms > 0)
+    split = _split_decades(norms[positive & ~mask])
+    if split is not None:
+        threshold, decades, share = split
+        if decades >= _DEGENERATE_DECADES and share >= _DEGENERATE_SHARE:
+            low = positive & ~mask & (np.log10(np.where(positive, norms, 1.0)) < threshold)
+            mask |= low
+            reasons.append(f"{int(low.sum())} below {10 ** threshold:.3g}, the lower group of a bimodal norm "
+                           f"({decades:.1f} decades apart)")
+    return mask, "; ".join(reasons)
+
+
 def _role(metric: str) -> str:
     return "loss" if "loss" in metric else "grad_norm"
 
 
 def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Sequence[str] = (),
-              kind: str | None = None) -> dict:
+              kind: str | None = None, strict_finite: bool = False) -> dict:
     """The judgement of a record, as plain data (``spikecheck check --json`` prints it).
 
     ``detectors`` (names) replace the default policy and run on every series; ``metrics``
     replace the default series; ``kind`` overrides the RL recognition. ``ok`` is False for a
-    spike or a non-finite value in any column; ``judged`` is False when no series could be
-    judged, and ``not_judged`` names the series that could not.
+    spike or a non-finite value that fails the run (:func:`~.finiteness.judge_finite`; with
+    ``strict_finite``, any non-finite value in any column); ``judged`` is False when no series
+    could be judged, and ``not_judged`` names the series that could not. A value the
+    finiteness decisions excuse (a skipped step's gradient norm) is left out of the series
+    the rules judge: it is neither a level nor a spike.
     """
     if kind is not None and kind not in KINDS:
         raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
@@ -110,20 +173,34 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
     if kind is None and found_kind == "rl":
         notes.append(f"{why}: its loss is no likelihood, so the loss rules step aside; "
                      f"the gradient-norm rule still runs (--kind sft to judge the loss anyway)")
+    finite = judge_finite(rec, strict=strict_finite)
+    if finite.skipped_steps:
+        notes.append(f"{finite.skipped_steps} step{'s' if finite.skipped_steps != 1 else ''} skipped by the "
+                     f"optimizer (the log says so or the reader inferred it): their gradient norms are not judged")
     series = []
     for name in names:
-        steps, values = rec.series(name)
+        steps, values = _judged_series(rec, name, finite.excused.get(name))
         entry: dict[str, Any] = {"metric": name, "logged": int(steps.size), "interval": log_interval(steps),
                                  "sparkline": sparkline(values), "spikes": [], "rules": []}
         series.append(entry)
         if not explicit and kind_used == "rl" and _role(name) == "loss":
             entry.update(status="skipped", message="an RL/preference loss: loss rules step aside")
             continue
+        if not explicit and kind_used == "rl" and _role(name) == "grad_norm":
+            degenerate, why = degenerate_steps(rec, steps, values)
+            if degenerate.any():
+                # Zero-advantage steps collapse the baseline: the rule judges the others against each other.
+                steps, values = steps[~degenerate], values[~degenerate]
+                entry["degenerate"] = {"count": int(degenerate.sum()), "why": why}
+                notes.append(f"{name}: {int(degenerate.sum())} of {degenerate.size} points are degenerate RL steps "
+                             f"({why}): left out of the baseline and not judged")
         rules = explicit or [get_detector(d) for d in POLICY[_role(name)]]
         agreeing: dict[int, dict[str, Any]] = {}
         judged = 0
-        for rule in rules:
-            verdict = rule.judge(steps, values)
+        steps, values = np.ascontiguousarray(steps, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64)
+        with rolling.sharing():  # the loss rules share the loss's histories
+            verdicts = [rule.judge(steps, values) for rule in rules]
+        for rule, verdict in zip(rules, verdicts):
             judged = max(judged, verdict.judged)
             entry["rules"].append({"name": rule.name, "rule": rule.describe(), "judged": verdict.judged,
                                    "needs": verdict.needs, "flags": len(verdict.detections)})
@@ -143,7 +220,7 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
             needs = "; ".join(f"{r['name']} {r['needs']}" for r in entry["rules"])
             entry.update(status="not judged", message=f"not judged: {steps.size} point{'s' if steps.size != 1 else ''}"
                                                       f"{every}, needs {needs}")
-    first = first_nonfinite(rec.metrics, [k for k in rec.metrics if k != "step"], rec.missing)
+    first = finite.first_failure
     steps = rec.metrics["step"]
     if steps.size == 1:
         notes.append("a single logged entry: nothing to compare it with")
@@ -153,8 +230,9 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
         "policy": "default" if not explicit else "named detectors",
         "detectors": sorted({r["name"] for s in series for r in s["rules"]}),
         "series": series,
-        "nonfinite": None if first is None else {"step": first[0], "metric": first[1],
-                                                 "value": value_at(rec.metrics, first[1], first[0])},
+        "nonfinite": None if first is None else {"step": first.first_step, "metric": first.metric,
+                                                 "value": first.first_value},
+        "finite": finite.as_dict(),
         "judged": any(s["status"] == "judged" for s in series),
         "not_judged": [s["metric"] for s in series if s["status"] == "not judged"],
         "ok": not any(s["spikes"] for s in series) and first is None,

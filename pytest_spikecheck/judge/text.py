@@ -73,3 +73,21 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool 
                  "  ".join("-" * w for w in widths)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     return "\n".join(line.rstrip() for line in lines)
+
+
+_SUPERSCRIPTS = str.maketrans("0123456789-", "⁰¹²³⁴⁵⁶⁷⁸⁹⁻")
+
+
+def fmt_compact(value: float | None, spec: str = ".2g") -> str:
+    """A value in few characters, the exponent without padding: ``1.5e-5``, ``3.8e5``."""
+    text = fmt(value, spec)
+    mantissa, sep, exponent = text.partition("e")
+    return f"{mantissa}e{int(exponent)}" if sep else text
+
+
+def fmt_scale(scale: float | None) -> str:
+    """A loss scale: a power of two as ``2²⁴`` (what dynamic scaling produces), else the number."""
+    if scale is None or not math.isfinite(scale) or scale <= 0:
+        return fmt(scale)
+    exponent = math.log2(scale)
+    return f"2{str(int(exponent)).translate(_SUPERSCRIPTS)}" if exponent == int(exponent) else fmt(scale, ".4g")

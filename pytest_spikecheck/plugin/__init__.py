@@ -1,4 +1,5 @@
-"""The pytest plugin: options, marker, hooks and the ``spikecheck`` fixture. Nothing else.
+"""The pytest plugin: options, marker, hooks and the ``spikecheck`` fixture. What it hands to CI
+(JUnit properties, the job summary, the report page, progress) is in :mod:`.outputs`.
 
 Loading it imports neither torch, cupy, matplotlib nor hypothesis: a repo that installs
 pytest-spikecheck pays nothing until a test actually trains a scenario under ``--spikecheck``.
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pytest_spikecheck.plugin.outputs import TerminalStream, append_job_summary, junit_properties, write_index
 from pytest_spikecheck.plugin.session import Settings, SpikecheckSession
 
 BACKEND_CHOICES = ("auto", "torch", "cupy", "emulator")
@@ -104,10 +106,29 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     if settings.enabled:
         _refuse_unusable_settings(settings)
-    config.stash[_SESSION] = SpikecheckSession(settings)
+    config.stash[_SESSION] = SpikecheckSession(settings, **_worker_identity(config))
     recorder = _Recorder(config)
     config.stash[_RECORDER] = recorder
     config.pluginmanager.register(recorder, "spikecheck-recorder")
+
+
+def _worker_identity(config: pytest.Config) -> dict[str, Any]:
+    """On an xdist worker: the run's id (the same on every worker of one run) and the worker's."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return {}
+    return {"session_id": workerinput["testrunuid"], "worker": workerinput["workerid"]}
+
+
+def _progress(config: pytest.Config) -> Any:
+    """Training progress: a bar per scenario on a terminal, a line per trained scenario in logs
+    and on xdist workers, nothing with ``-q``."""
+    from pytest_spikecheck.progress import Progress
+
+    stream = TerminalStream(config)
+    worker = getattr(config, "workerinput", {}).get("workerid")
+    mode = "quiet" if config.get_verbosity() < 0 else ("lines" if worker else "auto")
+    return Progress(stream, mode=mode, prefix=f"spikecheck [{worker}]: " if worker else "spikecheck: ")
 
 
 def _refuse_unusable_settings(settings: Settings) -> None:
@@ -195,35 +216,25 @@ def spikecheck(request: pytest.FixtureRequest) -> SpikecheckSession:
     session = request.config.stash[_SESSION]
     if not session.settings.enabled:
         pytest.skip(SKIP_REASON)
+    if session.progress is None:  # now, not at configure time: the terminal reporter is up
+        session.progress = _progress(request.config)
+    if session.worker is not None and session.shared_dir is None:
+        # xdist gives each worker basetemp/popen-gwN: the parent is this run's, shared by all workers
+        session.shared_dir = request.getfixturevalue("tmp_path_factory").getbasetemp().parent
     return session
-
-
-def _ratio(value: float | None) -> str:
-    from pytest_spikecheck.judge.text import MISSING, fmt_measure
-
-    text = fmt_measure(value, ".1f")
-    return text if text == MISSING else f"{text}×"
-
-
-def _verdict(outcomes: list[str]) -> str:
-    if not outcomes:
-        return "not run"
-    if "failed" in outcomes:
-        return "FAIL"
-    if all(o == "skipped" for o in outcomes):
-        return "skipped"
-    return "pass"
 
 
 class _Recorder:
     """Session-long bookkeeping, registered as a plugin object in pytest_configure so that
     its hooks see the config: which tests used which scenario, their outcomes, the summary
-    rows (merged from xdist workers on the controller), the report index."""
+    rows and counts (merged from xdist workers on the controller), and the outputs at the end."""
 
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.outcomes: dict[str, list[str]] = {}
         self.worker_rows: dict[str, dict[str, Any]] = {}
+        self.worker_counts: dict[str, int] = {}
+        self.workers = False
 
     @property
     def session(self) -> SpikecheckSession:
@@ -234,6 +245,22 @@ class _Recorder:
         for name, row in self.worker_rows.items():
             rows.setdefault(name, row)
         return rows
+
+    def counts(self) -> dict[str, int]:
+        counts = dict(self.session.counts)
+        for source, n in self.worker_counts.items():
+            counts[source] = counts.get(source, 0) + n
+        return counts
+
+    def verdicts(self) -> dict[str, str]:
+        from pytest_spikecheck.report.summary import verdict_of
+
+        return {name: verdict_of(self.outcomes.get(name, [])) for name in self.rows()}
+
+    def sentences(self, terminal: bool = True) -> list[str]:
+        from pytest_spikecheck.report.summary import counts_sentences
+
+        return counts_sentences(self.rows(), self.counts(), self.verdicts(), workers=self.workers, terminal=terminal)
 
     def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
         self.session.used_by_current_test.clear()
@@ -248,7 +275,15 @@ class _Recorder:
             names = set(filter(None, props.get(_SCENARIOS_PROPERTY, "").split(","))) | used
             item.user_properties[:] = [(k, v) for k, v in item.user_properties if k != _SCENARIOS_PROPERTY]
             item.user_properties.append((_SCENARIOS_PROPERTY, ",".join(sorted(names))))
-        return (yield)
+        report = yield
+        if self.session.settings.enabled and (call.when == "call" or (call.when == "setup" and not report.passed)):
+            # JUnit XML takes a test's properties from its teardown report, which copies these.
+            verdict = "FAIL" if report.failed else ("skipped" if report.skipped else "pass")
+            names = dict(item.user_properties).get(_SCENARIOS_PROPERTY, "")
+            for name in filter(None, names.split(",")):
+                row = self.session.rows.get(name)
+                item.user_properties += junit_properties(name, None if row is None else row.to_json(), verdict)
+        return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         scenarios = dict(report.user_properties).get(_SCENARIOS_PROPERTY)
@@ -260,22 +295,37 @@ class _Recorder:
                 self.outcomes.setdefault(name, []).append(outcome)
 
     @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        """xdist controller: this session runs on workers (the summary counts their loads)."""
+        self.workers = True
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        """xdist controller: gather the summary rows each worker trained."""
-        payload = getattr(node, "workeroutput", {}).get("spikecheck_rows")
-        if payload:
-            for name, row in json.loads(payload).items():
-                self.worker_rows.setdefault(name, row)
+        """xdist controller: gather the summary rows and counts of each worker."""
+        output = getattr(node, "workeroutput", {})
+        for name, row in json.loads(output.get("spikecheck_rows", "{}")).items():
+            # Prefer the row of the worker that trained it (the cells are the same either way).
+            if name not in self.worker_rows or row.get("source") == "trained":
+                self.worker_rows[name] = row
+        for source, n in json.loads(output.get("spikecheck_counts", "{}")).items():
+            self.worker_counts[source] = self.worker_counts.get(source, 0) + n
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if _is_worker(self.config):
             self.config.workeroutput["spikecheck_rows"] = json.dumps(
                 {name: row.to_json() for name, row in self.session.rows.items()})
+            self.config.workeroutput["spikecheck_counts"] = json.dumps(dict(self.session.counts))
             return
         settings = self.session.settings
         rows = self.rows()
-        if settings.enabled and settings.report_dir is not None and rows:
-            _write_index(settings.report_dir, rows, self.outcomes)
+        if not settings.enabled or not rows:
+            return
+        verdicts, sentences = self.verdicts(), self.sentences(terminal=False)
+        if settings.report_dir is not None:
+            write_index(settings.report_dir, rows, verdicts, sentences)
+        from pytest_spikecheck.report.summary import job_summary_markdown
+
+        append_job_summary(job_summary_markdown(rows, verdicts, sentences))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if _is_worker(self.config) or not self.session.settings.enabled:
@@ -283,48 +333,17 @@ class _Recorder:
         rows = self.rows()
         if not rows:
             return
-        from pytest_spikecheck.judge.text import fmt, table
+        from pytest_spikecheck.judge.text import table
+        from pytest_spikecheck.report.summary import HEADERS, cells
 
         tr = terminalreporter
         tr.section("spikecheck")
-        n = len(rows)
-        from_cache = sum(1 for r in rows.values() if r["cached"])
-        verdicts = [_verdict(self.outcomes.get(name, [])) for name in rows]
-        tr.write_line(f"{n} scenario{'s' if n != 1 else ''} checked ({n - from_cache} trained, {from_cache} from the disk cache).")
-        failed = verdicts.count("FAIL")
-        tr.write_line(f"{verdicts.count('pass')} held, {failed} failed{' (see the failures above)' if failed else ''}.")
+        for line in self.sentences():
+            tr.write_line(line)
         for name, r in sorted(rows.items()):
             if r.get("not_cached_because"):
                 tr.write_line(f"{name}: {r['not_cached_because']}.")
-        body = [[name, str(r["steps"]) + (f" (stopped: {r['stopped']})" if r.get("stopped") else ""), fmt(r["spike_step"]),
-                 _ratio(r["spike_ratio"]), r["containment"], r["recovery"], _verdict(self.outcomes.get(name, []))]
-                for name, r in sorted(rows.items())]
-        tr.write_line(table(["scenario", "steps", "spike step", "spike ratio", "clip containment", "recovery", "verdict"], body))
+        verdicts = self.verdicts()
+        tr.write_line(table(HEADERS, [cells(rows[name], verdicts[name]) for name in sorted(rows)]))
         if self.session.settings.report_dir:
-            tr.write_line(f"report: {self.session.settings.report_dir / 'index.md'}")
-
-
-def _write_index(report_dir: Path, rows: dict[str, dict[str, Any]], outcomes: dict[str, list[str]]) -> None:
-    from pytest_spikecheck.judge.text import fmt
-
-    for name in rows:  # the verdict is known only now, after every test that used the scenario
-        summary = report_dir / name / "summary.json"
-        if summary.is_file():
-            data = json.loads(summary.read_text())
-            data["verdict"] = _verdict(outcomes.get(name, []))
-            summary.write_text(json.dumps(data, indent=2))
-
-    lines = ["# spikecheck report", "",
-             "| scenario | steps | spike step | spike ratio | clip containment | recovery | verdict |",
-             "|---|---|---|---|---|---|---|"]
-    for name in sorted(rows):
-        r = rows[name]
-        lines.append(f"| [{name}]({name}/diagnosis.md) | {r['steps']} | {fmt(r['spike_step'])} | "
-                     f"{_ratio(r['spike_ratio'])} | {r['containment']} | {r['recovery']} | "
-                     f"{_verdict(outcomes.get(name, []))} |")
-    lines.append("")
-    for name in sorted(rows):
-        lines += [f"## {name}", "", f"![loss]({name}/loss.png)", "", f"![grad norm]({name}/grad_norm.png)", "",
-                  f"[diagnosis]({name}/diagnosis.md) · [metrics]({name}/run/metrics.jsonl) · [summary]({name}/summary.json)", ""]
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "index.md").write_text("\n".join(lines))
+            tr.write_line(f"report: {self.session.settings.report_dir / 'index.html'}")

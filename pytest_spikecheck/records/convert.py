@@ -19,8 +19,9 @@ from pytest_spikecheck.records.series import Record, columns_from_mapping
 
 
 def _from_run(run: Any, source: str) -> Record:
-    # A Run's metrics carry their own missing masks (the eval loss where not evaluated).
-    return Record(dict(run.metrics), run, source, missing=dict(run.metrics.missing))
+    # A Run's metrics carry their own missing masks (the eval loss where not evaluated), and the
+    # steps whose update was skipped (a loss scaler's overflow, SkipSpikes).
+    return Record(dict(run.metrics), run, source, missing=dict(run.metrics.missing), skipped=dict(run.skipped))
 
 
 def as_record(obj: Any, steps: Any = None) -> Record:

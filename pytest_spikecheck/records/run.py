@@ -3,11 +3,17 @@
 Everything an analysis or an assertion needs, and nothing that needs torch. A run saves to
 a folder that other tools can read::
 
-    config.yaml      the resolved scenario (breaks folded in; their names are in run.json)
+    config.yaml      the resolved scenario (breaks folded in; their names are in run.json); not
+                     written for a run recorded from another trainer (run.json ``recorded``
+                     holds what that trainer reports: trainer, seed, lr, clip, accumulation,
+                     precision), whose scenario is not ours to retrain
     metrics.jsonl    one JSON object per step: step, loss, grad_norm_pre, grad_norm_post,
-                     clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm, the
-                     model's stats where it reports them (MODEL_STAT_KEYS), and the columns
-                     only some runs have (OPTIONAL_KEYS)
+                     clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm, and
+                     the model's stats where it reports them (MODEL_STAT_KEYS), the set-up's
+                     columns where it has them (SETUP_KEYS: loss_scale, clip_limit,
+                     qk_clipped_heads, eval_loss_repeat), and in a
+                     run that skipped updates ``skipped``: why (``"overflow"``, ``"skip_spikes"``)
+                     or null
     batches.jsonl    one JSON object per step: the batch's samples, sources, rare counts
     events.json      detail at burst steps and detected spikes: per-token losses with token
                      strings, per-tensor grad norms, Adam update statistics
@@ -20,13 +26,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.series import MetricColumns
 from pytest_spikecheck.scenario import Scenario
+from pytest_spikecheck.scenario.sections import OptimizerSpec, RecordSpec, SamplerSpec
 
 #: The per-step metric columns, in file order. ``eval_loss`` is NaN where not evaluated.
 #: ``loss`` and ``eval_loss`` are the cross-entropy (an auxiliary z-loss is its own column).
@@ -35,12 +42,48 @@ METRIC_KEYS = ("step", "loss", "grad_norm_pre", "grad_norm_post", "clip_factor",
 #: |attention logit| over the layers, the mean and largest |log Z| of the output logits (over
 #: the batch's targets), and the z-loss term. Absent for a model without it.
 MODEL_STAT_KEYS = ("attn_logit_max", "logz_mean", "logz_absmax", "z_loss")
-#: Columns only some runs have: ``qk_clipped_heads`` (QK-Clip on: how many attention heads it
-#: scaled back after that step's update) and ``eval_loss_repeat`` (the induction corpus: the
-#: eval loss on the repeated half of each sequence, NaN where not evaluated).
-OPTIONAL_KEYS = ("qk_clipped_heads", "eval_loss_repeat")
+#: Columns of the training set-up, present where it has them: the loss scale of a run with loss
+#: scaling (the scale this step's backward used), the limit an adaptive clip applied at each step,
+#: how many attention heads QK-Clip scaled back after the step's update (``qk_clipped_heads``),
+#: and on the induction corpus the eval loss on the repeated half of each sequence
+#: (``eval_loss_repeat``, NaN where not evaluated).
+SETUP_KEYS = ("loss_scale", "clip_limit", "qk_clipped_heads", "eval_loss_repeat")
 #: Columns logged only at some steps (NaN elsewhere, marked missing, written as null).
 SPARSE_KEYS = ("eval_loss", "eval_loss_repeat")
+#: The per-step column that says why a step's update was not applied (null where it was).
+SKIPPED_KEY = "skipped"
+
+
+#: Who recorded a run (run.json ``trainer``), in words.
+TRAINER_NAMES = {"hf": "a Hugging Face Trainer", "lightning": "a Lightning Trainer", "loop": "your own training loop"}
+
+
+def recorded_scenario(meta: Mapping[str, Any], *, name: str, steps: int) -> Scenario:
+    """The scenario of a run recorded from another trainer: only what is true of it (its name,
+    length, clip limit, batch and accumulation, the recorder's detector settings); everything
+    else about that run is in ``meta["recorded"]``, as its trainer reported it."""
+    recorded, record = meta.get("recorded") or {}, meta.get("record") or {}
+    clip = recorded.get("max_grad_norm")
+    k = int(recorded.get("accumulation") or 1)
+    batch = recorded.get("batch_size")
+    return Scenario(
+        name=name, steps=max(int(steps), 1),
+        optimizer=OptimizerSpec(grad_clip=float(clip) if clip else None),
+        sampler=SamplerSpec(batch_size=int(batch), accumulation=k) if batch else SamplerSpec(),
+        record=RecordSpec(**{key: record[key] for key in ("spike_ratio", "spike_window", "top_tokens") if key in record}))
+
+
+def recorded_by(directory: str | Path) -> str | None:
+    """The trainer a run folder was recorded from (``hf``, ``lightning``, ``loop``), None for an
+    engine run or no run at all."""
+    meta_file = Path(directory) / "run.json"
+    if not meta_file.is_file():
+        return None
+    try:
+        meta = json.loads(meta_file.read_text())
+    except json.JSONDecodeError:
+        return None
+    return str(meta.get("trainer", "loop")) if isinstance(meta, dict) and meta.get("recorded") else None
 
 
 @dataclass
@@ -50,6 +93,11 @@ class Run:
     batches: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: step -> why its update was not applied (``"overflow"``: the loss scaler found an inf/NaN;
+    #: ``"skip_spikes"``: SkipSpikes); what :attr:`Record.skipped` reads.
+    skipped: dict[int, str] = field(default_factory=dict)
+    #: The folder this run was loaded from (None: not loaded).
+    folder: Path | None = field(default=None, compare=False)
 
     def __repr__(self) -> str:  # the dataclass repr would print every batch and event
         stopped = f", stopped at step {self.meta['stopped_at']} ({self.meta.get('stop_reason')})" if self.stopped_early else ""
@@ -103,11 +151,39 @@ class Run:
     def reproduce_command(self) -> str:
         return self.meta.get("reproduce", f"spikecheck train <config> --seed {self.scenario.seed}")
 
+    @property
+    def recorded(self) -> dict[str, Any] | None:
+        """What another trainer reported about this run (it was recorded, not trained by the engine), else None."""
+        return self.meta.get("recorded") or None
+
+    def describe(self) -> str:
+        """One line saying what the run is: the scenario's description, or for a recorded run
+        the facts its trainer reported."""
+        facts = self.recorded
+        if facts is None:
+            return self.scenario.describe()
+        who = TRAINER_NAMES.get(str(facts.get("trainer")), str(facts.get("trainer")))
+        version = f" ({facts['trainer_version']})" if facts.get("trainer_version") else ""
+        clip = facts.get("max_grad_norm")
+        k, micro = facts.get("accumulation") or 1, facts.get("micro_batch_size")
+        batch = (f"batch {micro * k} = {k} micro-batches of {micro}" if micro and k > 1
+                 else f"batch {micro}" if micro else f"accumulation {k}")
+        parts = [f"{len(self)} steps", f"seed {facts.get('seed') if facts.get('seed') is not None else 'not given'}",
+                 f"lr {facts['lr']:g}" if isinstance(facts.get("lr"), (int, float)) else "lr not reported",
+                 f"max_grad_norm {clip:g}" if clip else "no clip", batch, f"precision {facts.get('precision')}"]
+        bursts = ", ".join(str(s) for s in self.declared_events)
+        burst = (f"burst at step {bursts}" + (f" ({len(self.meta['burst_samples'])} samples)"
+                                               if self.meta.get("burst_samples") else "")) if bursts else "no bursts"
+        return f"{self.name}: recorded from {who}{version}: {', '.join(parts)}; {burst}"
+
     # -- files ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "config.yaml").write_text(self.scenario.to_yaml())
+        if self.recorded is None:
+            (out / "config.yaml").write_text(self.scenario.to_yaml())
+        elif (out / "config.yaml").is_file():
+            (out / "config.yaml").unlink()  # an earlier run's config would say this run is one we can retrain
         with open(out / "metrics.jsonl", "w") as f:
             for row in self.rows():
                 f.write(json.dumps(row) + "\n")
@@ -119,7 +195,9 @@ class Run:
         return out
 
     def rows(self) -> list[dict[str, Any]]:
-        cols = [k for k in METRIC_KEYS + MODEL_STAT_KEYS + OPTIONAL_KEYS if k in self.metrics]
+        cols = [k for k in METRIC_KEYS + MODEL_STAT_KEYS + SETUP_KEYS if k in self.metrics]
+        # A run that skipped a step, or could (it scales its loss), says so at every step.
+        with_skipped = bool(self.skipped) or "loss_scale" in self.metrics
         rows = []
         for i in range(len(self)):
             row: dict[str, Any] = {}
@@ -131,6 +209,8 @@ class Run:
                     row[k] = None  # not logged (not evaluated) at this step; a real NaN stays NaN
                 else:
                     row[k] = float(v)
+            if with_skipped:
+                row[SKIPPED_KEY] = self.skipped.get(row["step"])
             rows.append(row)
         return rows
 
@@ -139,13 +219,17 @@ class Run:
         src = Path(directory)
         if not (src / "metrics.jsonl").is_file():
             raise ConfigError(f"not a run directory (no metrics.jsonl): {src}")
-        scenario = Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() else Scenario()
         metrics = read_metrics_jsonl(src / "metrics.jsonl")
         missing = metrics.pop("__missing__")
         batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
         events = json.loads((src / "events.json").read_text()) if (src / "events.json").is_file() else []
         meta = json.loads((src / "run.json").read_text()) if (src / "run.json").is_file() else {}
-        return cls(scenario=scenario, metrics=MetricColumns(metrics, missing), batches=batches, events=events, meta=meta)
+        if meta.get("recorded"):  # another trainer's run: only what its facts say
+            scenario = recorded_scenario(meta, name=str(meta.get("name") or src.name), steps=len(metrics["step"]))
+        else:
+            scenario = Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() else Scenario()
+        return cls(scenario=scenario, metrics=MetricColumns(metrics, missing), batches=batches, events=events, meta=meta,
+                   skipped=_read_skipped(src / "metrics.jsonl"), folder=src)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -158,6 +242,17 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
                 except json.JSONDecodeError as exc:
                     raise ConfigError(f"{path}:{n}: not valid JSON ({exc.msg})") from None
     return out
+
+
+def _read_skipped(path: Path) -> dict[int, str]:
+    """The ``skipped`` column of a metrics.jsonl (text, so not among the metric columns)."""
+    with open(path) as f:
+        first = f.readline()
+        if f'"{SKIPPED_KEY}"' not in first:
+            return {}
+        f.seek(0)
+        rows = [json.loads(line) for line in f if line.strip()]
+    return {int(r["step"]): str(r[SKIPPED_KEY]) for r in rows if r.get(SKIPPED_KEY)}
 
 
 def read_metrics_jsonl(path: str | Path) -> dict[str, Any]:

@@ -14,6 +14,21 @@ import numpy as np
 
 @dataclass(frozen=True)
 class Record:
+    """One run's metrics on its own step axis, with what the step numbers alone cannot say.
+
+    ``skipped`` maps a step whose optimizer update was *not applied* to the reason, e.g.
+    ``{1234: "overflow"}`` (a loss scaler found inf/NaN gradients and skipped the step) or
+    ``{1234: "overflow (inferred: non-finite grad norm, finite loss, fp16 run)"}`` where a
+    log reader inferred it (``docs/logs.md`` gives the rule). Empty by default. A skipped
+    step's gradient norm is non-finite by design, so the default finiteness judgement
+    (``spikecheck check``, ``assert_finite``, ``assert_diverges``) leaves out the gradient
+    norms of these steps, never their loss, and says how many steps were skipped; strict
+    finiteness (``--strict-finite``, ``assert_finite(..., strict=True)``) ignores this field.
+    The loss scale itself is an ordinary metric column, ``loss_scale``. Filled by the log
+    readers (from a skip column or a scale column, or by the inference rule) and by runs
+    trained with a loss scaler.
+    """
+
     metrics: dict[str, np.ndarray]  # always has an int "step" column, float64 others
     run: Any = None  # the Run when there is one (events, batches, scenario)
     source: str = "arrays"
@@ -24,6 +39,7 @@ class Record:
     #: True when the steps were not given (arrays without a "step" column): numbered 1, 2, 3, ...
     numbered_from_one: bool = False
     notes: tuple[str, ...] = ()  # how the log was read where it was not plain (a restart, a truncated file)
+    skipped: Mapping[int, str] = field(default_factory=dict)  # step -> why its update was skipped (above)
 
     def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) of ``name`` where it was logged; real NaN/inf values are kept."""

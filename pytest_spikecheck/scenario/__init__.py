@@ -11,6 +11,7 @@ from pytest_spikecheck.scenario.break_base import Break, break_from_config, brea
 from pytest_spikecheck.scenario.preset_registry import register_preset, scenario_preset_names
 from pytest_spikecheck.scenario.sections import (
     BASE_SOURCES,
+    AmpSpec,
     BURST_CONTENTS,
     NEW_SOURCES,
     BurstSpec,
@@ -23,9 +24,12 @@ from pytest_spikecheck.scenario.sections import (
 )
 from pytest_spikecheck.scenario.spec import Scenario
 from pytest_spikecheck.scenario.breaks import (  # noqa: E402  (registers the breaks)
+    AccumulateSum,
     AdaptiveClip,
     BlankDocument,
     ClipAt,
+    ClipBeforeUnscale,
+    ClipEachMicrobatch,
     GatedAttention,
     HalfPrecision,
     HighLR,
@@ -48,8 +52,8 @@ from pytest_spikecheck.scenario.breaks import (  # noqa: E402  (registers the br
 from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP  # noqa: E402  (registers the presets)
 
 __all__ = [
-    "BURST_CONTENTS", "NEW_SOURCES", "PHASE19_BURST_STEP", "BASE_SOURCES", "AdaptiveClip", "BlankDocument", "Break",
-    "BurstSpec", "ClipAt", "DataSpec", "GatedAttention", "HalfPrecision", "HighLR", "LayerNormEps0", "LogitSoftcap", "LeftPadding", "MaskPaddingKeys",
+    "BURST_CONTENTS", "NEW_SOURCES", "PHASE19_BURST_STEP", "BASE_SOURCES", "AccumulateSum", "AdaptiveClip", "AmpSpec",
+    "BlankDocument", "Break", "BurstSpec", "ClipAt", "ClipBeforeUnscale", "ClipEachMicrobatch", "DataSpec", "GatedAttention", "HalfPrecision", "HighLR", "LayerNormEps0", "LogitSoftcap", "LeftPadding", "MaskPaddingKeys",
     "MixtureShift", "MixtureSpec", "NoClip", "NoWarmup", "NoWeightDecay", "OptimizerSpec", "QKClip", "QKLayerNorm", "RareTokenBurst",
     "RecordSpec", "SamplerSpec", "Scenario", "ScheduleSpec", "ShardLocalNorm", "SkipSpikes", "StratifiedBatches",
     "ZLoss", "break_from_config", "break_names", "break_to_config", "register_preset", "scenario_preset_names",

@@ -335,6 +335,50 @@ class LogitSoftcap(Break):
         return scenario.replace(model__logit_softcap=float(self.cap))
 
 
+# -- defence bugs of the training step as people write it: accumulation and loss scaling ------
+
+
+@dataclass(frozen=True)
+class ClipBeforeUnscale(Break):
+    """The classic AMP bug: the clip runs on the loss-scaled gradients, before
+    ``GradScaler.unscale_``. It then compares ‖g‖·scale with ``max_norm``, so at a scale of 65536
+    the optimizer receives gradients ~65536× too small (over-clipped), or, with a scale below
+    1, above ``max_norm``. Turns on fp16 autocast with dynamic loss scaling unless the scenario
+    already scales its loss. The records keep the unscaled norms, so ``assert_clip_contains``
+    sees what the optimizer received."""
+
+    config_name: ClassVar[str] = "clip_before_unscale"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        amp = {} if scenario.amp.loss_scale is not None else {"amp__dtype": "float16", "amp__loss_scale": "dynamic"}
+        return scenario.replace(optimizer__clip_mode="before_unscale", **amp)
+
+
+@dataclass(frozen=True)
+class ClipEachMicrobatch(Break):
+    """Gradient accumulation's clipping bug: each micro-batch's gradient is clipped to
+    ``max_norm`` on its own and the clipped parts are summed, so the step's gradient can reach
+    ``accumulation × max_norm``. Needs ``sampler.accumulation`` >= 2."""
+
+    config_name: ClassVar[str] = "clip_each_microbatch"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__clip_mode="each_microbatch")
+
+
+@dataclass(frozen=True)
+class AccumulateSum(Break):
+    """Gradient accumulation's normalisation bug (transformers PRs 34191, 35207): the
+    micro-batches' mean losses are summed instead of averaged, so the loss and the gradient
+    are ``accumulation`` times too large. Needs ``sampler.accumulation`` >= 2;
+    ``assert_accumulation_invariant`` catches it."""
+
+    config_name: ClassVar[str] = "accumulate_sum"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(sampler__accumulate="sum")
+
+
 # -- the attention max-logit explosion under Muon (Kimi K2) and its defences -------------------
 
 

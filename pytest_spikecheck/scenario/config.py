@@ -145,6 +145,17 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{label} must be a number, inf or null, was {value!r}")
         return float(value)
+    if name == "loss_scale":
+        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
+            return None
+        if value == "dynamic":
+            return value
+        try:
+            if isinstance(value, bool):
+                raise ValueError
+            return float(value)  # a static scale (YAML reads 1e4 as a string)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{label} must be 'dynamic', a number (a static scale) or null, was {value!r}") from None
     if name in ("skip_spike_ratio", "new_source", "qk_clip"):
         if value is None:
             return None

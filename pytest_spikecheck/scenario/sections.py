@@ -1,4 +1,4 @@
-"""The sections of a scenario (model, data, sampler, optimizer, schedule, record) as frozen
+"""The sections of a scenario (model, data, sampler, optimizer, schedule, record, amp) as frozen
 specs, and their checks: each field has its default's type, and every value is in range.
 
 A field is added here (with an inline comment on its default and its check in
@@ -71,8 +71,9 @@ class BurstSpec:
               f"burst content must be one of {', '.join(BURST_CONTENTS)}, was {self.content!r}")
 
 
-#: optimizer.clip_mode values.
-CLIP_MODES = ("global", "per_tensor", "adaptive", "shard_local")
+#: optimizer.clip_mode values. The last three are declared bugs (ShardLocalNorm, ClipBeforeUnscale,
+#: ClipEachMicrobatch): each clips something other than the step's whole, unscaled gradient.
+CLIP_MODES = ("global", "per_tensor", "adaptive", "shard_local", "before_unscale", "each_microbatch")
 
 #: Corpora the engine can build: Seed A's sentences, Seed B's three-source mixture, your own
 #: texts, or synthetic sequences whose second half repeats the first (learnt only by attention).
@@ -116,6 +117,12 @@ class SamplerSpec:
     rare_doc_freq: int = 5  # a token is rare if at most this many training samples contain it
     bursts: tuple[BurstSpec, ...] = ()
     mixture: MixtureSpec = MixtureSpec()
+    # Gradient accumulation: each step's batch (batch_size samples) is forward/backward'ed in this many
+    # micro-batches of batch_size / accumulation; clip, measure and the optimizer step once per step.
+    accumulation: int = 1
+    accumulate: str = "mean"  # mean: the loss is the token-weighted mean over the step's whole batch (what
+    # accumulation 1 computes) | sum: each micro-batch's mean loss summed, loss and gradient x accumulation
+    # (AccumulateSum, the bug)
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,8 @@ class OptimizerSpec:
     grad_clip: float | None = 1.0  # global-L2 max_norm; None (YAML null) or inf = no clipping
     clip_mode: str = "global"  # global | per_tensor | adaptive (ZClip-style: max_norm from an EMA z-score)
     # | shard_local (on several ranks, each clips its gradient shard to its own norm: a bug, see ShardLocalNorm)
+    # | before_unscale (the clip sees the loss-scaled gradients: ClipBeforeUnscale, a bug)
+    # | each_microbatch (each micro-batch's gradient clipped, then summed: ClipEachMicrobatch, a bug)
     adaptive_z: float = 2.5  # adaptive: clip at EMA mean + z * EMA std of the pre-clip norm ...
     adaptive_alpha: float = 0.97  # ... with this EMA decay (ZClip's defaults); grad_clip until warm
     skip_spike_ratio: float | None = None  # skip the optimizer step when pre-clip norm / median >= this
@@ -173,6 +182,23 @@ class RecordSpec:
     top_tokens: int = 20  # per-token losses kept at event steps
 
 
+#: amp.dtype values: float32 is no autocast.
+AMP_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class AmpSpec:
+    """Mixed precision: the forward and the loss under ``torch.autocast`` at ``dtype``, the
+    weights, gradients and optimizer state in float32 (master weights). ``loss_scale``:
+    ``dynamic`` (``torch.amp.GradScaler`` at torch's defaults: init 65536, growth 2, backoff 0.5,
+    interval 2000), a number (a static scale), or None (no loss scaling). A step whose
+    unscaled gradients hold an inf or NaN is skipped (``skipped: overflow``); the recorded norms
+    are always those of the unscaled gradients."""
+
+    dtype: str = "float32"  # float32 (no autocast) | bfloat16 | float16
+    loss_scale: str | float | None = None  # None | "dynamic" | a number > 0 (static)
+
+
 
 SECTIONS: dict[str, type] = {
     "model": GPTConfig,
@@ -181,13 +207,14 @@ SECTIONS: dict[str, type] = {
     "optimizer": OptimizerSpec,
     "schedule": ScheduleSpec,
     "record": RecordSpec,
+    "amp": AmpSpec,
 }
 
 SCALARS = ("name", "steps", "seed")
 
 #: Section fields that may be None (YAML null) besides their type.
 NULLABLE = {("optimizer", "grad_clip"), ("optimizer", "skip_spike_ratio"), ("optimizer", "qk_clip"),
-            ("sampler.mixture", "new_source")}
+            ("sampler.mixture", "new_source"), ("amp", "loss_scale")}
 
 
 def check_types(section: str, spec: Any) -> None:
@@ -198,6 +225,10 @@ def check_types(section: str, spec: Any) -> None:
         value, default = getattr(spec, f.name), getattr(defaults, f.name)
         label = f"{section}.{f.name}"
         if value is None and (section, f.name) in NULLABLE:
+            continue
+        if (section, f.name) == ("amp", "loss_scale"):  # a word or a number
+            check(value == "dynamic" or is_number(value),
+                  f"{label} must be 'dynamic', a number or None (no loss scaling), was {value!r}")
             continue
         if dataclasses.is_dataclass(default):
             check(isinstance(value, type(default)), f"{label} must be a {type(default).__name__}, was {value!r}")
@@ -245,6 +276,17 @@ def check_section_values(scenario: "Scenario") -> None:
         check(1 <= b.at_step, f"burst at_step must be >= 1, was {b.at_step}")
         check(b.at_step <= scenario.steps, f"a burst at step {b.at_step} is after the last step ({scenario.steps} steps): "
                                            f"move it to a step <= {scenario.steps} or train more steps")
+    k = s.accumulation
+    check(k >= 1, f"sampler.accumulation must be >= 1, was {k}")
+    check(s.batch_size % k == 0, f"sampler.batch_size {s.batch_size} is not a multiple of sampler.accumulation {k}: "
+                                 f"each micro-batch holds batch_size / accumulation samples")
+    check(s.accumulate in ("mean", "sum"), f"sampler.accumulate must be mean or sum, was {s.accumulate!r}")
+    check(s.accumulate == "mean" or k >= 2, "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2: "
+                                            "over one micro-batch the sum is the mean")
+    check(o.clip_mode != "each_microbatch" or k >= 2,
+          "optimizer.clip_mode each_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2: "
+          "with one micro-batch it is the ordinary clip")
+    check_amp(scenario)
     check(o.name in OPTIMIZERS, f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, was {o.name!r}")
     check(0 < o.lr < math.inf, f"optimizer.lr must be a finite number > 0, was {o.lr}")
     check(0 < o.adamw_lr < math.inf, f"optimizer.adamw_lr must be a finite number > 0, was {o.adamw_lr}")
@@ -281,3 +323,22 @@ def check_section_values(scenario: "Scenario") -> None:
               f"data.texts needs more than eval_sentences + batch_size texts ({scenario.data.eval_sentences} + "
               f"{s.batch_size}), had {len(scenario.data.texts)}")
         check(all(isinstance(t, str) for t in scenario.data.texts), "data.texts must be strings")
+
+
+def check_amp(scenario: "Scenario") -> None:
+    """The amp section in range and consistent with the model and the clip."""
+    a, o = scenario.amp, scenario.optimizer
+    check(a.dtype in AMP_DTYPES, f"amp.dtype must be one of {', '.join(AMP_DTYPES)}, was {a.dtype!r}")
+    if is_number(a.loss_scale):
+        check(math.isfinite(a.loss_scale) and a.loss_scale > 0,
+              f"amp.loss_scale must be 'dynamic' or a finite number > 0, was {a.loss_scale!r}")
+    check(a.loss_scale is None or a.dtype != "float32",
+          "amp.loss_scale needs amp.dtype float16 (or bfloat16): without autocast nothing underflows to scale against")
+    check(a.dtype == "float32" or scenario.model.dtype == "float32",
+          f"amp keeps float32 master weights: model.dtype must be float32 with amp.dtype {a.dtype}, was "
+          f"{scenario.model.dtype} (HalfPrecision is pure fp16 without autocast; declare one or the other)")
+    check(o.clip_mode != "before_unscale" or a.loss_scale is not None,
+          "optimizer.clip_mode before_unscale (ClipBeforeUnscale) needs a loss scale (amp.loss_scale): "
+          "without one there is nothing to unscale")
+    check(o.clip_mode != "each_microbatch" or a.loss_scale is None,
+          "optimizer.clip_mode each_microbatch (ClipEachMicrobatch) is declared without loss scaling")

@@ -33,6 +33,7 @@ from pytest_spikecheck.scenario.preset_registry import preset_base
 from pytest_spikecheck.scenario.sections import (
     IMPORT_PATH,
     SECTIONS,
+    AmpSpec,
     DataSpec,
     OptimizerSpec,
     RecordSpec,
@@ -58,6 +59,7 @@ class Scenario:
     optimizer: OptimizerSpec = OptimizerSpec()
     schedule: ScheduleSpec = ScheduleSpec()
     record: RecordSpec = RecordSpec()
+    amp: AmpSpec = AmpSpec()
     steps: int = 500
     seed: int = 42
     breaks: tuple[Any, ...] = ()  # Break instances, applied by resolved()
@@ -188,7 +190,13 @@ class Scenario:
         r = self.resolved()
         clip = "no clip" if r.max_norm == math.inf else f"clip {r.max_norm:g} ({r.optimizer.clip_mode})"
         bursts = ", ".join(f"{b.count}×{b.content}@{b.at_step}" for b in r.sampler.bursts) or "no bursts"
-        return f"{self.name}: {r.steps} steps, seed {r.seed}, {clip}, {r.sampler.kind} batches, {bursts}"
+        k = r.sampler.accumulation
+        batches = (f"{r.sampler.kind} batches" if k == 1 else
+                   f"{r.sampler.kind} batches of {r.sampler.batch_size} in {k} micro-batches ({r.sampler.accumulate})")
+        scale = r.amp.loss_scale
+        amp = "" if r.amp.dtype == "float32" else (f", {r.amp.dtype} autocast" + (
+            "" if scale is None else f" + loss scale {scale if scale == 'dynamic' else format(scale, 'g')}"))
+        return f"{self.name}: {r.steps} steps, seed {r.seed}, {clip}, {batches}{amp}, {bursts}"
 
 
 class _FrozenKwargs(Mapping):

@@ -54,7 +54,7 @@ from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.training.optimizers import build_muon, build_optimizer, muon_matrices, parameter_groups
 from pytest_spikecheck.training.engine import train_with_sharding, validate_nproc
-from pytest_spikecheck.training.sharding import EventView
+from pytest_spikecheck.training.sharding import EventView, RowsBackward
 from pytest_spikecheck.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -93,9 +93,14 @@ def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     if resolved.optimizer.qk_clip is not None:
         raise ConfigError("QKClip is not supported with nproc > 1 yet: it needs the per-head attention logits of the "
                           "whole batch, and each rank's forward sees its own rows (train with nproc=1)")
-    if resolved.sampler.batch_size < nproc:
-        raise ConfigError(f"nproc {nproc} exceeds the batch size {resolved.sampler.batch_size}: "
-                          f"every rank needs at least one sample of each batch")
+    if resolved.optimizer.clip_mode == "each_microbatch":
+        raise ConfigError("ClipEachMicrobatch (clip_mode each_microbatch) is declared on one process: train it "
+                          "with nproc 1")
+    k = resolved.sampler.accumulation
+    if resolved.sampler.batch_size < nproc * k:
+        times = f" x accumulation {k}" if k > 1 else ""
+        raise ConfigError(f"nproc {nproc}{times} exceeds the batch size {resolved.sampler.batch_size}: "
+                          f"every rank needs at least one sample of each {'micro-' if k > 1 else ''}batch")
 
 
 def process_group_backend(device: str, nproc: int) -> str:
@@ -197,6 +202,7 @@ class FlatShard:
                 shard_groups.append({**group, "params": [piece]})
             start = stop
         self._muon_numel = sum(m.param.numel() for m in matrices)
+        self._muon_pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._muon_params = {id(m.param) for m in matrices}
         # Whether the optimizer keeps Adam moments, and how many updates it took: the same on every
         # rank (a rank whose shard holds only Muon's matrices has no AdamW state of its own to ask).
@@ -214,38 +220,45 @@ class FlatShard:
             where = self._slices[m.param]
             weight, grad = self.flat_params[where].view_as(m.param), self._muon_grads[where].view_as(m.param)
             tensors += [(weight[rows], grad[rows]) for rows in m.rows()]
-        return build_muon(tensors, shard_groups, scenario)
+        # This rank's span of Muon's region, with its gradient: what a loss scaler unscales
+        # before the clip (Muon's own views get their gradients only at the step).
+        end = min(self._muon_numel - lo, self.shard_numel)
+        self._muon_pieces = [(self.shard_params[:end], self.shard_grads[:end])] if end > 0 else []
+        return build_muon(tensors, shard_groups, scenario, parents=[piece for piece, _ in self._muon_pieces])
 
     # -- one step -------------------------------------------------------------------------
-    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor,
-                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         rows_backward: RowsBackward) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         rows = slice(x.shape[0] * self.rank // self.world_size, x.shape[0] * (self.rank + 1) // self.world_size)
-        local_tokens = int((y[rows] != IGNORE_INDEX).sum())
         batch_tokens = int((y != IGNORE_INDEX).sum())
         self.flat_grads.zero_()
-        logits, loss = model(x[rows], y[rows])
-        # The model's loss is the mean over this rank's tokens; weighted by this rank's share of
-        # the batch's tokens, the ranks' losses add up to the mean over the whole batch.
-        if local_tokens:
-            share = loss * (local_tokens / batch_tokens)
-        elif batch_tokens:  # no token here (e.g. blank documents), some elsewhere: add nothing
-            share = logits.sum() * 0.0  # (the model's own mean over 0 tokens is 0/0)
-        else:  # no token in the whole batch: NaN, as one process computes it
-            share = loss
-        share.backward()
+        # The step weights each micro-batch's mean loss by its share of the whole batch's tokens,
+        # so the ranks' losses and gradients add up to the mean over the whole batch.
+        logits, share, stats = rows_backward(x[rows], y[rows], batch_tokens)
         _reduce_scatter(self.shard_grads, self.flat_grads, op=dist.ReduceOp.SUM, group=self.group)
-        for piece, grad in self._pieces:
+        for piece, grad in self._pieces + self._muon_pieces:
             piece.grad = grad  # again every step: the engine's zero_grad(set_to_none) drops it
         batch_loss = share.detach().clone()
         dist.all_reduce(batch_loss, op=dist.ReduceOp.SUM, group=self.group)
-        return logits, batch_loss
+        return logits, batch_loss, stats
 
-    def clip(self, max_norm: float, *, backend: str, mode: str) -> ClipResult:
+    def loss_scaler(self, device_type: str, **options: Any) -> Any:
+        # GradScaler's semantics, with one all-reduce of the overflow flag in unscale_: a rank
+        # whose shard overflowed makes every rank skip the step (their shards stay one model).
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        return ShardedGradScaler(device_type, process_group=self.group, **options)
+
+    def clip(self, max_norm: float, *, backend: str, mode: str, grad_scale: float = 1.0) -> ClipResult:
         # Measured before the clip, every step: this rank's part of each parameter's squared
         # norm (the event record adds them over the ranks; never recovered from a scale).
         grads = [part.grad for part in self._clip_parts]
         self._pre_clip_squares = (torch.stack(torch._foreach_norm(grads)).double().square() if grads
                                   else torch.zeros(0, dtype=torch.float64))
+        if grad_scale != 1.0:  # ClipBeforeUnscale: measured on scaled gradients
+            self._pre_clip_squares = self._pre_clip_squares / grad_scale ** 2
+            result = clip_grads_(self._clip_parts, max_norm, backend=backend, mode=mode, process_group=self.group)
+            return ClipResult(result.total_norm / grad_scale, result.scale, result.nonfinite)
         if mode != "shard_local":
             return clip_grads_(self._clip_parts, max_norm, backend=backend, mode=mode, process_group=self.group)
         # ShardLocalNorm, the bug: no process group, so each rank clips to its own shard's norm.
@@ -279,7 +292,8 @@ class FlatShard:
         _all_gather(self.flat_params, self.shard_params, group=self.group)
 
     def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:
-        moments = [optimizer.state[piece]["exp_avg_sq"] for piece, _ in self._pieces if piece in optimizer.state]
+        state = optimizer.state  # AdamW's moments; SGD keeps none (its sum is 0 on every rank)
+        moments = [state[piece]["exp_avg_sq"] for piece, _ in self._pieces if "exp_avg_sq" in state.get(piece, ())]
         # float64: the shards' sums are added across ranks (one process sums in float32, ~1e-7 apart)
         local = (torch.cat([v.view(-1) for v in moments]).double().sum() if moments
                  else torch.zeros((), dtype=torch.float64, device=self.flat_params.device))

@@ -44,6 +44,7 @@ from pytest_spikecheck.training.recorders import (
     locate_nonfinite,
     lockin_stats,
 )
+from pytest_spikecheck.training.precision import Precision
 from pytest_spikecheck.training.schedule import lr_at
 from pytest_spikecheck.training.sharding import Sharding, SingleProcess
 from pytest_spikecheck.training.step import SpikeWatch, TrainingStep
@@ -65,6 +66,7 @@ class StepContext:
     optimizer: torch.optim.Optimizer
     dataset: Dataset
     stop_requested: bool = False
+    precision: Precision | None = None  # the run's autocast and loss scaler (a probe restores the scaler too)
 
     def stop(self) -> None:
         self.stop_requested = True
@@ -144,11 +146,14 @@ class _Training:
         if not named:
             raise ValueError("the model has no trainable parameters")
         optimizer = sharding.build_optimizer(model, resolved)
+        precision = Precision.from_spec(resolved.amp, device, sharding)
         burst_ids = {i for members in dataset.burst_members.values() for i in members}
         to_device = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
         return cls(
             dataset, plan, declared, model, named, optimizer,
-            trainer=TrainingStep(model, optimizer, sharding, backend=backend, clip_mode=resolved.optimizer.clip_mode),
+            trainer=TrainingStep(model, optimizer, sharding, backend=backend, clip_mode=resolved.optimizer.clip_mode,
+                                 accumulation=resolved.sampler.accumulation, accumulate=resolved.sampler.accumulate,
+                                 precision=precision),
             watch=SpikeWatch(resolved.record.spike_ratio, resolved.record.spike_window,
                              resolved.optimizer.skip_spike_ratio, declared),
             inputs=to_device(dataset.train.inputs), targets=to_device(dataset.train.targets),
@@ -166,7 +171,8 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
     t = _Training.build(resolved, device, sharding, backend)
     policy = clip_policy(resolved.optimizer, resolved.max_norm)
     stop: dict[str, Any] = {"first_nonfinite": None, "stop_reason": None, "stopped_by": None}
-    skipped_steps: list[int] = []
+    skipped: dict[int, str] = {}  # step -> why its update was not applied (an overflow, SkipSpikes)
+    adaptive = resolved.optimizer.clip_mode == "adaptive"
     train_seconds = 0.0
     for step in range(1, resolved.steps + 1):
         t0 = time.perf_counter()
@@ -179,33 +185,36 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         verdict = t.watch.judge(s)
         if t.events.after_clip(s, verdict) is not None and verdict.is_spike:
             t.evals.spike_at(step)
+        clip_limit = s.max_norm if adaptive else None
         if verdict.nonfinite:  # recorded, not stepped: the run stops here
             stop.update(first_nonfinite={"step": step, **locate_nonfinite(t.model, s.x, s.y, t.named)},
                         stop_reason="non-finite loss" if not math.isfinite(s.loss) else "non-finite gradient norm")
             t.metrics.add(s, clip_factor=float(s.clip.scale), grad_norm_post=s.grad_norm_post,
-                          eval_loss=math.nan, adam_v_norm=math.nan)
+                          eval_loss=math.nan, adam_v_norm=math.nan, clip_limit=clip_limit)
             train_seconds += time.perf_counter() - t0
             break
+        why_skipped = verdict.skipped
         t.events.before_update(s, verdict)
-        update_report = t.trainer.update(skip=verdict.skip)  # QK-Clip's qk_clipped_heads, when on
+        update_report = t.trainer.update(skip=why_skipped is not None)  # QK-Clip's qk_clipped_heads, when on
         t.events.after_update(s)
-        skipped_steps += [step] if verdict.skip else []
+        if why_skipped is not None:
+            skipped[step] = why_skipped
         v_sum = sharding.adam_v_sum(t.optimizer)
         train_seconds += time.perf_counter() - t0
         t.watch.observe(s)
-        row = t.metrics.add(s, clip_factor=0.0 if verdict.skip else float(s.clip.scale),
-                            grad_norm_post=0.0 if verdict.skip else s.grad_norm_post,  # a skipped step hands AdamW nothing
-                            eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum),
+        row = t.metrics.add(s, clip_factor=0.0 if why_skipped else float(s.clip.scale),
+                            grad_norm_post=0.0 if why_skipped else s.grad_norm_post,  # a skipped step hands the optimizer nothing
+                            eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum), clip_limit=clip_limit,
                             **t.evals.optional_columns(), **update_report)
         t.attention.add(s)
         if callbacks and _stop_requested(callbacks, StepContext(step, row, t.plan[step - 1], resolved, t.model,
-                                                                t.optimizer, t.dataset)):
+                                                                t.optimizer, t.dataset, precision=t.trainer.precision)):
             stop["stopped_by"] = "callback"
             break
-    meta = _meta(t, original, backend, device, threads, sharding, stop, skipped_steps,
+    meta = _meta(t, original, backend, device, threads, sharding, stop, sorted(skipped),
                  seconds=time.perf_counter() - started, train_seconds=train_seconds)
     return Run(scenario=resolved.replace(name=original.name), metrics=t.metrics.arrays(),
-               batches=t.compositions.batches, events=t.events.events, meta=meta)
+               batches=t.compositions.batches, events=t.events.events, meta=meta, skipped=skipped)
 
 
 def _stop_requested(callbacks: list[StepCallback], ctx: StepContext) -> bool:

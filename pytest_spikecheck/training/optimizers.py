@@ -204,17 +204,29 @@ class OptimizerSet:
                  parents: Sequence[torch.Tensor] = (), after_step: Callable[[], dict[str, float]] | None = None) -> None:
         self.parts = dict(parts)
         self._views, self._parents, self.after_step = list(views), list(parents), after_step
+        self._parents_group = {"params": self._parents, "lr": 0.0, "stacked": True}  # never stepped
         #: The keys the hook reports (0 at a skipped step).
         self.report_keys: tuple[str, ...] = ("qk_clipped_heads",) if after_step is not None else ()
         self.last_report: dict[str, float] = {}
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
-        return [g for part in self.parts.values() for g in part.param_groups]
+        """Every part's groups, then (with stacked matrices) one group of their parameters: Muon
+        holds views of them, which get their gradients only at ``step``, so whatever walks the
+        groups' gradients before the step (a loss scaler's unscale) finds them here."""
+        groups = [g for part in self.parts.values() for g in part.param_groups]
+        return groups + ([self._parents_group] if self._parents else [])
 
     @property
     def state(self) -> _MergedState:
         return _MergedState(list(self.parts.values()))
+
+    def observe_forward(self, head_logits: torch.Tensor | None) -> None:
+        """The per-head largest attention logits of the step's forward, for the after-step hook
+        (the training step hands them over before ``step``; without them the hook reads the
+        model's last stats)."""
+        if self.after_step is not None and hasattr(self.after_step, "observe"):
+            self.after_step.observe(head_logits)
 
     @torch.no_grad()
     def step(self) -> None:

@@ -4,9 +4,10 @@ Training a scenario to step S costs seconds; asking what one batch would do ther
 milliseconds. :func:`probe_at` trains the scenario once per process to just before step S
 (an engine callback stops the loop after step S-1: the loop is extended, never forked) and
 keeps the model and optimizer state in memory. A :class:`Probe` then runs step S on any batch
-exactly as the engine would — learning rate of step S, forward, backward, clip, the optimizer's
-step (AdamW, SGD or Muon, QK-Clip when on; skipped on a non-finite norm, as the engine does)
-— measures it, and restores the model and optimizer state bit for bit. Nothing ever trains past S-1.
+exactly as the engine would — learning rate of step S, forward and backward in the scenario's
+micro-batches and precision, clip, the optimizer's step (AdamW, SGD or Muon, QK-Clip when on;
+skipped on a non-finite norm or a loss-scaler overflow, as the engine does) — measures it, and
+restores the model, optimizer and loss-scaler state bit for bit. Nothing ever trains past S-1.
 
 The probe of the batch the sampler really serves at S reproduces the engine's step S to
 the last bit (same ops, same thread count; ``tests`` and ``scenarios/test_fuzz.py`` check
@@ -140,7 +141,7 @@ class Probe:
 
         def stop_before_step_s(ctx) -> None:
             if ctx.step == at_step - 1:
-                captured.update(model=ctx.model, optimizer=ctx.optimizer, dataset=ctx.dataset,
+                captured.update(model=ctx.model, optimizer=ctx.optimizer, dataset=ctx.dataset, precision=ctx.precision,
                                 cpu_rng=torch.get_rng_state(),
                                 cuda_rng=torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
                 ctx.stop()
@@ -156,8 +157,11 @@ class Probe:
         self.optimizer: torch.optim.Optimizer = captured["optimizer"]
         self.dataset: Dataset = captured["dataset"]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self._precision = captured["precision"]
         self._trainer = TrainingStep(self.model, self.optimizer, SingleProcess(self.params), backend=self.backend,
-                                     clip_mode=resolved.optimizer.clip_mode)
+                                     clip_mode=resolved.optimizer.clip_mode, accumulation=resolved.sampler.accumulation,
+                                     accumulate=resolved.sampler.accumulate, precision=self._precision)
+        self._saved_scaler = self._precision.state_dict() if self._precision is not None else None
         self._saved_params = [p.detach().clone() for p in self.params]
         # Every tensor the optimizer keeps state for: the parameters, and Muon's views of stacked matrices.
         self._saved_state = [(self.optimizer.state[key], {k: v.clone() for k, v in self.optimizer.state[key].items()
@@ -204,8 +208,9 @@ class Probe:
         self.model.train()
         s = self._trainer.forward_backward_clip(self.at_step, list(indices), self._inputs[index],
                                                 self._targets[index], lr=self.lr, max_norm=max_norm)
-        if s.nonfinite:  # the engine stops here without stepping; so does the probe
+        if s.nonfinite or s.overflow:  # the engine stops or skips here without stepping; so does the probe
             update_max_abs = update_norm = 0.0
+            self._trainer.update(skip=True)
         else:
             self._trainer.update()
             deltas = torch._foreach_sub([p.detach() for p in self.params], self._saved_params)
@@ -219,7 +224,7 @@ class Probe:
             grad_norm_pre=s.grad_norm_pre,
             grad_norm_post=s.grad_norm_post,
             clip_scale=float(s.clip.scale),
-            nonfinite=s.nonfinite,
+            nonfinite=s.nonfinite or s.overflow,  # no step taken either way (an overflow: the loss scaler skips it)
             ratio=s.grad_norm_pre / base if base > 0 else math.nan,
             update_max_abs=update_max_abs,
             update_norm=update_norm,
@@ -246,6 +251,8 @@ class Probe:
             for state, saved in self._saved_state:
                 for key, value in saved.items():
                     state[key].copy_(value)
+        if self._precision is not None:
+            self._precision.load_state_dict(self._saved_scaler)
 
 
 _CHECKPOINTS: OrderedDict[tuple, Probe] = OrderedDict()

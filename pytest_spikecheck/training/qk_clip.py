@@ -108,6 +108,7 @@ class QKClipHook:
 
     def __init__(self, model: torch.nn.Module, tau: float, alpha: float = 0.5, per_head: bool = True) -> None:
         self.model, self.tau, self.alpha, self.per_head = model, float(tau), float(alpha), per_head
+        self._observed: torch.Tensor | None = None
         self.layers = qk_projections(model)
         heads = [layer.n_heads for layer in self.layers]
         if len(set(heads)) != 1:
@@ -117,9 +118,14 @@ class QKClipHook:
                               f"{type(getattr(model, 'inner', model)).__name__} has no stats hook (record_stats, "
                               f"spikecheck_stats with {HEAD_LOGITS_KEY!r}): implement it (README, 'Your own model')")
 
+    def observe(self, head_logits: torch.Tensor | None) -> None:
+        """The step's per-head logits (over all its micro-batches), handed over by the training step."""
+        self._observed = head_logits
+
     def head_max(self) -> torch.Tensor:
-        stats = getattr(self.model, "spikecheck_stats", None) or {}
-        head_max = stats.get(HEAD_LOGITS_KEY)
+        head_max, self._observed = self._observed, None
+        if head_max is None:  # a loop that steps the optimizer itself: the model's last training forward
+            head_max = (getattr(self.model, "spikecheck_stats", None) or {}).get(HEAD_LOGITS_KEY)
         expected = (len(self.layers), self.layers[0].n_heads)
         if head_max is None or tuple(head_max.shape) != expected:
             raise ConfigError(f"QKClip needs the per-head largest attention logits of the step's forward, a "

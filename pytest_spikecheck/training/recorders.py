@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from pytest_spikecheck.data.dataset import Dataset
 from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.data.samplers import batch_composition
-from pytest_spikecheck.records.run import METRIC_KEYS, MODEL_STAT_KEYS, OPTIONAL_KEYS
+from pytest_spikecheck.records.run import METRIC_KEYS, MODEL_STAT_KEYS, SETUP_KEYS
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.sharding import EventView, Sharding
 from pytest_spikecheck.training.step import StepOutcome, StepVerdict, model_stats
@@ -42,29 +42,31 @@ class MetricsRecorder:
     """The per-step columns of ``metrics.jsonl`` (:data:`~pytest_spikecheck.records.run.METRIC_KEYS`)."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[float]] = {k: [] for k in METRIC_KEYS + MODEL_STAT_KEYS + OPTIONAL_KEYS}
+        self.columns: dict[str, list[float]] = {k: [] for k in METRIC_KEYS + MODEL_STAT_KEYS + SETUP_KEYS}
 
     def add(self, s: StepOutcome, *, clip_factor: float, grad_norm_post: float, eval_loss: float,
-            adam_v_norm: float, **optional: float) -> dict[str, float]:
-        """One step's row; ``optional`` holds the :data:`~pytest_spikecheck.records.run.OPTIONAL_KEYS`
+            adam_v_norm: float, clip_limit: float | None = None, **setup: float) -> dict[str, float]:
+        """One step's row; ``setup`` holds the other :data:`~pytest_spikecheck.records.run.SETUP_KEYS`
         columns this run has (QK-Clip's count, the repeated half's eval loss)."""
         return self.add_row(step=s.step, loss=s.loss, grad_norm_pre=s.grad_norm_pre, grad_norm_post=grad_norm_post,
                             clip_factor=clip_factor, lr=s.lr, eval_loss=eval_loss, adam_v_norm=adam_v_norm,
-                            **{k: s.stats[k] for k in MODEL_STAT_KEYS if k in s.stats}, **optional)
+                            loss_scale=s.loss_scale, clip_limit=math.nan if clip_limit is None else clip_limit,
+                            **{k: s.stats[k] for k in MODEL_STAT_KEYS if k in s.stats}, **setup)
 
     def add_row(self, **row: float) -> dict[str, float]:
         """One row, every :data:`~pytest_spikecheck.records.run.METRIC_KEYS` column given by name;
-        the model's stats (:data:`~pytest_spikecheck.records.run.MODEL_STAT_KEYS`) where it reported
-        them, the optional columns where the run has them."""
-        for k in MODEL_STAT_KEYS + OPTIONAL_KEYS:
+        the model's stats (:data:`~pytest_spikecheck.records.run.MODEL_STAT_KEYS`) where it reported them,
+        the set-up's columns (:data:`~pytest_spikecheck.records.run.SETUP_KEYS`) where the run has them."""
+        for k in MODEL_STAT_KEYS + SETUP_KEYS:
             row.setdefault(k, math.nan)
         for k, column in self.columns.items():
             column.append(row[k])
         return row
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """The columns; a model stat the model never reported, or an optional column the run does not
-        have, is left out (not a column of NaN)."""
+        """The columns; a model stat the model never reported, or a set-up column the run does not
+        have (no loss scale, no adaptive limit, no QK-Clip, no induction corpus), is left out (not a
+        column of NaN)."""
         return {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in self.columns.items()
                 if k in METRIC_KEYS or not all(math.isnan(x) for x in v)}
 
@@ -292,7 +294,7 @@ class EventRecorder:
         self._record = {
             "step": s.step, "kinds": v.kinds, "loss": s.loss, "grad_norm_pre": s.grad_norm_pre,
             "baseline_grad_norm": v.baseline, "clip_factor": float(s.clip.scale), "max_norm": s.max_norm,
-            "grad_norm_post": s.grad_norm_post, "skipped": v.skip,
+            "grad_norm_post": s.grad_norm_post, "skipped": v.skipped is not None,
             "token_losses": token_loss_table(view.logits.float(), s.y,
                                              sample_ids=[self.dataset.pool[i].id for i in s.batch],
                                              rare_tokens=self.dataset.rare_tokens, token_str=self.dataset.tokenizer.token,
@@ -301,7 +303,7 @@ class EventRecorder:
             "param_grad_norms": dict(sorted(
                 ((n, float(g)) for (n, _), g, post in zip(self.named, view.pre_clip_norms.tolist(), view.grads)
                  if post is not None), key=lambda kv: -kv[1])),
-            "adam_surprise": adam_surprise(self.optimizer, self.named, view) if not v.nonfinite else None,
+            "adam_surprise": adam_surprise(self.optimizer, self.named, view) if not (v.nonfinite or v.overflow) else None,
         }
         if s.head_logits is not None:  # which layer and head hold the largest attention logit
             self._record["attn_logit_max_per_head"] = s.head_logits.tolist()
@@ -310,7 +312,7 @@ class EventRecorder:
 
     def before_update(self, s: StepOutcome, v: StepVerdict) -> None:
         track = s.step == 1 or self._record is not None
-        self._before = [p.detach().clone() for _, p in self.named] if track and not v.skip else None
+        self._before = [p.detach().clone() for _, p in self.named] if track and v.skipped is None else None
 
     def after_update(self, s: StepOutcome) -> None:
         if self._before is None:

@@ -3,8 +3,9 @@ one-process default, :class:`SingleProcess`. The N-rank one is
 :class:`pytest_spikecheck.training.distributed.FlatShard`.
 
 The step (:mod:`.step`) delegates to a Sharding at the few points where a rank's work is not
-the whole model's: forward/backward (a rank's part of the batch, then its shard of the summed
-gradient), the clip (the norm over every shard), the measured norm of what the optimizer
+the whole model's: forward/backward (a rank's part of the batch, which the step runs in its
+micro-batches, then its shard of the summed gradient), the loss scaler (ranks agree on an
+overflow), the clip (the norm over every shard), the measured norm of what the optimizer
 receives, the optimizer step (a rank updates its shard, then every rank gathers the weights),
 the logged Σv of Adam, and the gradients and Adam moments the event records read.
 """
@@ -12,7 +13,7 @@ the logged Σv of Adam, and the gradients and Adam moments the event records rea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -47,12 +48,20 @@ class Sharding(Protocol):
 
     def build_optimizer(self, model: torch.nn.Module, scenario: Scenario) -> torch.optim.Optimizer: ...
 
-    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor,
-                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """This process's logits and the whole batch's mean loss, with the gradients ready to clip."""
+    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         rows_backward: "RowsBackward") -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """This process's logits, the whole batch's loss (detached) and the model's stats, with
+        the gradients ready to clip. ``rows_backward`` (the step's micro-batch loop) runs forward
+        and backward on this process's rows."""
 
-    def clip(self, max_norm: float, *, backend: str, mode: str) -> ClipResult:
-        """Clip in place; the result holds the norm of the whole model's gradient."""
+    def loss_scaler(self, device_type: str, **options: Any) -> Any:
+        """A ``torch.amp.GradScaler`` (``options``: its keyword arguments) whose overflow
+        verdict is the same on every process."""
+
+    def clip(self, max_norm: float, *, backend: str, mode: str, grad_scale: float = 1.0) -> ClipResult:
+        """Clip in place; the result holds the norm of the whole model's gradient. ``grad_scale``:
+        the factor the gradients still carry (a loss scale not removed yet, ClipBeforeUnscale):
+        the clip acts on them as they are, the norms it reports and keeps are divided by it."""
 
     def grad_norm(self) -> torch.Tensor:
         """The L2 norm of the whole model's gradient as it is now, summed in float64 with code
@@ -68,6 +77,12 @@ class Sharding(Protocol):
 
     def describe(self) -> dict[str, Any] | None:
         """The run's ``meta["distributed"]`` (None: one process)."""
+
+
+#: The step's micro-batch loop over one process's rows: ``rows_backward(x_rows, y_rows, batch_tokens)``
+#: runs forward and backward and returns (logits, the rows' part of the batch loss, the model's stats);
+#: ``batch_tokens`` is the whole batch's target count, None when the rows are the whole batch.
+RowsBackward = Callable[[torch.Tensor, torch.Tensor, "int | None"], tuple[torch.Tensor, torch.Tensor, dict[str, float]]]
 
 
 def float64_norms(grads: list[torch.Tensor]) -> torch.Tensor:
@@ -104,21 +119,27 @@ class SingleProcess:
         self.params = [p for p in model.parameters() if p.requires_grad]
         return build_optimizer(model, scenario)
 
-    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor,
-                         y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, loss = model(x, y)
-        loss.backward()
-        return logits, loss
+    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                         rows_backward: RowsBackward) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        return rows_backward(x, y, None)
+
+    def loss_scaler(self, device_type: str, **options: Any) -> Any:
+        return torch.amp.GradScaler(device_type, **options)
 
     def _grads(self) -> list[torch.Tensor]:
         return [p.grad for p in self.params if p.grad is not None]
 
-    def clip(self, max_norm: float, *, backend: str, mode: str) -> ClipResult:
+    def clip(self, max_norm: float, *, backend: str, mode: str, grad_scale: float = 1.0) -> ClipResult:
         # Measured before the clip, every step (the event record's per-tensor norms; a pass over
         # the gradients that costs ~1% of a Phase-19 step): never recovered from the backend's scale.
         grads = self._grads()
         self._pre_clip_norms = torch.stack(torch._foreach_norm(grads)) if grads else torch.zeros(0)
-        return clip_grads_(self.params, max_norm, backend=backend, mode=mode)
+        result = clip_grads_(self.params, max_norm, backend=backend, mode=mode)
+        if grad_scale == 1.0:
+            return result
+        # The gradients were measured scaled (a power of two for a dynamic scale: the division is exact).
+        self._pre_clip_norms = self._pre_clip_norms / grad_scale
+        return ClipResult(result.total_norm / grad_scale, result.scale, result.nonfinite)
 
     def grad_norm(self) -> torch.Tensor:
         return float64_norm(self._grads())

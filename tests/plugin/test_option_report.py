@@ -2,6 +2,11 @@ import json
 import re
 
 
+def _entries(cache):
+    """The run store's entries (its .locks folder aside)."""
+    return [p for p in cache.iterdir() if not p.name.startswith(".")]
+
+
 def test_report_files_appear_only_with_the_option_and_runs_are_cached_on_disk(tiny):
     report = tiny.path / "report"
     tiny.runpytest("--spikecheck").assert_outcomes(passed=3)
@@ -13,7 +18,7 @@ def test_report_files_appear_only_with_the_option_and_runs_are_cached_on_disk(ti
             assert (report / scenario / f).is_file(), (scenario, f)
     index = (report / "index.md").read_text()
     assert "[tiny_break](tiny_break/diagnosis.md)" in index and "| pass |" in index
-    result.stdout.fnmatch_lines([f"report: {report / 'index.md'}"])
+    result.stdout.fnmatch_lines([f"report: {report / 'index.html'}"])
     assert json.loads((report / "tiny_break" / "summary.json").read_text())["verdict"] == "pass"
     diagnosis = (report / "tiny_break" / "diagnosis.md").read_text()
     table_rows = [line for line in diagnosis.splitlines() if line.startswith("| ")]
@@ -24,7 +29,7 @@ def test_report_files_appear_only_with_the_option_and_runs_are_cached_on_disk(ti
     again = tiny.runpytest("--spikecheck", f"--spikecheck-report={report}")
     again.assert_outcomes(passed=3)
     again.stdout.fnmatch_lines(["2 scenarios checked (0 trained, 2 from the disk cache)."])
-    cached = list((report / ".cache").iterdir())
+    cached = _entries(report / ".cache")
     assert len(cached) == 2 and all("-torch-cpu-t1-v" in p.name for p in cached)
 
 
@@ -87,10 +92,10 @@ def test_editing_the_model_module_retrains(pytester):
     first.assert_outcomes(passed=2)
     first.stdout.fnmatch_lines(["2 scenarios checked (2 trained, 0 from the disk cache).",
                                 "inline: model_factory conftest.inline.<locals>.<lambda> is a lambda*not cached on disk*"])
-    cached = [p.name for p in (report / ".cache").iterdir()]
+    cached = [p.name for p in _entries(report / ".cache")]
     assert len(cached) == 1 and "-model" in cached[0]  # only the module-level factory's run
     pytester.makepyfile(my_model=MODEL_MODULE.format(width=16))
     edited = pytester.runpytest(*args)
     edited.assert_outcomes(passed=2)
     edited.stdout.fnmatch_lines(["2 scenarios checked (2 trained, 0 from the disk cache)."])
-    assert len(list((report / ".cache").iterdir())) == 2  # width 8's run and width 16's
+    assert len(_entries(report / ".cache")) == 2  # width 8's run and width 16's

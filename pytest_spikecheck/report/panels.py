@@ -1,18 +1,17 @@
-"""Panels and tables: the loss and grad-norm panels of Seed A's diagnostic ladder, and the
-control-vs-break comparison table. matplotlib is imported only when a panel is drawn."""
+"""The panels: loss and grad norm (Seed A's diagnostic ladder), logits, the LR sweep.
+matplotlib is imported only when a panel is drawn."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
-from pytest_spikecheck.judge.analysis import EventSummary, column, final_value
-from pytest_spikecheck.judge.text import fmt, fmt_measure, table
+from pytest_spikecheck.judge.analysis import column
 from pytest_spikecheck.records.run import Run
+
 
 def _matplotlib():
     import matplotlib
@@ -140,64 +139,3 @@ def plot_lr_sweep(sweeps: Sequence[Any], path: Path, title: str = "Final loss vs
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-@dataclass(frozen=True)
-class Comparison:
-    names: tuple[str, str]
-    step: int | None
-    summaries: tuple[EventSummary, EventSummary]
-    final_gap: float  # final eval loss of B minus A
-
-    def rows(self) -> list[list[str]]:
-        out = []
-        for name, s in zip(self.names, self.summaries):
-            out.append([name, fmt(s.step), f"{fmt_measure(s.ratio, '.1f')}×", fmt(s.post_clip_at_step, '.3g'),
-                        fmt_measure(s.loss_jump, '+.3f'), fmt(s.recovery) + (" steps" if s.recovery is not None else " (not back)"),
-                        fmt_measure(s.final_eval, '.3f')])
-        return out
-
-    HEADERS = ("run", "spike step", "ratio", "post-clip norm", "loss jump", "recovery", "final eval loss")
-
-    def text(self, markdown: bool = False) -> str:
-        body = table(self.HEADERS, self.rows(), markdown=markdown)
-        return f"{body}\n\nfinal gap ({self.names[1]} − {self.names[0]}): {fmt_measure(self.final_gap, '+.3f')} nats"
-
-
-def compare(run_a: Run, run_b: Run, step: int | None = None) -> Comparison:
-    """Measure both runs at the same event step: the declared burst, else B's largest spike."""
-    if step is None:
-        bursts = sorted(set(run_a.declared_events) | set(run_b.declared_events))
-        step = bursts[0] if bursts else EventSummary.measure(run_b.metrics, None).step
-    a, b = EventSummary.measure(run_a.metrics, step), EventSummary.measure(run_b.metrics, step)
-    gap = final_value(run_b.metrics) - final_value(run_a.metrics) if "eval_loss" in run_a.metrics else math.nan
-    return Comparison(_labels(run_a, run_b), step, (a, b), gap)
-
-
-def _labels(run_a: Run, run_b: Run) -> tuple[str, str]:
-    """The two rows' names; two runs under one name are told apart as A and B."""
-    if run_a.name != run_b.name:
-        return run_a.name, run_b.name
-    return f"A: {run_a.name}", f"B: {run_b.name}"
-
-
-def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None = None) -> tuple[Comparison, list[Path]]:
-    """Write loss.png, grad_norm.png and comparison.md into ``out``; return what was measured."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    result = compare(run_a, run_b, step)
-    marks = [result.step] if result.step is not None else []
-    clips = [r.scenario.max_norm for r in (run_a, run_b) if math.isfinite(r.scenario.max_norm)]
-    files = [
-        plot_loss([run_a, run_b], out / "loss.png", marks, title=f"Loss: {run_a.name} vs {run_b.name}"),
-        plot_grad_norm([run_a, run_b], out / "grad_norm.png", marks, max_norm=min(clips) if clips else None),
-    ]
-    logits = ""
-    if any("attn_logit_max" in r.metrics for r in (run_a, run_b)):
-        files.append(plot_logits([run_a, run_b], out / "logits.png"))
-        logits = "\n![logits](logits.png)\n"
-    md = out / "comparison.md"
-    md.write_text(f"# {run_a.name} vs {run_b.name}\n\n{result.text(markdown=True)}\n\n"
-                  f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n{logits}")
-    files.append(md)
-    return result, files

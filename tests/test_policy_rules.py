@@ -1,0 +1,109 @@
+"""The default policy on the classes issue 24 names: sparse logs with little history, noisy short
+logs, and RL logs whose gradients come in bursts. Each rule change has its sabotage: the old
+setting (kept as a parameter) must fail the same check."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pytest_spikecheck.judge.detectors import LossJump, SustainedLoss, log_noise
+from pytest_spikecheck.judge.policy import degenerate_steps, judge_log
+from pytest_spikecheck.records import Record
+
+
+def flagged(rules, steps, values):
+    return sorted({d.step for r in rules for d in r.detect(np.asarray(steps), np.asarray(values, dtype=float))})
+
+
+def test_log_noise_ignores_a_straight_descent_and_reads_an_alternation():
+    assert log_noise(np.linspace(10, 2, 50)) == pytest.approx(0.0, abs=1e-12)
+    assert log_noise(np.array([1.0, 3.0] * 10)) == pytest.approx(1.4826 * 4 / math.sqrt(6))
+    assert log_noise(np.array([1.0, math.nan])) == 0.0
+
+
+# An LR sweep logged every 200 steps: 10.8, 7.2, then the learning rate is too high and the loss
+# climbs back to ~9 and stays there. The median of the two points before the rise (9.0) is above
+# where the model already was: only the lowest loss so far shows the rise.
+SWEEP_STEPS = np.arange(1, 13) * 200
+SWEEP = np.r_[10.8, 7.2, 9.1, 9.0, 9.2, 9.05, 9.15, 9.1, 9.0, 9.2, 9.1, 9.05]
+
+
+def test_a_rise_the_next_points_keep_is_found_whatever_the_history():
+    assert flagged([LossJump(), SustainedLoss()], SWEEP_STEPS, SWEEP) == [600]
+    hit = SustainedLoss().detect(SWEEP_STEPS, SWEEP)[0]
+    assert hit.baseline == 7.2 and hit.score == pytest.approx(9.1 - 7.2)
+    # A fast healthy descent logged as sparsely is not flagged
+    assert flagged([LossJump(), SustainedLoss()], SWEEP_STEPS, 2.5 + 8 * np.exp(-np.arange(12) / 1.5)) == []
+
+
+def test_sabotage_the_old_early_baseline_misses_the_sweep():
+    assert flagged([LossJump(noise_sigmas=0.0), SustainedLoss(early="median")], SWEEP_STEPS, SWEEP) == []
+
+
+def noisy_short_log(seed: int, sigma: float = 0.5) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return 3 + np.exp(-np.arange(28) / 8) + sigma * rng.standard_normal(28)
+
+
+def test_a_noisy_short_log_is_judged_on_its_own_scale():
+    # 28 points logged every 50 steps, per-batch noise 0.5 nats and no event: the old rules flag
+    # about a third of such logs (a +1.2-nat move against five quiet points), the new ones few.
+    steps = np.arange(1, 29) * 50
+    new = sum(bool(flagged([LossJump(), SustainedLoss()], steps, noisy_short_log(s))) for s in range(60))
+    old = sum(bool(flagged([LossJump(noise_sigmas=0.0), SustainedLoss(early="median")], steps, noisy_short_log(s)))
+              for s in range(60))
+    assert new <= 6 < 12 <= old, (new, old)
+
+
+def test_a_spike_on_a_quiet_dense_log_is_still_found():
+    rng = np.random.default_rng(1)
+    steps = np.arange(1, 401)
+    loss = 2 + 3 * np.exp(-steps / 60) + 0.05 * rng.standard_normal(400)
+    loss[300] += 0.8
+    assert 301 in flagged([LossJump()], steps, loss)
+
+
+def rl_record(norms: np.ndarray, **columns) -> Record:
+    n = norms.size
+    metrics = {"step": np.arange(1, n + 1), "loss": np.zeros(n), "grad_norm": norms, "reward": np.ones(n), **columns}
+    return Record(metrics, None, "grpo", log_format="hf-trainer")
+
+
+def bursty(seed: int = 0) -> np.ndarray:
+    """A GRPO run's grad norm: 35 % of the steps have reward variance (norm ~0.1), the rest only the
+    KL term (~1e-3)."""
+    rng = np.random.default_rng(seed)
+    real = rng.random(300) < 0.35
+    return np.where(real, 0.1, 1e-3) * np.exp(0.3 * rng.standard_normal(300))
+
+
+def test_bursty_rl_gradients_are_judged_against_the_real_steps():
+    norms = bursty()
+    report = judge_log(rl_record(norms))
+    assert report["ok"], [h for s in report["series"] for h in s["spikes"]]
+    grad = next(s for s in report["series"] if s["metric"] == "grad_norm")
+    assert grad["degenerate"]["count"] == int(np.sum(norms < 0.02)) and "bimodal" in grad["degenerate"]["why"]
+    # a real spike of the real level is still found
+    spiked = norms.copy()
+    at = 250 + int(np.flatnonzero(norms[250:] > 0.02)[0])
+    spiked[at] = 2.0
+    assert [h["step"] for s in judge_log(rl_record(spiked))["series"] for h in s["spikes"]] == [at + 1]
+
+
+def test_sabotage_judging_the_bursts_against_the_degenerate_steps_flags_a_healthy_run():
+    assert not judge_log(rl_record(bursty()), kind="sft")["ok"]  # as an SFT log: every burst is a "spike"
+
+
+def test_a_zero_std_share_of_one_marks_a_degenerate_step():
+    norms = np.full(40, 0.5)
+    norms[[5, 17]] = 1e-4
+    share = np.zeros(40)
+    share[[5, 17]] = 1.0
+    rec = rl_record(norms, frac_reward_zero_std=share)
+    mask, why = degenerate_steps(rec, rec.metrics["step"], norms)
+    assert np.flatnonzero(mask).tolist() == [5, 17] and why == "frac_reward_zero_std = 1 at 2"
+    # a unimodal RL norm has no degenerate steps
+    assert not degenerate_steps(rl_record(np.full(40, 0.5)), np.arange(1, 41), np.full(40, 0.5))[0].any()
