@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 
@@ -151,3 +152,12 @@ def test_bad_config_files_are_one_line_errors_naming_the_file(tmp_path, text, me
     with pytest.raises(ConfigError, match=message) as info:
         Scenario.from_yaml(tmp_path / "config.yaml")
     assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
+
+
+@pytest.mark.parametrize("raw, where", [({True: ["push"], "preset": "phase-19"}, "unknown key True"),
+                                        ({"optimizer": {1: 0.1}}, "unknown key optimizer.1"),
+                                        ({"breaks": [{"clip_at": {None: 1}}]}, "unknown parameter None")])
+def test_a_key_that_is_not_a_string_is_one_line(raw, where):
+    """YAML reads a bare ``on:`` (a CI workflow) as the key True: one line, not a TypeError from sorting."""
+    with pytest.raises(ConfigError, match=re.escape(where)):
+        Scenario.from_dict(raw)

@@ -89,7 +89,7 @@ def break_from_config(raw: Any, *, where: str = "config") -> Break:
     if not isinstance(params, Mapping):
         raise ConfigError(f"{where}: parameters of break {name!r} must be a mapping, was {params!r}")
     allowed = [f.name for f in fields(cls)]
-    unknown = sorted(set(params) - set(allowed))
+    unknown = sorted(set(params) - set(allowed), key=str)
     if unknown:
         raise ConfigError(f"{where}: unknown parameter {unknown[0]!r} for break {name!r}; expected {', '.join(allowed) or 'none'}")
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}

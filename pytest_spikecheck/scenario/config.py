@@ -29,7 +29,7 @@ def scenario_from_dict(cls: type["Scenario"], raw: Mapping[str, Any], *, where: 
     raw = dict(raw)
     base = cls.preset(raw.pop("preset")) if "preset" in raw else cls()
     known = set(SECTIONS) | set(SCALARS) | {"breaks"}
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(set(raw) - known, key=str)  # key=str: YAML reads a bare `on:` as the key True
     if unknown:
         raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(known | {'preset'}))}")
     changes: dict[str, Any] = {k: raw[k] for k in SCALARS if k in raw}
@@ -220,7 +220,7 @@ def _section_from_dict(section: str, spec_type: type, base: Any, raw: Any, where
     if spec_type is GPTConfig and "preset" in raw:
         base = model_preset(str(raw.pop("preset")))
     names = [f.name for f in fields(spec_type)]
-    unknown = sorted(set(raw) - set(names))
+    unknown = sorted(set(raw) - set(names), key=str)
     if unknown:
         raise ConfigError(f"{where}: unknown key {section}.{unknown[0]}; expected one of {', '.join(names)}")
     if base is None:  # a fresh item (a burst): required fields must be present
