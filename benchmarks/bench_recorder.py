@@ -39,7 +39,8 @@ class UserLoop:
         from pytest_spikecheck import SampleCatalog, record
         from pytest_spikecheck.data.dataset import build_dataset
         from pytest_spikecheck.data.samplers import plan_batches
-        from pytest_spikecheck.training.build import build_model, build_optimizer
+        from pytest_spikecheck.training.build import build_model
+        from pytest_spikecheck.training.optimizers import build_optimizer
 
         r = self.r = scenario.resolved()
         data = build_dataset(r)

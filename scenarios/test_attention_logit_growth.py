@@ -9,7 +9,7 @@ the thresholds below hold for the default seed with margin. Run with ``pytest --
 from __future__ import annotations
 
 from pytest_spikecheck import (
-    HighLR, QKLayerNorm, Scenario, assert_finite, assert_logits_bounded, diagnose, spikecheck_scenario,
+    GatedAttention, HighLR, QKLayerNorm, Scenario, assert_finite, assert_logits_bounded, diagnose, spikecheck_scenario,
 )
 from pytest_spikecheck.judge.sweeps import final_loss
 
@@ -32,6 +32,12 @@ def high_lr_break():
 def high_lr_qk_layernorm():
     """The same run with LayerNorm on each head's queries and keys."""
     return _high_lr(QKLayerNorm())
+
+
+@spikecheck_scenario
+def high_lr_gated_attention():
+    """The same run with a per-head sigmoid gate on each attention output (Qiu et al. 2025)."""
+    return _high_lr(GatedAttention())
 
 
 def test_the_break_ends_over_a_nat_worse_than_its_defended_twin(high_lr_break, high_lr_qk_layernorm):
@@ -57,3 +63,12 @@ def test_the_diagnosis_names_attention_logit_growth(high_lr_break):
     d = diagnose(high_lr_break)
     assert d.facts["attention_logit_growth"], d.text()
     assert "attention-logit growth" in d.verdict
+
+
+def test_the_output_gate_rescues_the_run_without_bounding_the_logits(high_lr_break, high_lr_gated_attention):
+    # The gate lets a head switch itself off instead of parking its attention: the run trains
+    # (seed 42: 1.466 vs 3.023), yet the largest logit still grows into the thousands (5,118).
+    broken, gated = final_loss(high_lr_break), final_loss(high_lr_gated_attention)
+    assert broken - gated > 1.0, f"lr {HIGH_LR}: {broken:.3f} without the gate vs {gated:.3f} with it"
+    assert high_lr_gated_attention["attn_logit_max"].max() > 1000
+    assert_finite(high_lr_gated_attention)

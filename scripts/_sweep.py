@@ -35,8 +35,9 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, seeds: bool = True) -> 
     parser.add_argument("--fresh", action="store_true", help="ignore the run store: train every point again")
 
 
-def run_sweep(name: str, args: argparse.Namespace) -> Any:
-    """Train ``experiments/sweeps/<name>.yaml`` (its seeds replaced by ``--seeds``) and return the
+def run_sweep(name: str, args: argparse.Namespace, recipes: list[str] | None = None) -> Any:
+    """Train ``experiments/sweeps/<name>.yaml`` (its seeds replaced by ``--seeds``, only the
+    ``recipes`` named when given) and return the
     :class:`~pytest_spikecheck.sweep.SweepResult`; a failed point stops the script (its numbers
     would be missing from the table)."""
     from pytest_spikecheck.sweep import load_sweep, sweep
@@ -44,6 +45,8 @@ def run_sweep(name: str, args: argparse.Namespace) -> Any:
     plan = load_sweep(SWEEPS / f"{name}.yaml")
     if args.seeds:
         plan.grid = {**plan.grid, "seed": seed_range(args.seeds)}
+    if recipes is not None:
+        plan.recipes = {name: plan.recipes[name] for name in recipes}
     out = Path(args.runs) / name
     result = sweep(plan, executor=args.executor, address=args.address, jobs=args.jobs, out=out, fresh=args.fresh)
     if result.failed:

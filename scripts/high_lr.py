@@ -2,14 +2,18 @@
 Wortsman's LR sensitivity, and how attention-logit growth depends on the model's size.
 
     python scripts/high_lr.py sweep --out docs/high_lr.json --panel docs/panels/lr_sensitivity.png
+    python scripts/high_lr.py sweep --recipes muon --out docs/high_lr.json   # retrains one row, keeps the others
     python scripts/high_lr.py sizes --out docs/high_lr_sizes.json
     python scripts/high_lr.py table --out docs/high_lr.json [--sizes docs/high_lr_sizes.json]
 
 The grids are the sweep files experiments/sweeps/high-lr.yaml (recipes x peak LR x seeds 0-4 on
-Phase-19's micro model) and high-lr-sizes.yaml (model sizes x {baseline, qk-layernorm} at lr 0.1),
-trained by the sweep engine (--jobs, --executor local|ray, resumed from out/sweeps/<file>/).
+Phase-19's micro model), high-lr-muon.yaml (the ``muon`` recipe: the same grid under Muon) and
+high-lr-sizes.yaml (model sizes x {baseline, qk-layernorm} at lr 0.1), trained by the sweep engine
+(--jobs, --executor local|ray, resumed from out/sweeps/<file>/).
 Every run is Phase-19's preset (240 sentences, batch 8, AdamW, weight decay 0.1, clip 1.0)
-for 150 steps with a cosine schedule; ``final loss`` is the eval loss at the last step; the
+for 150 steps with a cosine schedule; a recipe is a set of breaks/defences, the peak LR the
+sweep's (``muon``: torch.optim.Muon at the sweep's lr on the hidden matrices, its AdamW part at 1e-2,
+the rest of the recipe as the baseline's). ``final loss`` is the eval loss at the last step; the
 initial loss is step 1's train loss.
 """
 
@@ -29,7 +33,9 @@ from pytest_spikecheck.sweep.summary import median
 
 STEPS = 150
 LRS = (1e-2, 3e-2, 1e-1, 3e-1)
-RECIPES = ("baseline", "no warmup", "qk-layernorm", "qk-layernorm + z-loss")
+RECIPES = ("baseline", "no warmup", "qk-layernorm", "qk-layernorm + z-loss", "muon")
+#: The sweep file of each recipe of ``sweep`` (Muon's differs in its base's optimizer, not in its breaks).
+RECIPE_FILES = {**{recipe: "high-lr" for recipe in RECIPES}, "muon": "high-lr-muon"}
 SIZES = ("nano", "micro", "mini")  # models.config.PRESETS: width 32, 64, 128; depth 2, 2, 4
 
 
@@ -125,15 +131,33 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--sizes", default=None, help="table: the sizes JSON to add")
     parser.add_argument("--panel", default=None, help="sweep: draw the final-loss-vs-LR panel here")
+    parser.add_argument("--recipes", default=",".join(RECIPES),
+                        help="sweep: the recipes to train (comma-separated); the JSON keeps the others' records")
     add_sweep_arguments(parser)
     args = parser.parse_args()
     if args.mode == "table":
         sizes = json.loads(Path(args.sizes).read_text()) if args.sizes else None
         print(table(json.loads(Path(args.out).read_text()) if Path(args.out).is_file() else None, sizes))
         return 0
-    result = run_sweep("high-lr" if args.mode == "sweep" else "high-lr-sizes", args)
-    records = [measure(point, run) for point, run in zip(result.points, result.runs)]
-    data = {"date": time.strftime("%Y-%m-%d"), "steps": STEPS, "records": records}
+    today = time.strftime("%Y-%m-%d")
+    if args.mode == "sizes":
+        result = run_sweep("high-lr-sizes", args)
+        data = {"date": today, "steps": STEPS, "records": [measure(p, run) for p, run in zip(result.points, result.runs)]}
+    else:
+        recipes = [r for r in args.recipes.split(",") if r]
+        unknown = sorted(set(recipes) - set(RECIPES))
+        if unknown:
+            parser.error(f"unknown recipe {unknown[0]!r}; choose from {', '.join(RECIPES)}")
+        records = []
+        for name in dict.fromkeys(RECIPE_FILES[r] for r in recipes):
+            result = run_sweep(name, args, recipes=[r for r in recipes if RECIPE_FILES[r] == name])
+            records += [measure(p, run) for p, run in zip(result.points, result.runs)]
+        kept, old = [], {}
+        if Path(args.out).is_file():  # the recipes not re-run keep their records
+            old = json.loads(Path(args.out).read_text())
+            kept = [r for r in old["records"] if r["recipe"] not in recipes]
+        dates = {**{r["recipe"]: old.get("date", today) for r in kept}, **old.get("dates", {}), **{rc: today for rc in recipes}}
+        data = {"date": old.get("date", today) if kept else today, "dates": dates, "steps": STEPS, "records": kept + records}
     Path(args.out).write_text(json.dumps(data, indent=1))
     if args.panel:
         panel(data, Path(args.panel))

@@ -10,7 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from pytest_spikecheck import IGNORE_INDEX, ConfigError, SpikeCheckError, assert_no_lockin, LayerNormEps0, LeftPadding, MaskPaddingKeys, NoClip, Run, Scenario, train
+from pytest_spikecheck import (
+    IGNORE_INDEX, ConfigError, GatedAttention, LayerNormEps0, LeftPadding, MaskPaddingKeys, NoClip, QKLayerNorm, Run, Scenario,
+    SpikeCheckError, assert_no_lockin, train,
+)
 from pytest_spikecheck.cli import main
 from pytest_spikecheck.training.build import build_model
 
@@ -131,10 +134,15 @@ def test_bad_factory_arguments_are_refused_at_construction_or_build(models):
         build_model(TINY.replace(model_factory="my_models:make", model_kwargs={"depth": 3}), vocab_size=50)
 
 
-@pytest.mark.parametrize("breaks", [(LayerNormEps0(),), (MaskPaddingKeys(), LeftPadding())])
+@pytest.mark.parametrize("breaks", [(LayerNormEps0(),), (MaskPaddingKeys(), LeftPadding()), (QKLayerNorm(),), (GatedAttention(),)])
 def test_model_level_breaks_need_the_hook(models, breaks):
     with pytest.raises(ConfigError, match="has no spikecheck_configure"):
         build_model(TINY.replace(model_factory="my_models:make").with_breaks(*breaks).resolved(), vocab_size=50)
+
+
+def test_the_built_in_models_switches_are_refused_with_your_own_model(models):
+    with pytest.raises(ConfigError, match=r"model.arch 'llama' picks a built-in model, and the scenario trains your own"):
+        build_model(TINY.replace(model_factory="my_models:make", model__arch="llama").resolved(), vocab_size=50)
 
 
 def test_model_level_breaks_reach_a_model_with_the_hook(models):

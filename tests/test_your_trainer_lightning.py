@@ -25,7 +25,8 @@ from pytest_spikecheck import (  # noqa: E402
 from pytest_spikecheck.errors import ConfigError  # noqa: E402
 from pytest_spikecheck.integrations.lightning import SpikecheckCallback  # noqa: E402
 from pytest_spikecheck.scenario import Scenario  # noqa: E402
-from pytest_spikecheck.training.build import build_model, build_optimizer  # noqa: E402
+from pytest_spikecheck.training.build import build_model  # noqa: E402
+from pytest_spikecheck.training.optimizers import build_optimizer  # noqa: E402
 from pytest_spikecheck.training.schedule import lr_at  # noqa: E402
 
 pytestmark = [

@@ -25,7 +25,8 @@ from pytest_spikecheck.integrations.recorder import ClipBeforeUnscaleWarning, Re
 from pytest_spikecheck.cli import main as cli
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.training.build import build_model, build_optimizer
+from pytest_spikecheck.training.build import build_model
+from pytest_spikecheck.training.optimizers import build_optimizer
 from pytest_spikecheck.training.schedule import lr_at
 
 

@@ -13,7 +13,9 @@ from functools import lru_cache
 
 import numpy as np
 
-from pytest_spikecheck.data.corpus import Sample, burst_pool, phase19_corpus, phase19_eval_set
+from pytest_spikecheck.data.corpus import (
+    Sample, burst_pool, induction_corpus, induction_eval_set, induction_prefix_length, phase19_corpus, phase19_eval_set,
+)
 from pytest_spikecheck.data.sources import BASE_SOURCES, mixture_corpus, mixture_eval_set, source_samples
 from pytest_spikecheck.data.tokenizer import BPETokenizer, train_bpe
 from pytest_spikecheck.models.config import IGNORE_INDEX
@@ -37,6 +39,9 @@ class Dataset:
     rare_tokens: frozenset[int]  # token ids in at most rare_doc_freq corpus samples (0: only in bursts)
     rare_token_counts: tuple[int, ...]  # per pool sample: how many rare-token occurrences
     burst_members: dict[int, tuple[int, ...]]  # burst index -> pool indices it injects
+    #: The induction corpus: True on the eval targets of each sequence's repeated half (what only
+    #: attention can predict), (N_eval, block_size); None for the other corpora.
+    eval_repeat: np.ndarray | None = None
 
     def is_rare(self, index: int) -> bool:
         return self.rare_token_counts[index] > 0
@@ -69,7 +74,10 @@ def build_dataset(scenario: Scenario) -> Dataset:
 
 
 def _corpus(corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int,
-            texts: tuple[str, ...] = ()) -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
+            texts: tuple[str, ...] = (), block_size: int = 32) -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
+    if corpus == "induction":
+        n = induction_prefix_length(block_size)
+        return induction_corpus(n_sentences, corpus_seed, n), induction_eval_set(eval_sentences, corpus_seed, n)
     if corpus == "texts":  # the user's own documents: the last eval_sentences are held out for eval
         samples = [Sample(id=f"text-{i:05d}", text=t, source="texts") for i, t in enumerate(texts)]
         return tuple(samples[:-eval_sentences]), tuple(samples[-eval_sentences:])
@@ -83,7 +91,7 @@ def _corpus(corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int
 def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, corpus_seed: int,
            block_size: int, rare_doc_freq: int, bursts: tuple, padding_side: str = "right",
            new_source: str | None = None, texts: tuple[str, ...] = ()) -> Dataset:
-    corpus_samples, eval_samples = _corpus(corpus, n_sentences, eval_sentences, corpus_seed, texts)
+    corpus_samples, eval_samples = _corpus(corpus, n_sentences, eval_sentences, corpus_seed, texts, block_size)
     tok = train_bpe(tuple(s.text for s in corpus_samples), vocab_size)
     if new_source is not None and new_source not in BASE_SOURCES:
         # A source that enters late joins the corpus (the sampler holds it out until then) but
@@ -116,8 +124,26 @@ def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, 
     in_pool = {int(t) for row in train.targets for t in row if t != IGNORE_INDEX and t != tok.eos_id}
     rare = frozenset(t for t in in_pool if doc_freq[t] <= rare_doc_freq)
     counts = tuple(int(sum(1 for t in row if int(t) in rare)) for row in train.targets)
+    evaluation = _encode(tok, eval_samples, block_size, padding_side)
     return Dataset(
-        tokenizer=tok, pool=pool_t, train=train, eval=_encode(tok, eval_samples, block_size, padding_side),
+        tokenizer=tok, pool=pool_t, train=train, eval=evaluation,
         eval_samples=eval_samples, n_corpus=len(corpus_samples), rare_tokens=rare,
         rare_token_counts=counts, burst_members=members,
+        eval_repeat=_repeated_half(tok, eval_samples, evaluation, block_size) if corpus == "induction" else None,
     )
+
+
+def _repeated_half(tok: BPETokenizer, samples: tuple[Sample, ...], arrays: TokenArrays, block_size: int) -> np.ndarray:
+    """Where the eval targets are the repeated half of an induction sequence. Each sequence encodes
+    to ``EOS s1..sn s1..sn EOS`` (one token per symbol, checked here), so the targets at positions
+    n..2n-1 (whatever the padding side) are the repeat."""
+    n = induction_prefix_length(block_size)
+    mask = np.zeros(arrays.targets.shape, dtype=bool)
+    for i, sample in enumerate(samples):
+        ids = tok.encode(sample.text)
+        if len(ids) != 2 * n + 2 or ids[1:n + 1] != ids[n + 1:2 * n + 1]:
+            raise ValueError(f"induction sample {sample.id} encodes to {len(ids)} tokens, not 2 x {n} + 2 with an "
+                             f"exact repeat: the tokenizer did not make one token per symbol")
+        first = int(np.flatnonzero(arrays.targets[i] != IGNORE_INDEX)[0])
+        mask[i, first + n:first + 2 * n] = True
+    return mask

@@ -10,7 +10,8 @@
 7. the verdict in one sentence.
 
 Rung 7 (``7 logits``, :func:`attention_logit_rung`) reads the attention-logit and log-Z
-columns where the model records them. Steps 3-6 need a Run recorded by the engine (events, batches); a bare log gets 1, 2 and 7.
+columns where the model records them; on an engine run it names the layer and head of the
+largest logit, and under Muon (or with QK-Clip on) what QK-Clip did. Steps 3-6 need a Run recorded by the engine (events, batches); a bare log gets 1, 2 and 7.
 numpy only.
 """
 
@@ -26,6 +27,7 @@ from pytest_spikecheck.judge.analysis import (
     CLIP_RTOL, baseline, largest_spike, loss_jump, overclipped, recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.records import Record, as_record
+from pytest_spikecheck.judge.sweeps import QK_CLIP_FACTOR
 from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure, fmt_scale
 
 
@@ -254,14 +256,18 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         d.facts.update(top_tensor=top[0][0] if top else None)
         # 6. Adam memory
         surprise = event.get("adam_surprise") or {}
-        v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
-        fade = _fade_steps(m, step)
-        fade_text = f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
-        d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; "
-                                    f"{surprise.get('share', math.nan):.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"))
-        d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
+        if "share" in surprise and surprise["share"] is not None and not math.isfinite(surprise["share"]):
+            d.lines.append(("6 Adam v", "the optimizer keeps no Adam moments (SGD)"))
+            d.facts.update(v_jump=None, v_fade=None, adam_surprise=None)
+        else:
+            v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
+            fade = _fade_steps(m, step)
+            fade_text = f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
+            d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; "
+                                        f"{surprise.get('share', math.nan):.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"))
+            d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
 
-    logits = attention_logit_rung(m, step)
+    logits = attention_logit_rung(m, step, run)
     if logits is not None:
         d.lines.append(logits[0])
         d.facts.update(logits[1])
@@ -321,7 +327,11 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     elif declared == "accumulate_sum":
         k = run.scenario.sampler.accumulation
         d.verdict += (f"; the {k} micro-batch losses are summed, not averaged (AccumulateSum): loss and gradient ×{k}")
-    if d.facts.get("attention_logit_growth"):
+    if d.facts.get("attention_logit_growth") and d.facts.get("optimizer") == "muon":
+        d.verdict += ("; a max-logit explosion under Muon: QK-Clip or qk-norm contains it"
+                      if d.facts.get("qk_clip_tau") is None else
+                      f"; a max-logit explosion under Muon that QK-Clip (τ {d.facts['qk_clip_tau']:g}) did not contain")
+    elif d.facts.get("attention_logit_growth"):
         d.verdict += "; attention logits grew beyond control (attention-logit growth: qk-layernorm contains it)"
     return d
 
@@ -365,10 +375,15 @@ ATTENTION_LOGIT_LIMIT = 100.0
 ATTENTION_GROWTH_FACTOR = 10.0
 
 
-def attention_logit_rung(m: dict[str, Any], step: int) -> tuple[tuple[str, str], dict[str, Any]] | None:
+def attention_logit_rung(m: dict[str, Any], step: int, run: Any = None) -> tuple[tuple[str, str], dict[str, Any]] | None:
     """The rung on the attention logits (the ``attn_logit_max`` column, when the model reports
     it): their size at ``step``, growth since step 10, the run's largest, and whether that is
-    attention-logit growth. None without the column."""
+    attention-logit growth. None without the column.
+
+    On an engine run (``run``) it also names the layer and head of the run's largest logit (the
+    engine keeps that step's per-head logits; layers and heads counted from 0, as the parameter
+    names count them), and under Muon, or with QK-Clip on, it leads with the max logit and says
+    what QK-Clip did: on how many heads at ``step``, on how many steps in all, and the last."""
     if "attn_logit_max" not in m:
         return None
     steps, values = np.asarray(m["step"]), np.asarray(m["attn_logit_max"], dtype=np.float64)
@@ -377,12 +392,56 @@ def attention_logit_rung(m: dict[str, Any], step: int) -> tuple[tuple[str, str],
     now, early = value_at(m, "attn_logit_max", step), value_at(m, "attn_logit_max", 10)
     worst = int(np.nanargmax(values))
     growth = now / early if math.isfinite(early) and early > 0 else math.nan
-    grew = bool(values[worst] >= ATTENTION_LOGIT_LIMIT
-                and math.isfinite(early) and values[worst] >= ATTENTION_GROWTH_FACTOR * early)
-    finding = (f"attention logits {fmt(now, ',.0f')} at step {step} (×{fmt(growth, ',.0f')} since step 10); largest "
-               f"{fmt(values[worst], ',.0f')} at step {int(steps[worst])}")
+    optimizer = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "name", None)
+    tau = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "qk_clip", None)
+    # With QK-Clip on, logits up to QK_CLIP_FACTOR x tau are what it allows (its containment bound)
+    limit = ATTENTION_LOGIT_LIMIT if tau is None else max(ATTENTION_LOGIT_LIMIT, QK_CLIP_FACTOR * tau)
+    grew = bool(values[worst] > limit and math.isfinite(early) and values[worst] >= ATTENTION_GROWTH_FACTOR * early)
+    facts: dict[str, Any] = {"attn_logit_max": now, "attn_logit_growth": growth, "attention_logit_growth": grew,
+                             "optimizer": optimizer, "qk_clip_tau": tau}
+    where = _largest_head(run)
+    at = f" in layer {where[0]} head {where[1]}" if where is not None else ""
+    if where is not None:
+        facts.update(max_logit_layer=where[0], max_logit_head=where[1])
+    if optimizer == "muon" or tau is not None:
+        largest_growth = values[worst] / early if math.isfinite(early) and early > 0 else math.nan
+        finding = (f"attention max logit {fmt(values[worst], ',.0f')} at step {int(steps[worst])} (×"
+                   f"{fmt(largest_growth, ',.0f')} since step 10){at}" + (" under Muon" if optimizer == "muon" else "")
+                   + f"; {fmt(now, ',.0f')} at step {step}; " + _qk_clip_activity(m, step, tau, facts))
+    else:
+        finding = (f"attention logits {fmt(now, ',.0f')} at step {step} (×{fmt(growth, ',.0f')} since step 10); largest "
+                   f"{fmt(values[worst], ',.0f')} at step {int(steps[worst])}{at}")
     if "logz_mean" in m:
         finding += f"; output log Z {fmt(value_at(m, 'logz_mean', step), '.1f')}"
-    if grew:
-        finding += ": attention-logit growth; qk-layernorm contains it"
-    return ("7 logits", finding), {"attn_logit_max": now, "attn_logit_growth": growth, "attention_logit_growth": grew}
+    if grew and tau is not None:
+        finding += f": the logits grew past {QK_CLIP_FACTOR:g} × QK-Clip's τ {tau:g}"
+    elif grew:
+        finding += (": a max-logit explosion; QK-Clip or qk-norm contains it" if optimizer == "muon"
+                    else ": attention-logit growth; qk-layernorm contains it")
+    return ("7 logits", finding), facts
+
+
+def _largest_head(run: Any) -> tuple[int, int] | None:
+    """(layer, head) of the run's largest attention logit, from the engine's record of that step."""
+    largest = (getattr(run, "meta", None) or {}).get("largest_attn_logit")
+    if not largest or not largest.get("per_head"):
+        return None
+    heads = np.asarray(largest["per_head"], dtype=np.float64)
+    if heads.ndim != 2 or not np.isfinite(heads).any():
+        return None
+    layer, head = np.unravel_index(int(np.nanargmax(heads)), heads.shape)
+    return int(layer), int(head)
+
+
+def _qk_clip_activity(m: dict[str, Any], step: int, tau: float | None, facts: dict[str, Any]) -> str:
+    """What QK-Clip did (the ``qk_clipped_heads`` column): at ``step``, and over the run."""
+    if tau is None or "qk_clipped_heads" not in m:
+        facts.update(qk_clip_heads=None, qk_clip_steps=None)
+        return "QK-Clip off"
+    clipped = np.asarray(m["qk_clipped_heads"], dtype=np.float64)
+    active = np.flatnonzero(np.nan_to_num(clipped) > 0)
+    heads_now = value_at(m, "qk_clipped_heads", step)
+    facts.update(qk_clip_heads=heads_now, qk_clip_steps=int(active.size),
+                 qk_clip_last=int(np.asarray(m["step"])[active[-1]]) if active.size else None)
+    text = f"QK-Clip (τ {tau:g}) active on {fmt(heads_now, '.0f')} heads at step {step}, on {active.size} of {clipped.size} steps"
+    return text + (f", last at step {facts['qk_clip_last']}" if active.size else "")

@@ -10,7 +10,8 @@ a folder that other tools can read::
     metrics.jsonl    one JSON object per step: step, loss, grad_norm_pre, grad_norm_post,
                      clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm, and
                      the model's stats where it reports them (MODEL_STAT_KEYS), the set-up's
-                     columns where it has them (SETUP_KEYS: loss_scale, clip_limit), and in a
+                     columns where it has them (SETUP_KEYS: loss_scale, clip_limit,
+                     qk_clipped_heads, eval_loss_repeat), and in a
                      run that skipped updates ``skipped``: why (``"overflow"``, ``"skip_spikes"``)
                      or null
     batches.jsonl    one JSON object per step: the batch's samples, sources, rare counts
@@ -42,8 +43,13 @@ METRIC_KEYS = ("step", "loss", "grad_norm_pre", "grad_norm_post", "clip_factor",
 #: the batch's targets), and the z-loss term. Absent for a model without it.
 MODEL_STAT_KEYS = ("attn_logit_max", "logz_mean", "logz_absmax", "z_loss")
 #: Columns of the training set-up, present where it has them: the loss scale of a run with loss
-#: scaling (the scale this step's backward used), the limit an adaptive clip applied at each step.
-SETUP_KEYS = ("loss_scale", "clip_limit")
+#: scaling (the scale this step's backward used), the limit an adaptive clip applied at each step,
+#: how many attention heads QK-Clip scaled back after the step's update (``qk_clipped_heads``),
+#: and on the induction corpus the eval loss on the repeated half of each sequence
+#: (``eval_loss_repeat``, NaN where not evaluated).
+SETUP_KEYS = ("loss_scale", "clip_limit", "qk_clipped_heads", "eval_loss_repeat")
+#: Columns logged only at some steps (NaN elsewhere, marked missing, written as null).
+SPARSE_KEYS = ("eval_loss", "eval_loss_repeat")
 #: The per-step column that says why a step's update was not applied (null where it was).
 SKIPPED_KEY = "skipped"
 
@@ -101,11 +107,10 @@ class Run:
 
     def __post_init__(self) -> None:
         if not isinstance(self.metrics, MetricColumns):
-            # The engine logs every metric at every step except the eval loss, which is NaN
-            # where it was not evaluated (a run stops before evaluating a non-finite model).
-            eval_loss = self.metrics.get("eval_loss")
-            self.metrics = MetricColumns(self.metrics, {} if eval_loss is None else
-                                         {"eval_loss": np.isnan(np.asarray(eval_loss, dtype=np.float64))})
+            # The engine logs every metric at every step except the eval losses, which are NaN
+            # where not evaluated (a run stops before evaluating a non-finite model).
+            self.metrics = MetricColumns(self.metrics, {k: np.isnan(np.asarray(self.metrics[k], dtype=np.float64))
+                                                        for k in SPARSE_KEYS if k in self.metrics})
 
     # -- convenience ------------------------------------------------------------------------
     @property

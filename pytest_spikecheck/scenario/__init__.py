@@ -30,6 +30,7 @@ from pytest_spikecheck.scenario.breaks import (  # noqa: E402  (registers the br
     ClipAt,
     ClipBeforeUnscale,
     ClipEachMicrobatch,
+    GatedAttention,
     HalfPrecision,
     HighLR,
     LayerNormEps0,
@@ -41,6 +42,7 @@ from pytest_spikecheck.scenario.breaks import (  # noqa: E402  (registers the br
     NoWarmup,
     NoWeightDecay,
     RareTokenBurst,
+    QKClip,
     QKLayerNorm,
     ShardLocalNorm,
     SkipSpikes,
@@ -51,8 +53,8 @@ from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP  # noqa: E402 
 
 __all__ = [
     "BURST_CONTENTS", "NEW_SOURCES", "PHASE19_BURST_STEP", "BASE_SOURCES", "AccumulateSum", "AdaptiveClip", "AmpSpec",
-    "BlankDocument", "Break", "BurstSpec", "ClipAt", "ClipBeforeUnscale", "ClipEachMicrobatch", "DataSpec", "HalfPrecision", "HighLR", "LayerNormEps0", "LogitSoftcap", "LeftPadding", "MaskPaddingKeys",
-    "MixtureShift", "MixtureSpec", "NoClip", "NoWarmup", "NoWeightDecay", "OptimizerSpec", "QKLayerNorm", "RareTokenBurst",
+    "BlankDocument", "Break", "BurstSpec", "ClipAt", "ClipBeforeUnscale", "ClipEachMicrobatch", "DataSpec", "GatedAttention", "HalfPrecision", "HighLR", "LayerNormEps0", "LogitSoftcap", "LeftPadding", "MaskPaddingKeys",
+    "MixtureShift", "MixtureSpec", "NoClip", "NoWarmup", "NoWeightDecay", "OptimizerSpec", "QKClip", "QKLayerNorm", "RareTokenBurst",
     "RecordSpec", "SamplerSpec", "Scenario", "ScheduleSpec", "ShardLocalNorm", "SkipSpikes", "StratifiedBatches",
     "ZLoss", "break_from_config", "break_names", "break_to_config", "register_preset", "scenario_preset_names",
 ]

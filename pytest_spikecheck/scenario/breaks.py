@@ -377,3 +377,51 @@ class AccumulateSum(Break):
 
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(sampler__accumulate="sum")
+
+
+# -- the attention max-logit explosion under Muon (Kimi K2) and its defences -------------------
+
+
+@dataclass(frozen=True)
+class QKClip(Break):
+    """A defence (Kimi K2's QK-Clip, the "Clip" of MuonClip): after each optimizer update, every
+    head whose largest attention logit in that step's forward exceeded ``tau`` gets its query rows
+    scaled by gamma^alpha and its key rows by gamma^(1 - alpha), gamma = tau / that logit, so the
+    head's logits on the same input come back to tau. ``per_head=False`` uses one gamma per layer
+    (its largest head's). A head whose largest logit is <= 0 or not finite is left alone (Megatron's
+    PR 7382 fixed the NaN that made). The logits are the forward's own (no second forward); the
+    column ``qk_clipped_heads`` counts the heads clipped at each step. Kimi K2: tau 100, alpha 0.5.
+    A custom model takes it through ``spikecheck_qk_projections()`` (README, "Your own model")."""
+
+    config_name: ClassVar[str] = "qk_clip"
+    tau: float = 100.0
+    alpha: float = 0.5
+    per_head: bool = True
+
+    def __post_init__(self) -> None:
+        _positive_number(self, "tau")
+        alpha = self.alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 <= alpha <= 1:
+            raise ConfigError(f"QKClip alpha must be a number in [0, 1], was {alpha!r}")
+        if not isinstance(self.per_head, bool):
+            raise ConfigError(f"QKClip per_head must be true or false, was {self.per_head!r}")
+        object.__setattr__(self, "alpha", float(alpha))
+
+    def label(self) -> str:
+        return f"qk_clip({self.tau:g}" + ("" if self.per_head else ",per-layer") + ")"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__qk_clip=float(self.tau), optimizer__qk_clip_alpha=self.alpha,
+                                optimizer__qk_clip_per_head=self.per_head)
+
+
+@dataclass(frozen=True)
+class GatedAttention(Break):
+    """A defence (Qiu et al. 2025): a per-head sigmoid gate on each attention output, computed from
+    the block's input (``model.attn_gate``). A head can close its gate instead of growing its
+    logits to park its attention somewhere harmless (the attention sink)."""
+
+    config_name: ClassVar[str] = "gated_attention"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(model__attn_gate=True)

@@ -203,13 +203,18 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
             return float(value)  # a static scale (YAML reads 1e4 as a string)
         except (TypeError, ValueError):
             raise ConfigError(f"{label} must be 'dynamic', a number (a static scale) or null, was {value!r}") from None
-    if name in ("skip_spike_ratio", "new_source"):
+    if name in ("skip_spike_ratio", "new_source", "qk_clip"):
         if value is None:
             return None
         if name == "new_source":
             if not isinstance(value, str):
                 raise ConfigError(f"{label} must be a source name or null, was {value!r}")
             return value
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads 1e-2 as a string; accept it
+            except ValueError:
+                pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"{label} must be a number or null, was {value!r}")
         return float(value)

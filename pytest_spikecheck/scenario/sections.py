@@ -75,14 +75,20 @@ class BurstSpec:
 #: ClipEachMicrobatch): each clips something other than the step's whole, unscaled gradient.
 CLIP_MODES = ("global", "per_tensor", "adaptive", "shard_local", "before_unscale", "each_microbatch")
 
-#: Corpora the engine can build: Seed A's sentences, or Seed B's three-source mixture.
-CORPORA = ("phase19", "mixture", "texts")
+#: Corpora the engine can build: Seed A's sentences, Seed B's three-source mixture, your own
+#: texts, or synthetic sequences whose second half repeats the first (learnt only by attention).
+CORPORA = ("phase19", "mixture", "texts", "induction")
+#: optimizer.name values: AdamW everywhere; Muon on the hidden matrices with AdamW on the rest;
+#: SGD with momentum.
+OPTIMIZERS = ("adamw", "muon", "sgd")
+#: optimizer.adjust_lr_fn values (torch.optim.Muon's): how Muon's lr is scaled per matrix shape.
+ADJUST_LR_FNS = ("original", "match_rms_adamw")
 
 
 @dataclass(frozen=True)
 class DataSpec:
-    corpus: str = "phase19"  # phase19 (data.corpus) | mixture (data.sources) | texts (your own, below)
-    n_sentences: int = 240  # Seed A: 240 training sentences (mixture: split evenly over its sources)
+    corpus: str = "phase19"  # phase19 (data.corpus) | mixture (data.sources) | texts (your own, below) | induction
+    n_sentences: int = 240  # Seed A: 240 training sentences (mixture: split evenly over its sources; induction: sequences)
     eval_sentences: int = 96  # fixed in-distribution eval set
     vocab_size: int = 384  # byte-level BPE; 312-448 split " written" into Ġwri + tt + en
     corpus_seed: int = 0  # the corpus is fixed; the training seed changes init and batch order
@@ -121,8 +127,8 @@ class SamplerSpec:
 
 @dataclass(frozen=True)
 class OptimizerSpec:
-    name: str = "adamw"
-    lr: float = 1e-2
+    name: str = "adamw"  # adamw | muon (torch.optim.Muon on the hidden matrices, AdamW on the rest) | sgd (with momentum)
+    lr: float = 1e-2  # peak lr (muon: Muon's; its AdamW part has adamw_lr)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.1  # applied to matrices (embeddings included), not to biases and norms
@@ -134,6 +140,17 @@ class OptimizerSpec:
     adaptive_z: float = 2.5  # adaptive: clip at EMA mean + z * EMA std of the pre-clip norm ...
     adaptive_alpha: float = 0.97  # ... with this EMA decay (ZClip's defaults); grad_clip until warm
     skip_spike_ratio: float | None = None  # skip the optimizer step when pre-clip norm / median >= this
+    # Muon and SGD (torch.optim.Muon's defaults):
+    momentum: float = 0.95  # muon, sgd: momentum coefficient
+    nesterov: bool = True  # muon, sgd: Nesterov momentum
+    adjust_lr_fn: str = "original"  # muon: lr * sqrt(max(1, rows/cols)) (Keller Jordan) | match_rms_adamw: lr * 0.2 * sqrt(max(rows, cols)) (Moonlight)
+    adamw_lr: float = 1e-2  # muon: the peak lr of its AdamW part (embeddings, output head, norms, biases); the schedule scales it as lr
+    muon_params: str = ""  # muon: a regular expression (re.fullmatch on parameter names) choosing Muon's matrices; "" = by role (README)
+    # QK-Clip (Kimi K2), set by the QKClip break: after each update, each head whose largest
+    # attention logit in that step's forward exceeded qk_clip has W_q, W_k scaled back to it.
+    qk_clip: float | None = None  # tau; None = off
+    qk_clip_alpha: float = 0.5  # W_q gets gamma^alpha, W_k gamma^(1 - alpha), gamma = tau / max logit
+    qk_clip_per_head: bool = True  # False: one gamma per layer (its largest head's)
 
     def __post_init__(self) -> None:
         clip = self.grad_clip
@@ -196,8 +213,8 @@ SECTIONS: dict[str, type] = {
 SCALARS = ("name", "steps", "seed")
 
 #: Section fields that may be None (YAML null) besides their type.
-NULLABLE = {("optimizer", "grad_clip"), ("optimizer", "skip_spike_ratio"), ("sampler.mixture", "new_source"),
-            ("amp", "loss_scale")}
+NULLABLE = {("optimizer", "grad_clip"), ("optimizer", "skip_spike_ratio"), ("optimizer", "qk_clip"),
+            ("sampler.mixture", "new_source"), ("amp", "loss_scale")}
 
 
 def check_types(section: str, spec: Any) -> None:
@@ -270,8 +287,19 @@ def check_section_values(scenario: "Scenario") -> None:
           "optimizer.clip_mode each_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2: "
           "with one micro-batch it is the ordinary clip")
     check_amp(scenario)
-    check(o.name == "adamw", f"optimizer.name must be adamw (the only optimizer so far), was {o.name!r}")
-    check(o.lr > 0, f"optimizer.lr must be > 0, was {o.lr}")
+    check(o.name in OPTIMIZERS, f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, was {o.name!r}")
+    check(0 < o.lr < math.inf, f"optimizer.lr must be a finite number > 0, was {o.lr}")
+    check(0 < o.adamw_lr < math.inf, f"optimizer.adamw_lr must be a finite number > 0, was {o.adamw_lr}")
+    check(0 <= o.momentum < 1, f"optimizer.momentum must be in [0, 1), was {o.momentum}")
+    check(o.adjust_lr_fn in ADJUST_LR_FNS,
+          f"optimizer.adjust_lr_fn must be one of {', '.join(ADJUST_LR_FNS)}, was {o.adjust_lr_fn!r}")
+    try:
+        re.compile(o.muon_params)
+    except re.error as exc:
+        raise ConfigError(f"optimizer.muon_params {o.muon_params!r} is not a regular expression ({exc})") from None
+    check(o.qk_clip is None or 0 < o.qk_clip < math.inf,
+          f"optimizer.qk_clip (QK-Clip's tau) must be a finite number > 0 or null, was {o.qk_clip!r}")
+    check(0 <= o.qk_clip_alpha <= 1, f"optimizer.qk_clip_alpha must be in [0, 1], was {o.qk_clip_alpha!r}")
     check(all(0 <= b < 1 for b in o.betas) and len(o.betas) == 2, f"optimizer.betas must be two numbers in [0, 1), was {o.betas!r}")
     check(o.eps >= 0, f"optimizer.eps must be >= 0, was {o.eps}")
     check(o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, was {o.weight_decay}")
@@ -284,6 +312,11 @@ def check_section_values(scenario: "Scenario") -> None:
     check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
     check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
     check(scenario.data.corpus in CORPORA, f"data.corpus must be one of {', '.join(CORPORA)}, was {scenario.data.corpus!r}")
+    if scenario.data.corpus == "induction":
+        check(scenario.data.n_sentences >= s.batch_size,
+              f"data.n_sentences ({scenario.data.n_sentences} induction sequences) must be >= the batch size {s.batch_size}")
+        check(scenario.model.block_size >= 5,
+              f"the induction corpus needs model.block_size >= 5 (two halves of >= 2 symbols), was {scenario.model.block_size}")
     if scenario.data.corpus == "texts":
         n_train = len(scenario.data.texts) - scenario.data.eval_sentences
         check(n_train >= s.batch_size and scenario.data.eval_sentences >= 1,

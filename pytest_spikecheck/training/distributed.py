@@ -15,8 +15,12 @@
    each rank measures its shard, one float64 all-reduce adds the squares, every rank applies
    the same scale (or, under :class:`~pytest_spikecheck.scenario.breaks.ShardLocalNorm`, the bug: each
    rank clips to its own shard's norm);
-4. AdamW on the rank's shard (its state is sharded too), then an all-gather of the flat
-   parameters, which the model's weights are views of.
+4. AdamW (or SGD) on the rank's shard (its state is sharded too), then an all-gather of the flat
+   parameters, which the model's weights are views of. Muon (``optimizer.name: muon``)
+   orthogonalises whole matrices, which a shard splits: its matrices lie first in the flat
+   buffer, every rank gathers the whole clipped gradient and runs Muon on all of them (the same
+   computation on every rank, its momentum replicated), and keeps its own span of the result;
+   Muon's AdamW part is sharded as above.
 
 Rank 0 records the run (eval, events, the final lock-in check); the returned run is its record.
 The recorded ``grad_norm_pre`` / ``grad_norm_post`` are always those of the whole model's
@@ -48,7 +52,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.models.config import IGNORE_INDEX
-from pytest_spikecheck.training.build import build_optimizer, parameter_groups
+from pytest_spikecheck.training.optimizers import build_muon, build_optimizer, muon_matrices, parameter_groups
 from pytest_spikecheck.training.engine import train_with_sharding, validate_nproc
 from pytest_spikecheck.training.sharding import EventView, RowsBackward
 from pytest_spikecheck.errors import ConfigError
@@ -86,6 +90,9 @@ def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     if resolved.model.z_loss > 0:
         raise ConfigError("z-loss (model.z_loss) is not supported with nproc > 1 yet: each rank's z-loss term "
                           "covers its own rows only, so the loss column could not be told apart from it")
+    if resolved.optimizer.qk_clip is not None:
+        raise ConfigError("QKClip is not supported with nproc > 1 yet: it needs the per-head attention logits of the "
+                          "whole batch, and each rank's forward sees its own rows (train with nproc=1)")
     if resolved.optimizer.clip_mode == "each_microbatch":
         raise ConfigError("ClipEachMicrobatch (clip_mode each_microbatch) is declared on one process: train it "
                           "with nproc 1")
@@ -137,7 +144,11 @@ class FlatShard:
 
     def build_optimizer(self, model: torch.nn.Module, scenario: "Scenario") -> torch.optim.Optimizer:
         self._shard_local = scenario.optimizer.clip_mode == "shard_local"
-        groups = parameter_groups(model, scenario)
+        matrices = muon_matrices(model, scenario) if scenario.optimizer.name == "muon" else []
+        taken = {id(m.param) for m in matrices}
+        groups = parameter_groups(model, scenario, [p for p in model.parameters() if p.requires_grad and id(p) not in taken])
+        if matrices:  # Muon's matrices first: one contiguous region of the flat buffer, replicated
+            groups.insert(0, {"params": [m.param for m in matrices], "muon": True})
         ordered = [p for group in groups for p in group["params"]]
         first = ordered[0]
         if any(p.dtype != first.dtype or p.device != first.device for p in ordered):
@@ -178,20 +189,42 @@ class FlatShard:
         self._part_of = torch.tensor(part_of, dtype=torch.long, device=first.device)
         # (AdamW's parameter: a view of shard_params, its gradient: the same span of shard_grads)
         self._pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._piece_starts: list[int] = []  # where each piece begins in this rank's shard
         shard_groups = []
         start = 0
         for group in groups:
             stop = start + sum(p.numel() for p in group["params"])
             a, b = max(start, lo) - lo, min(stop, hi) - lo
-            if a < b:
+            if a < b and not group.get("muon"):
                 piece = self.shard_params[a:b]
                 self._pieces.append((piece, self.shard_grads[a:b]))
+                self._piece_starts.append(a)
                 shard_groups.append({**group, "params": [piece]})
             start = stop
-        if not shard_groups:
+        self._muon_numel = sum(m.param.numel() for m in matrices)
+        self._muon_pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._muon_params = {id(m.param) for m in matrices}
+        # Whether the optimizer keeps Adam moments, and how many updates it took: the same on every
+        # rank (a rank whose shard holds only Muon's matrices has no AdamW state of its own to ask).
+        self._adam, self._updates = scenario.optimizer.name != "sgd", 0
+        if not matrices and not shard_groups:
             raise ConfigError(f"the model's {numel} parameters are too few to give each of "
                               f"{self.world_size} ranks a shard")
-        return build_optimizer(model, scenario, shard_groups)
+        if not matrices:
+            return build_optimizer(model, scenario, shard_groups)
+        # Muon's tensors: views of the whole (replicated) weights, one per stacked matrix, their
+        # gradients views of the whole clipped gradient, gathered before each step.
+        self._muon_grads = torch.zeros_like(self.flat_grads)
+        tensors = []
+        for m in matrices:
+            where = self._slices[m.param]
+            weight, grad = self.flat_params[where].view_as(m.param), self._muon_grads[where].view_as(m.param)
+            tensors += [(weight[rows], grad[rows]) for rows in m.rows()]
+        # This rank's span of Muon's region, with its gradient: what a loss scaler unscales
+        # before the clip (Muon's own views get their gradients only at the step).
+        end = min(self._muon_numel - lo, self.shard_numel)
+        self._muon_pieces = [(self.shard_params[:end], self.shard_grads[:end])] if end > 0 else []
+        return build_muon(tensors, shard_groups, scenario, parents=[piece for piece, _ in self._muon_pieces])
 
     # -- one step -------------------------------------------------------------------------
     def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
@@ -203,7 +236,7 @@ class FlatShard:
         # so the ranks' losses and gradients add up to the mean over the whole batch.
         logits, share, stats = rows_backward(x[rows], y[rows], batch_tokens)
         _reduce_scatter(self.shard_grads, self.flat_grads, op=dist.ReduceOp.SUM, group=self.group)
-        for piece, grad in self._pieces:
+        for piece, grad in self._pieces + self._muon_pieces:
             piece.grad = grad  # again every step: the engine's zero_grad(set_to_none) drops it
         batch_loss = share.detach().clone()
         dist.all_reduce(batch_loss, op=dist.ReduceOp.SUM, group=self.group)
@@ -247,11 +280,20 @@ class FlatShard:
         return local.sqrt()
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        self._updates += 1
+        if self._muon_numel:
+            _all_gather(self._muon_grads, self.shard_grads, group=self.group)  # the whole clipped gradient
         optimizer.step()
+        if self._muon_numel:  # Muon updated the whole matrices in flat_params: keep this rank's span of them
+            lo = self.rank * self.shard_numel
+            hi = min(lo + self.shard_numel, self._muon_numel)
+            if lo < hi:
+                self.shard_params[:hi - lo].copy_(self.flat_params[lo:hi])
         _all_gather(self.flat_params, self.shard_params, group=self.group)
 
     def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:
-        moments = [optimizer.state[piece]["exp_avg_sq"] for piece, _ in self._pieces if piece in optimizer.state]
+        state = optimizer.state  # AdamW's moments; SGD keeps none (its sum is 0 on every rank)
+        moments = [state[piece]["exp_avg_sq"] for piece, _ in self._pieces if "exp_avg_sq" in state.get(piece, ())]
         # float64: the shards' sums are added across ranks (one process sums in float32, ~1e-7 apart)
         local = (torch.cat([v.view(-1) for v in moments]).double().sum() if moments
                  else torch.zeros((), dtype=torch.float64, device=self.flat_params.device))
@@ -270,14 +312,12 @@ class FlatShard:
         pre_clip_squares.index_add_(0, self._part_of, self._pre_clip_squares.to(grads.device))
         dist.all_reduce(pre_clip_squares, op=dist.ReduceOp.SUM, group=self.group)
 
-        step = next((optimizer.state[piece]["step"] for piece, _ in self._pieces if piece in optimizer.state), None)
         moments = None
-        if step is not None:
+        step = torch.tensor(float(self._updates))  # AdamW's step count (every piece's)
+        if self._adam and self._updates:
             shard_moments = torch.zeros_like(self.shard_params)
-            offset = 0
-            for piece, _ in self._pieces:
-                shard_moments[offset:offset + piece.numel()] = optimizer.state[piece]["exp_avg_sq"]
-                offset += piece.numel()
+            for (piece, _), start in zip(self._pieces, self._piece_starts):
+                shard_moments[start:start + piece.numel()] = optimizer.state[piece]["exp_avg_sq"]
             moments = torch.empty_like(self.flat_params)
             _all_gather(moments, shard_moments, group=self.group)
 
@@ -290,8 +330,8 @@ class FlatShard:
             logits=full_logits,
             grads=[grads[s].view_as(p) for s, p in zip(per_param, self.params)],
             pre_clip_norms=pre_clip_squares.sqrt().to(torch.float32),
-            states=[{} if moments is None else {"exp_avg_sq": moments[s].view_as(p), "step": step}
-                    for s, p in zip(per_param, self.params)],
+            states=[{} if moments is None or id(p) in self._muon_params  # Muon's matrices keep no Adam moments
+                    else {"exp_avg_sq": moments[s].view_as(p), "step": step} for s, p in zip(per_param, self.params)],
         )
 
     def describe(self) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.build import DTYPES, build_model
 from pytest_spikecheck.training.clip_policy import clip_policy
 from pytest_spikecheck.training.recorders import (
+    AttentionRecorder,
     CompositionRecorder,
     EvalRecorder,
     EventRecorder,
@@ -44,6 +45,7 @@ from pytest_spikecheck.training.recorders import (
     lockin_stats,
 )
 from pytest_spikecheck.training.precision import Precision
+from pytest_spikecheck.training.qk_clip import qk_weight_norm
 from pytest_spikecheck.training.schedule import lr_at
 from pytest_spikecheck.training.sharding import Sharding, SingleProcess
 from pytest_spikecheck.training.step import SpikeWatch, TrainingStep
@@ -122,6 +124,7 @@ class _Training:
     compositions: CompositionRecorder
     events: EventRecorder
     evals: EvalRecorder
+    attention: AttentionRecorder
 
     @classmethod
     def build(cls, resolved: Scenario, device: torch.device, sharding: Sharding, backend: str) -> "_Training":
@@ -158,7 +161,9 @@ class _Training:
             metrics=MetricsRecorder(), compositions=CompositionRecorder(dataset, burst_ids, mixture),
             events=EventRecorder(resolved, dataset, plan, model, optimizer, sharding, named),
             evals=EvalRecorder(resolved, declared, model, to_device(dataset.eval.inputs),
-                               to_device(dataset.eval.targets), active=sharding.is_recorder))
+                               to_device(dataset.eval.targets), active=sharding.is_recorder,
+                               repeat_mask=None if dataset.eval_repeat is None else to_device(dataset.eval_repeat)),
+            attention=AttentionRecorder())
 
 
 def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
@@ -191,7 +196,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
             break
         why_skipped = verdict.skipped
         t.events.before_update(s, verdict)
-        t.trainer.update(skip=why_skipped is not None)
+        update_report = t.trainer.update(skip=why_skipped is not None)  # QK-Clip's qk_clipped_heads, when on
         t.events.after_update(s)
         if why_skipped is not None:
             skipped[step] = why_skipped
@@ -200,7 +205,9 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         t.watch.observe(s)
         row = t.metrics.add(s, clip_factor=0.0 if why_skipped else float(s.clip.scale),
                             grad_norm_post=0.0 if why_skipped else s.grad_norm_post,  # a skipped step hands the optimizer nothing
-                            eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum), clip_limit=clip_limit)
+                            eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum), clip_limit=clip_limit,
+                            **t.evals.optional_columns(), **update_report)
+        t.attention.add(s)
         if callbacks and _stop_requested(callbacks, StepContext(step, row, t.plan[step - 1], resolved, t.model,
                                                                 t.optimizer, t.dataset, precision=t.trainer.precision)):
             stop["stopped_by"] = "callback"
@@ -229,7 +236,9 @@ def _meta(t: _Training, original: Scenario, backend: str, device: torch.device, 
         "seconds": seconds, "train_seconds": train_seconds,
         "stopped_at": stopped_at, "stop_reason": stop["stop_reason"], "stopped_by": stop["stopped_by"],
         "declared_events": sorted(t.declared), "first_nonfinite": first_nonfinite,
+        "largest_attn_logit": t.attention.largest(),
         "first_step_update": t.events.first_step_update, "skipped_steps": skipped_steps,
+        "qk_weight_norm": qk_weight_norm(t.model),
         "lockin": (lockin_stats(t.model, t.dataset, device)
                    if sharding.is_recorder and stopped_at is None and hasattr(t.model, "config") else None),
     }

@@ -8,10 +8,10 @@ The factory is a callable or its import path ``"package.module:function"``, call
 * ``forward(idx)`` returns ``logits`` of shape ``(batch, time, vocab_size)``; the engine then
   computes that loss itself.
 
-Model-level breaks (``LayerNormEps0``, ``MaskPaddingKeys``) change the model, not the data. A
-custom model applies them through a hook, ``spikecheck_configure(**settings)``, called once
-after the factory with the changed settings (``layernorm_eps``, ``pos_embedding``,
-``pad_embedding``, ``mask_padding``) and the tokenizer's ``pad_token_id``; a model without
+Model-level breaks (``LayerNormEps0``, ``MaskPaddingKeys``, ``QKLayerNorm``, ``ZLoss``,
+``LogitSoftcap``, ``GatedAttention``) change the model, not the data. A custom model applies them
+through a hook, ``spikecheck_configure(**settings)``, called once after the factory with the
+changed settings (:data:`MODEL_LEVEL_FIELDS`) and the tokenizer's ``pad_token_id``; a model without
 the hook refuses such a break with a :class:`ConfigError` instead of silently ignoring it.
 
 Each rule is checked once, when the model is built, by a dry forward pass on a two-row batch
@@ -36,7 +36,10 @@ from pytest_spikecheck.scenario import Scenario
 #: The method a custom model implements to take model-level breaks.
 CONFIGURE_HOOK = "spikecheck_configure"
 #: GPTConfig fields that model-level breaks change (the rest of ``model`` describes the built-in GPT).
-MODEL_LEVEL_FIELDS = ("layernorm_eps", "pos_embedding", "pad_embedding", "mask_padding")
+MODEL_LEVEL_FIELDS = ("layernorm_eps", "pos_embedding", "pad_embedding", "mask_padding", "qk_layernorm", "z_loss",
+                      "logit_softcap", "attn_gate")
+#: GPTConfig fields that pick a built-in model: meaningless with your own.
+BUILT_IN_FIELDS = ("arch", "n_kv_head")
 
 
 def resolve_factory(factory: Callable[..., Any] | str) -> Callable[..., Any]:
@@ -65,16 +68,38 @@ def model_level_settings(scenario: Scenario) -> dict[str, Any]:
             if getattr(scenario.model, name) != getattr(defaults, name)}
 
 
+#: The custom model's hooks the wrapper hands through to the engine, where the model has them: the
+#: stats hook (``record_stats``, ``spikecheck_stats``), QK-Clip's (``spikecheck_qk_projections``)
+#: and Muon's stacked matrices (``spikecheck_fused_projections``).
+FORWARDED_HOOKS = ("record_stats", "spikecheck_stats", "spikecheck_qk_projections", "spikecheck_fused_projections")
+
+
 class ContractModel(torch.nn.Module):
     """The custom model, called the way the engine calls the built-in GPT: ``model(idx, targets)
     -> (logits, loss)`` and ``model(idx) -> (logits, None)``. Parameter names are the custom
-    model's own (no wrapper prefix), so event records name its tensors as its author does."""
+    model's own (no wrapper prefix), so event records name its tensors as its author does. The
+    hooks of :data:`FORWARDED_HOOKS` are the inner model's (absent where it has none)."""
 
-    def __init__(self, inner: torch.nn.Module, takes_targets: bool, label: str) -> None:
+    def __init__(self, inner: torch.nn.Module, takes_targets: bool, label: str, vocab_size: int = 0) -> None:
         super().__init__()
         self.inner = inner
         self.takes_targets = takes_targets
         self.label = label
+        self.vocab_size = vocab_size  # Muon's role rule: a matrix with this many rows or columns is the head
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in FORWARDED_HOOKS:
+                return getattr(self._modules["inner"], name)
+            raise
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in FORWARDED_HOOKS and "inner" in self._modules:
+            setattr(self._modules["inner"], name, value)
+        else:
+            super().__setattr__(name, value)
 
     def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         return self.inner.named_parameters(prefix=prefix, recurse=recurse, remove_duplicate=remove_duplicate)
@@ -107,6 +132,11 @@ def build_custom_model(scenario: Scenario, vocab_size: int, pad_token_id: int) -
     """Build the scenario's custom model, apply its model-level breaks through the hook, and
     check the contract with a dry forward pass. Every violation is a one-line ConfigError."""
     label = scenario.model_factory_path
+    defaults = GPTConfig()
+    for name in BUILT_IN_FIELDS:
+        if getattr(scenario.model, name) != getattr(defaults, name):
+            raise ConfigError(f"model.{name} {getattr(scenario.model, name)!r} picks a built-in model, and the scenario "
+                              f"trains your own ({label}): drop it (your factory decides the architecture)")
     factory = resolve_factory(scenario.model_factory)
     kwargs = dict(scenario.model_kwargs)
     try:
@@ -128,7 +158,7 @@ def build_custom_model(scenario: Scenario, vocab_size: int, pad_token_id: int) -
                               f"has no {CONFIGURE_HOOK}(**settings) method to apply them: implement it (README, "
                               f"'Your own model') or drop the model-level break")
         hook(**settings, pad_token_id=pad_token_id)
-    wrapped = ContractModel(model, _takes_targets(model), label)
+    wrapped = ContractModel(model, _takes_targets(model), label, vocab_size)
     _dry_run(wrapped, vocab_size, scenario.model.block_size, label)
     return wrapped
 

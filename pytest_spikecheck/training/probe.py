@@ -3,11 +3,11 @@
 Training a scenario to step S costs seconds; asking what one batch would do there costs
 milliseconds. :func:`probe_at` trains the scenario once per process to just before step S
 (an engine callback stops the loop after step S-1: the loop is extended, never forked) and
-keeps the model and AdamW state in memory. A :class:`Probe` then runs step S on any batch
+keeps the model and optimizer state in memory. A :class:`Probe` then runs step S on any batch
 exactly as the engine would — learning rate of step S, forward and backward in the scenario's
-micro-batches and precision, clip, AdamW step (skipped on a non-finite norm or a loss-scaler
-overflow, as the engine does) — measures it, and restores the model, optimizer and loss-scaler
-state bit for bit. Nothing ever trains past S-1.
+micro-batches and precision, clip, the optimizer's step (AdamW, SGD or Muon, QK-Clip when on;
+skipped on a non-finite norm or a loss-scaler overflow, as the engine does) — measures it, and
+restores the model, optimizer and loss-scaler state bit for bit. Nothing ever trains past S-1.
 
 The probe of the batch the sampler really serves at S reproduces the engine's step S to
 the last bit (same ops, same thread count; ``tests`` and ``scenarios/test_fuzz.py`` check
@@ -67,7 +67,7 @@ class ProbeResult:
 
     ``ratio`` is ``grad_norm_pre`` over the median pre-clip norm of the ``BASELINE_WINDOW``
     steps before S in the real run (the spike ratio of :mod:`pytest_spikecheck.judge.analysis`).
-    ``update_*`` measure ``θ_after − θ_before`` of the AdamW step (weight decay included);
+    ``update_*`` measure ``θ_after − θ_before`` of the optimizer's step (weight decay included);
     both are 0 when the step is skipped because the gradient norm is non-finite.
     """
 
@@ -110,7 +110,7 @@ class Probe:
     — to get a :class:`ProbeResult`. ``max_norm`` overrides the scenario's clip for that
     probe (``None`` or ``inf``: no clip).
 
-    Restored after every probe: parameters, AdamW state, module buffers (a user model's
+    Restored after every probe: parameters, the optimizer's state, module buffers (a user model's
     BatchNorm statistics) and the torch RNG (each probe starts from the RNG state the real
     step S started from, so a model with dropout is probed reproducibly).
     """
@@ -163,7 +163,9 @@ class Probe:
                                      accumulate=resolved.sampler.accumulate, precision=self._precision)
         self._saved_scaler = self._precision.state_dict() if self._precision is not None else None
         self._saved_params = [p.detach().clone() for p in self.params]
-        self._saved_state = [{k: v.clone() for k, v in self.optimizer.state[p].items()} for p in self.params]
+        # Every tensor the optimizer keeps state for: the parameters, and Muon's views of stacked matrices.
+        self._saved_state = [(self.optimizer.state[key], {k: v.clone() for k, v in self.optimizer.state[key].items()
+                                                          if torch.is_tensor(v)}) for key in self.optimizer.state]
         self._buffers = list(self.model.buffers())
         self._saved_buffers = [b.clone() for b in self._buffers]
         self._cpu_rng, self._cuda_rng = captured["cpu_rng"], captured["cuda_rng"]
@@ -201,7 +203,7 @@ class Probe:
                 self._restore()
 
     def _step(self, indices: tuple[int, ...], max_norm: float, want_token_losses: bool) -> ProbeResult:
-        # Step S as the engine runs it: the one TrainingStep (lr, forward, backward, clip, measure, AdamW).
+        # Step S as the engine runs it: the one TrainingStep (lr, forward, backward, clip, measure, update).
         index = torch.tensor(indices, device=self.device)
         self.model.train()
         s = self._trainer.forward_backward_clip(self.at_step, list(indices), self._inputs[index],
@@ -246,9 +248,9 @@ class Probe:
             torch._foreach_copy_(self.params, self._saved_params)
             for buffer, saved_buffer in zip(self._buffers, self._saved_buffers):
                 buffer.copy_(saved_buffer)
-            for p, saved in zip(self.params, self._saved_state):
+            for state, saved in self._saved_state:
                 for key, value in saved.items():
-                    self.optimizer.state[p][key].copy_(value)
+                    state[key].copy_(value)
         if self._precision is not None:
             self._precision.load_state_dict(self._saved_scaler)
 

@@ -10,7 +10,9 @@ changes a run's numbers.
 - :class:`CompositionRecorder`: each batch's samples, sources and rare-token counts.
 - :class:`EventRecorder`: the detail of declared events, spikes and non-finite steps (per-token
   losses, per-tensor gradient norms, Adam's surprise, the update's size) and the first step's update.
-- :class:`EvalRecorder`: the eval loss, sparse, dense around events.
+- :class:`EvalRecorder`: the eval loss, sparse, dense around events (and on the repeated half,
+  on the induction corpus).
+- :class:`AttentionRecorder`: where the run's largest attention logit was (step, layer, head).
 - :func:`lockin_stats`, :func:`locate_nonfinite`: read once, at the end or at the stop.
 """
 
@@ -43,11 +45,13 @@ class MetricsRecorder:
         self.columns: dict[str, list[float]] = {k: [] for k in METRIC_KEYS + MODEL_STAT_KEYS + SETUP_KEYS}
 
     def add(self, s: StepOutcome, *, clip_factor: float, grad_norm_post: float, eval_loss: float,
-            adam_v_norm: float, clip_limit: float | None = None) -> dict[str, float]:
+            adam_v_norm: float, clip_limit: float | None = None, **setup: float) -> dict[str, float]:
+        """One step's row; ``setup`` holds the other :data:`~pytest_spikecheck.records.run.SETUP_KEYS`
+        columns this run has (QK-Clip's count, the repeated half's eval loss)."""
         return self.add_row(step=s.step, loss=s.loss, grad_norm_pre=s.grad_norm_pre, grad_norm_post=grad_norm_post,
                             clip_factor=clip_factor, lr=s.lr, eval_loss=eval_loss, adam_v_norm=adam_v_norm,
                             loss_scale=s.loss_scale, clip_limit=math.nan if clip_limit is None else clip_limit,
-                            **{k: s.stats[k] for k in MODEL_STAT_KEYS if k in s.stats})
+                            **{k: s.stats[k] for k in MODEL_STAT_KEYS if k in s.stats}, **setup)
 
     def add_row(self, **row: float) -> dict[str, float]:
         """One row, every :data:`~pytest_spikecheck.records.run.METRIC_KEYS` column given by name;
@@ -61,7 +65,8 @@ class MetricsRecorder:
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The columns; a model stat the model never reported, or a set-up column the run does not
-        have (no loss scale, no adaptive limit), is left out (not a column of NaN)."""
+        have (no loss scale, no adaptive limit, no QK-Clip, no induction corpus), is left out (not a
+        column of NaN)."""
         return {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in self.columns.items()
                 if k in METRIC_KEYS or not all(math.isnan(x) for x in v)}
 
@@ -172,15 +177,18 @@ def adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.
     with |g| / sqrt(v̂) > ADAM_SURPRISE_THRESHOLD, using v̂ from before this step."""
     total = surprised = 0
     per_param: dict[str, float] = {}
+    adam = next((g for g in optimizer.param_groups if "betas" in g), None)  # Muon's AdamW part, or AdamW
+    if adam is None:
+        return {"threshold": ADAM_SURPRISE_THRESHOLD, "share": math.nan, "by_param": {}}
     for (name, p), grad, state in zip(named, view.grads, view.states):
         if grad is None:
             continue
         if "exp_avg_sq" not in state:
             continue
-        beta2 = optimizer.param_groups[0]["betas"][1]
+        beta2 = adam["betas"][1]
         steps_so_far = float(state["step"])
         v_hat = state["exp_avg_sq"] / (1 - beta2 ** steps_so_far)
-        ratio = grad.abs() / (v_hat.sqrt() + optimizer.param_groups[0]["eps"])
+        ratio = grad.abs() / (v_hat.sqrt() + adam["eps"])
         hit = int((ratio > ADAM_SURPRISE_THRESHOLD).sum())
         per_param[name] = hit / p.numel()
         surprised += hit
@@ -189,20 +197,72 @@ def adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.
             "by_param": dict(sorted(per_param.items(), key=lambda kv: -kv[1])[:8])}
 
 
+def _mean_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, part: torch.Tensor) -> tuple[float, float]:
+    """(mean loss over every non-ignored target, mean loss over the targets ``part`` marks) of the
+    eval set, from per-token cross-entropies (evaluated in chunks)."""
+    total = within = 0.0
+    count = count_within = 0
+    with torch.no_grad():
+        for start in range(0, x.size(0), EVAL_CHUNK):
+            xs, ys, ps = x[start:start + EVAL_CHUNK], y[start:start + EVAL_CHUNK], part[start:start + EVAL_CHUNK]
+            counted = ys != IGNORE_INDEX
+            logits, _ = model(xs)
+            losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ys.reshape(-1),
+                                     ignore_index=IGNORE_INDEX, reduction="none").view(ys.shape).double()
+            total, count = total + float(losses[counted].sum()), count + int(counted.sum())
+            within, count_within = within + float(losses[ps & counted].sum()), count_within + int((ps & counted).sum())
+    return (total / count if count else math.nan), (within / count_within if count_within else math.nan)
+
+
 class EvalRecorder:
     """The eval loss after the update: sparse (every ``record.eval_every`` steps), dense around
-    declared events and after each detected spike; only the recording rank evaluates."""
+    declared events and after each detected spike; only the recording rank evaluates. With a
+    ``repeat_mask`` (the induction corpus: the targets of each eval sequence's repeated half) the
+    loss on those targets too, as the ``eval_loss_repeat`` column."""
 
     def __init__(self, scenario: Scenario, declared_steps: Iterable[int], model: torch.nn.Module,
-                 eval_x: torch.Tensor, eval_y: torch.Tensor, *, active: bool) -> None:
+                 eval_x: torch.Tensor, eval_y: torch.Tensor, *, active: bool,
+                 repeat_mask: torch.Tensor | None = None) -> None:
         self.schedule = _EvalSchedule(scenario, declared_steps)
         self.model, self.eval_x, self.eval_y, self.active = model, eval_x, eval_y, active
+        self.repeat_mask = repeat_mask
+        self._repeat = math.nan
 
     def spike_at(self, step: int) -> None:
         self.schedule.spike_at(step)
 
     def after_update(self, step: int) -> float:
-        return _mean_loss(self.model, self.eval_x, self.eval_y) if self.active and self.schedule.due(step) else math.nan
+        self._repeat = math.nan
+        if not (self.active and self.schedule.due(step)):
+            return math.nan
+        if self.repeat_mask is None:
+            return _mean_loss(self.model, self.eval_x, self.eval_y)
+        full, self._repeat = _mean_losses(self.model, self.eval_x, self.eval_y, self.repeat_mask)
+        return full
+
+    def optional_columns(self) -> dict[str, float]:
+        """The step's ``eval_loss_repeat`` (NaN where not evaluated), on the induction corpus only."""
+        return {} if self.repeat_mask is None else {"eval_loss_repeat": self._repeat}
+
+
+class AttentionRecorder:
+    """Where the run's largest attention logit was: the step, and that step's per-head largest
+    logits (layers x heads), for the diagnosis to name the head. Reads a float per step and keeps
+    a reference to the step's (small, on-device) per-head tensor only when it is the largest yet."""
+
+    def __init__(self) -> None:
+        self._value, self._step, self._heads = -math.inf, None, None
+
+    def add(self, s: StepOutcome) -> None:
+        value = s.stats.get("attn_logit_max", math.nan)
+        if s.head_logits is not None and value > self._value:
+            self._value, self._step, self._heads = value, s.step, s.head_logits
+
+    def largest(self) -> dict[str, Any] | None:
+        """``{"step", "value", "per_head"}`` (None without per-head logits)."""
+        if self._heads is None:
+            return None
+        return {"step": self._step, "value": self._value, "per_head": self._heads.tolist()}
 
 
 @dataclass
@@ -245,6 +305,8 @@ class EventRecorder:
                  if post is not None), key=lambda kv: -kv[1])),
             "adam_surprise": adam_surprise(self.optimizer, self.named, view) if not (v.nonfinite or v.overflow) else None,
         }
+        if s.head_logits is not None:  # which layer and head hold the largest attention logit
+            self._record["attn_logit_max_per_head"] = s.head_logits.tolist()
         self.events.append(self._record)
         return self._record
 

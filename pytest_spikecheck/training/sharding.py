@@ -20,7 +20,7 @@ import torch
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.training.build import build_optimizer
+from pytest_spikecheck.training.optimizers import build_optimizer
 
 
 @dataclass
@@ -148,7 +148,10 @@ class SingleProcess:
         optimizer.step()
 
     def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:
-        second_moments = [optimizer.state[p]["exp_avg_sq"] for p in self.params if p in optimizer.state]
+        # AdamW's (Muon's AdamW part's) second moments; an optimizer without them (SGD, Muon's
+        # matrices) adds nothing
+        state = optimizer.state
+        second_moments = [state[p]["exp_avg_sq"] for p in self.params if "exp_avg_sq" in state.get(p, ())]
         # One concatenated sum is ~2.5x cheaper than foreach L1 norms on a tiny model.
         return float(torch.cat([v.view(-1) for v in second_moments]).float().sum()) if second_moments else 0.0
 

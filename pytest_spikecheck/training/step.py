@@ -32,7 +32,8 @@ import torch
 
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.judge.baseline import spike_baseline
-from pytest_spikecheck.models.config import IGNORE_INDEX
+from pytest_spikecheck.models.config import HEAD_LOGITS_KEY, IGNORE_INDEX
+from pytest_spikecheck.training.optimizers import set_learning_rate
 from pytest_spikecheck.training.precision import Precision
 from pytest_spikecheck.training.sharding import Sharding
 
@@ -61,6 +62,9 @@ class StepOutcome:
     #: What the model reported through the spikecheck stats hook on this forward (attention
     #: logits, log Z, the z-loss term; empty for a model without the hook), as floats.
     stats: dict[str, float] = field(default_factory=dict)
+    #: The per-head largest attention logit of this step's forward, (layers, heads) (the largest
+    #: over its micro-batches), left on the device; None for a model that does not report it.
+    head_logits: torch.Tensor | None = None
     loss_scale: float = math.nan  # the loss scale this step's backward used (NaN: no loss scaling)
     #: The loss scaler found an inf or NaN in the unscaled gradients: the update is skipped.
     overflow: bool = False
@@ -87,12 +91,13 @@ class TrainingStep:
         self.clip_mode = "global" if clip_mode in ("adaptive", "before_unscale", "each_microbatch") else clip_mode
         self.accumulation, self.accumulate = accumulation, accumulate
         self.precision = precision if precision is not None else Precision.float32()
+        self._head_logits: list[torch.Tensor] = []
 
     def forward_backward_clip(self, step: int, batch: list[int], x: torch.Tensor, y: torch.Tensor, *,
                               lr: float, max_norm: float) -> StepOutcome:
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         each_micro = _EachMicrobatchClip(self.sharding, max_norm, self.backend) if self.clip_order == "each_microbatch" else None
+        self._head_logits = []  # each micro-batch's per-head attention logits (the model's stats hook)
         logits, loss, stats = self._forward_backward(x, y, each_micro)
         precision = self.precision
         scale = precision.current_scale()
@@ -110,7 +115,8 @@ class TrainingStep:
         cross_entropy = float(loss) - stats["z_loss"] if "z_loss" in stats else float(loss)
         return StepOutcome(step=step, lr=lr, batch=batch, x=x, y=y, logits=logits, loss=cross_entropy,
                            clip=clip, max_norm=max_norm, grad_norm_pre=float(clip.total_norm),
-                           grad_norm_post=float(post), stats=stats, loss_scale=scale, overflow=overflow)
+                           grad_norm_post=float(post), stats=stats, head_logits=self._last_head_logits(), loss_scale=scale,
+                           overflow=overflow)
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor,
                           each_micro: "_EachMicrobatchClip | None") -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
@@ -137,6 +143,9 @@ class TrainingStep:
                 logits_parts.append(logits_i)
                 shares.append(share.detach())
                 part_stats.append((model_stats(self.model), 1.0 if whole else tokens / max(batch_tokens, 1)))
+                heads = (getattr(self.model, "spikecheck_stats", None) or {}).get(HEAD_LOGITS_KEY)
+                if heads is not None:
+                    self._head_logits.append(heads)
             if len(parts) == 1:
                 return logits_parts[0], shares[0], part_stats[0][0]
             return torch.cat([lg.detach() for lg in logits_parts]), torch.stack(shares).sum(), _combine_stats(part_stats)
@@ -153,13 +162,27 @@ class TrainingStep:
             return logits.sum() * 0.0  # (the model's own mean over 0 tokens is 0/0)
         return loss  # no token in the whole batch: NaN, as the model computes it
 
-    def update(self, *, skip: bool = False) -> None:
+    def update(self, *, skip: bool = False, head_logits: torch.Tensor | None = None) -> dict[str, float]:
         """The optimizer's step (unless ``skip``: then nothing reaches the weights or the
-        optimizer's state), the loss scale's update, then the gradients are dropped."""
+        optimizer's state), the loss scale's update, then the gradients are dropped.
+
+        An optimizer with an after-step hook (QK-Clip) is first handed the per-head attention
+        logits of the step's forward (``head_logits``, default: those of the last
+        :meth:`forward_backward_clip`); what its hook reports is returned (``qk_clipped_heads``;
+        0 at a skipped step; empty for an optimizer without a hook)."""
+        keys = getattr(self.optimizer, "report_keys", ())
         if not skip:
+            if keys:
+                self.optimizer.observe_forward(head_logits if head_logits is not None else self._last_head_logits())
             self.sharding.optimizer_step(self.optimizer)
         self.precision.update()
         self.optimizer.zero_grad(set_to_none=True)
+        return dict.fromkeys(keys, 0.0) if skip else {k: self.optimizer.last_report[k] for k in keys}
+
+    def _last_head_logits(self) -> torch.Tensor | None:
+        """The per-head largest attention logit of the last step's forward: the largest over its micro-batches."""
+        heads = self._head_logits
+        return heads[0] if len(heads) == 1 else torch.stack(heads).amax(dim=0) if heads else None
 
 
 def _micro_batches(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -222,9 +245,12 @@ class _EachMicrobatchClip:
 def model_stats(model: torch.nn.Module) -> dict[str, float]:
     """The model's ``spikecheck_stats`` from its last forward (the stats hook, see
     :class:`pytest_spikecheck.models.gpt.GPT`) as floats; empty when it has none. A key naming
-    several stats (``"a, b"``) holds a 1-d tensor of their values."""
+    several stats (``"a, b"``) holds a 1-d tensor of their values; the per-head attention logits
+    (``HEAD_LOGITS_KEY``, an array) are not a per-step float and are left to the event records."""
     out: dict[str, float] = {}
     for key, value in (getattr(model, "spikecheck_stats", None) or {}).items():
+        if key == HEAD_LOGITS_KEY:
+            continue
         if "," in key:  # several stats in one tensor: one host sync for all of them
             out.update(zip((k.strip() for k in key.split(",")), value.tolist()))
         else:

@@ -1,0 +1,256 @@
+"""The optimizer a scenario trains with (``optimizer.name``), built as one object for the engine.
+
+- ``adamw``: AdamW with nanoGPT's parameter groups (decay every matrix, embeddings included;
+  never biases or norm gains). The default recipe, built exactly as it always was.
+- ``sgd``: SGD with ``momentum`` (Nesterov if ``nesterov``) over the same groups; its weight
+  decay is torch's (L2, coupled to the gradient).
+- ``muon``: ``torch.optim.Muon`` on the hidden matrices, AdamW at ``adamw_lr`` on the rest. Which
+  matrices are hidden is decided by role, structurally: every 2-D parameter except those of
+  ``nn.Embedding`` modules, the output head (a matrix with a vocabulary-sized side) and anything
+  tied to them; 1-D parameters (norms, biases) never (torch's Muon refuses them, and silently
+  accepts embeddings and heads, so the rule must exclude them). ``optimizer.muon_params``, a
+  regular expression over parameter names, replaces the rule. A parameter that stacks several
+  matrices by rows (the GPT's fused q/k/v, declared by the model's
+  ``spikecheck_fused_projections``) is handed to Muon as one view per matrix, so q, k and v are
+  orthogonalised separately.
+
+QK-Clip (``optimizer.qk_clip``) runs as the optimizer's after-step hook (:mod:`.qk_clip`), as
+Kimi's MuonClip and Megatron-LM run it: right after the update, on the logits of the step's own
+forward. Several parts or a hook make an :class:`OptimizerSet`: one object with ``step``,
+``zero_grad``, ``param_groups``, ``state`` and ``state_dict``, so the training step, probes,
+sweeps, recorders and the N-rank path never ask which optimizer runs. The schedule sets each
+group's lr through :func:`set_learning_rate` (a group with ``lr_scale`` gets lr times it: Muon's
+AdamW part follows the same schedule at its own peak).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.scenario import Scenario
+from pytest_spikecheck.training.qk_clip import QKClipHook
+
+
+def parameter_groups(model: torch.nn.Module, scenario: Scenario,
+                     params: Sequence[torch.nn.Parameter] | None = None) -> list[dict[str, Any]]:
+    """AdamW's (and SGD's) parameter groups over ``params`` (default: every trainable parameter).
+    nanoGPT's rule: decay every matrix (embeddings included), never biases or norm gains."""
+    params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": scenario.optimizer.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def set_learning_rate(optimizer: Any, lr: float) -> None:
+    """The schedule's lr for this step into every group (times the group's ``lr_scale``, if any)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"] if "lr_scale" in group else lr
+
+
+@dataclass(frozen=True)
+class MuonMatrix:
+    """A parameter Muon updates: its name, the parameter, and how many matrices it stacks by rows."""
+
+    name: str
+    param: torch.nn.Parameter
+    blocks: int = 1
+
+    def rows(self) -> list[slice]:
+        n = self.param.shape[0] // self.blocks
+        return [slice(i * n, (i + 1) * n) for i in range(self.blocks)]
+
+
+def _vocab_size(model: torch.nn.Module) -> int | None:
+    """The model's vocabulary: its config's, its own ``vocab_size``, else its largest embedding's rows."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None) or getattr(model, "vocab_size", None)
+    if vocab:
+        return int(vocab)
+    rows = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    return max(rows) if rows else None
+
+
+def muon_matrices(model: torch.nn.Module, scenario: Scenario) -> list[MuonMatrix]:
+    """The hidden matrices Muon updates (the module docstring's role rule, or ``muon_params``);
+    one line when the model has none or the pattern picks a parameter Muon cannot take."""
+    pattern = scenario.optimizer.muon_params
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if pattern:
+        chosen = [(n, p) for n, p in named if re.fullmatch(pattern, n)]
+        for n, p in chosen:
+            if p.dim() != 2:
+                raise ConfigError(f"optimizer.muon_params {pattern!r} matches {n} of shape {tuple(p.shape)}: Muon "
+                                  f"takes 2-D matrices only (norms and biases go to AdamW)")
+        if not chosen:
+            raise ConfigError(f"optimizer.muon_params {pattern!r} matches no trainable parameter; the model has "
+                              f"{', '.join(n for n, _ in named[:6])}{', ...' if len(named) > 6 else ''}")
+    else:
+        vocab = _vocab_size(model)
+        embedded = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+        outside = {p.data_ptr() for _, p in named if id(p) in embedded or (p.dim() == 2 and vocab in p.shape)}
+        chosen = [(n, p) for n, p in named if p.dim() == 2 and p.data_ptr() not in outside]
+        if not chosen:
+            raise ConfigError(f"optimizer.name muon: the role rule found no hidden 2-D matrix in "
+                              f"{type(getattr(model, 'inner', model)).__name__} (embeddings, the output head, norms "
+                              f"and biases go to AdamW); name Muon's matrices with optimizer.muon_params")
+    fused = dict(getattr(model, "spikecheck_fused_projections", None) or {})
+    out = []
+    for n, p in chosen:
+        blocks = next((b for suffix, b in fused.items() if n.endswith(suffix)), 1)
+        if p.shape[0] % blocks:
+            raise ConfigError(f"spikecheck_fused_projections: {n} has {p.shape[0]} rows, not {blocks} equal blocks")
+        out.append(MuonMatrix(n, p, blocks))
+    return out
+
+
+#: A tensor Muon updates and where its gradient comes from at each step: None (it is a parameter,
+#: autograd fills its ``.grad``), a tensor (a fixed view of a gradient buffer) or a callable.
+MuonTensor = tuple[torch.Tensor, Any]
+
+
+def muon_tensors(matrices: Sequence[MuonMatrix]) -> list[MuonTensor]:
+    """What Muon is handed on one process: each parameter itself, or one view per stacked matrix
+    (the view's gradient is the same rows of the parameter's, set at each step)."""
+    out: list[MuonTensor] = []
+    for m in matrices:
+        if m.blocks == 1:
+            out.append((m.param, None))
+            continue
+        for rows in m.rows():
+            out.append((m.param.detach()[rows], lambda p=m.param, rows=rows: None if p.grad is None else p.grad[rows]))
+    return out
+
+
+def build_muon(tensors: Sequence[MuonTensor], adamw_groups: list[dict[str, Any]], scenario: Scenario, *,
+               parents: Sequence[torch.Tensor] = (), after_step: Callable[[], dict[str, float]] | None = None
+               ) -> "OptimizerSet":
+    """Muon over ``tensors`` and AdamW (at ``adamw_lr``, following the schedule) over ``adamw_groups``."""
+    o = scenario.optimizer
+    muon = torch.optim.Muon([t for t, _ in tensors], lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
+                            nesterov=o.nesterov, adjust_lr_fn=o.adjust_lr_fn)
+    groups = [{**g, "lr": o.adamw_lr, "lr_scale": o.adamw_lr / o.lr} for g in adamw_groups if g["params"]]
+    parts: dict[str, torch.optim.Optimizer] = {"muon": muon}
+    if groups:
+        parts["adamw"] = torch.optim.AdamW(groups, lr=o.adamw_lr, betas=o.betas, eps=o.eps, foreach=True)
+    return OptimizerSet(parts, views=[(t, g) for t, g in tensors if g is not None], parents=parents,
+                        after_step=after_step)
+
+
+def build_optimizer(model: torch.nn.Module, scenario: Scenario,
+                    groups: list[dict[str, Any]] | None = None) -> Any:
+    """The scenario's optimizer for ``model``: a torch optimizer, or an :class:`OptimizerSet` when
+    it has several parts or QK-Clip. ``groups`` (AdamW and SGD only) replaces
+    :func:`parameter_groups` (the N-rank path passes its shards)."""
+    o = scenario.optimizer
+    after_step = QKClipHook(model, o.qk_clip, o.qk_clip_alpha, o.qk_clip_per_head) if o.qk_clip is not None else None
+    if o.name == "muon":
+        if groups is not None:
+            raise ValueError("build_optimizer(groups=...) is for AdamW and SGD; Muon's parts are built by role")
+        matrices = muon_matrices(model, scenario)
+        taken = {id(m.param) for m in matrices}
+        rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
+        return build_muon(muon_tensors(matrices), parameter_groups(model, scenario, rest), scenario,
+                          parents=[m.param for m in matrices if m.blocks > 1], after_step=after_step)
+    groups = parameter_groups(model, scenario) if groups is None else groups
+    if o.name == "sgd":
+        optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum,
+                                                           nesterov=o.nesterov and o.momentum > 0, foreach=True)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True)
+    if after_step is None:
+        return optimizer
+    return OptimizerSet({o.name: optimizer}, after_step=after_step)
+
+
+class _MergedState(Mapping):
+    """The parts' ``state`` as one mapping (tensor -> its state dict; ``{}`` for a tensor no part
+    holds state for, as torch's defaultdict answers, without inserting anything)."""
+
+    def __init__(self, parts: Sequence[torch.optim.Optimizer]) -> None:
+        self._parts = parts
+
+    def __getitem__(self, key: torch.Tensor) -> dict[str, Any]:
+        for part in self._parts:
+            if key in part.state:
+                return part.state[key]
+        return {}
+
+    def __contains__(self, key: object) -> bool:
+        return any(key in part.state for part in self._parts)
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        for part in self._parts:
+            yield from part.state
+
+    def __len__(self) -> int:
+        return sum(len(part.state) for part in self._parts)
+
+
+class OptimizerSet:
+    """Several torch optimizers, and an after-step hook, acting as one optimizer.
+
+    ``step`` hands the stacked-matrix views their gradients, steps every part, then runs the
+    hook (QK-Clip) and keeps what it reports in :attr:`last_report` (the engine records it:
+    ``qk_clipped_heads``). ``zero_grad`` drops every part's gradients and the views' and parents'.
+    """
+
+    def __init__(self, parts: Mapping[str, torch.optim.Optimizer], *, views: Sequence[MuonTensor] = (),
+                 parents: Sequence[torch.Tensor] = (), after_step: Callable[[], dict[str, float]] | None = None) -> None:
+        self.parts = dict(parts)
+        self._views, self._parents, self.after_step = list(views), list(parents), after_step
+        self._parents_group = {"params": self._parents, "lr": 0.0, "stacked": True}  # never stepped
+        #: The keys the hook reports (0 at a skipped step).
+        self.report_keys: tuple[str, ...] = ("qk_clipped_heads",) if after_step is not None else ()
+        self.last_report: dict[str, float] = {}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        """Every part's groups, then (with stacked matrices) one group of their parameters: Muon
+        holds views of them, which get their gradients only at ``step``, so whatever walks the
+        groups' gradients before the step (a loss scaler's unscale) finds them here."""
+        groups = [g for part in self.parts.values() for g in part.param_groups]
+        return groups + ([self._parents_group] if self._parents else [])
+
+    @property
+    def state(self) -> _MergedState:
+        return _MergedState(list(self.parts.values()))
+
+    def observe_forward(self, head_logits: torch.Tensor | None) -> None:
+        """The per-head largest attention logits of the step's forward, for the after-step hook
+        (the training step hands them over before ``step``; without them the hook reads the
+        model's last stats)."""
+        if self.after_step is not None and hasattr(self.after_step, "observe"):
+            self.after_step.observe(head_logits)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for view, source in self._views:
+            view.grad = source() if callable(source) else source
+        for part in self.parts.values():
+            part.step()
+        self.last_report = self.after_step() if self.after_step is not None else {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.parts.values():
+            part.zero_grad(set_to_none=set_to_none)
+        for tensor in [v for v, _ in self._views] + self._parents:
+            tensor.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {name: part.state_dict() for name, part in self.parts.items()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if set(state) != set(self.parts):
+            raise ValueError(f"state for parts {sorted(state)}, this optimizer has {sorted(self.parts)}")
+        for name, part in self.parts.items():
+            part.load_state_dict(state[name])
+
+    def __repr__(self) -> str:
+        hook = f", after_step={type(self.after_step).__name__}" if self.after_step is not None else ""
+        return f"OptimizerSet({', '.join(f'{n}: {type(p).__name__}' for n, p in self.parts.items())}{hook})"
