@@ -2,7 +2,7 @@
 attention logits grow into the thousands and the run stays stuck near the unigram loss; the
 same run with qk-layernorm trains. No multiplier anywhere: the learning rate alone does it.
 
-Measured over seeds 0-4 (scripts/high_lr_fidelity.py, docs/fidelity.md, Wortsman section);
+Measured over seeds 0-4 (scripts/high_lr.py, docs/fidelity.md, Wortsman section);
 the thresholds below hold for the default seed with margin. Run with ``pytest --spikecheck``.
 """
 

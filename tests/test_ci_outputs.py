@@ -141,6 +141,30 @@ def test_progress_writes_a_line_per_finished_task_elsewhere_and_nothing_when_qui
         Progress(mode="loud")
 
 
+class _Config:
+    """What the plugin's progress reads of a pytest config: the verbosity, workerinput on an xdist
+    worker, and the plugins (here no terminal reporter: not a terminal)."""
+
+    def __init__(self, verbosity: int, worker: str | None) -> None:
+        self.verbosity = verbosity
+        self.pluginmanager = type("NoPlugins", (), {"get_plugin": staticmethod(lambda name: None)})()
+        if worker:
+            self.workerinput = {"workerid": worker}
+
+    def get_verbosity(self) -> int:
+        return self.verbosity
+
+
+@pytest.mark.parametrize("verbosity, worker, mode, prefix", [
+    (0, None, "lines", "spikecheck: "), (0, "gw1", "lines", "spikecheck [gw1]: "),
+    (-1, None, "quiet", "spikecheck: "), (-1, "gw1", "quiet", "spikecheck [gw1]: ")])
+def test_the_plugins_progress_is_a_line_per_scenario_on_workers_and_nothing_with_q(verbosity, worker, mode, prefix):
+    from pytest_spikecheck.plugin import _progress
+
+    progress = _progress(_Config(verbosity, worker))
+    assert (progress.mode, progress.prefix) == (mode, prefix)
+
+
 def test_spikecheck_train_draws_its_bar_on_a_terminal_only(tmp_path, monkeypatch, capsys):
     from pytest_spikecheck.cli import main
 

@@ -291,13 +291,24 @@ def test_sgd_on_two_ranks_matches_one_process(two_ranks):
     assert all(math.isnan(run.event_at(8)["adam_surprise"]["share"]) for run in (one, two))  # no Adam to be surprised
 
 
-def test_train_nproc_2_is_the_same_run(two_ranks):
-    """The public launcher gives bit for bit the run of the process-group entry point."""
-    launched = train(SCENARIOS["clip"], nproc=2)
-    reference = two_ranks["clip"][0]
+def test_spikecheck_train_nproc_2_writes_the_run_of_the_process_group_entry_point_once(two_ranks, tmp_path, capsys):
+    """The public launcher (here through the CLI) gives bit for bit the run of the process-group
+    entry point, written once (by rank 0), with how to reproduce it."""
+    from pytest_spikecheck.cli import main
+    from pytest_spikecheck.records.run import Run
+
+    config = tmp_path / "two-ranks" / "config.yaml"
+    config.parent.mkdir()
+    config.write_text(SHARD_LOCAL.to_yaml())
+    assert main(["train", str(config), "--nproc", "2", "--out", str(tmp_path / "run")]) == 0
+    assert "two-ranks-shard-local: 60 steps in " in capsys.readouterr().out
+    launched, reference = Run.load(tmp_path / "run"), two_ranks["shard_local"][0]
     for key in reference.metrics:
         np.testing.assert_array_equal(launched[key], reference[key], err_msg=key)
-    assert launched.meta["distributed"]["launch_seconds"] > 0
+    meta = launched.meta
+    assert meta["distributed"]["world_size"] == 2 and "shard-local" in meta["distributed"]["clip_norm"]
+    assert meta["distributed"]["launch_seconds"] > 0 and "--nproc 2" in meta["reproduce"]
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 60
 
 
 # ---------------------------------------------------------------------------------------------
@@ -330,20 +341,6 @@ def test_configurations_that_cannot_train_on_ranks_are_refused(scenario, kwargs,
 def test_train_in_process_group_needs_a_process_group():
     with pytest.raises(ConfigError, match="needs an initialized process group"):
         train_in_process_group(SHORT)
-
-
-def test_cli_train_nproc_2_writes_the_run_once(tmp_path, capsys):
-    from pytest_spikecheck.cli import main
-
-    config = tmp_path / "two-ranks" / "config.yaml"
-    config.parent.mkdir()
-    config.write_text("preset: phase-19\nsteps: 12\nbreaks:\n  - shard_local_norm\n")
-    assert main(["train", str(config), "--nproc", "2", "--out", str(tmp_path / "run")]) == 0
-    assert "two-ranks: 12 steps in " in capsys.readouterr().out
-    meta = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert meta["distributed"]["world_size"] == 2 and "shard-local" in meta["distributed"]["clip_norm"]
-    assert "--nproc 2" in meta["reproduce"]
-    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 12
 
 
 def test_cli_refuses_a_bad_nproc(capsys):

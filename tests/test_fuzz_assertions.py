@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from pytest_spikecheck.judge import assertions
 from pytest_spikecheck.judge.detectors import DETECTORS, get_detector
+from pytest_spikecheck.judge.finiteness import column_role
 from pytest_spikecheck.errors import SpikeCheckError
 
 #: Longer than every detector's window (olmo-core: 128 steps) so that baselines fill up.
@@ -96,7 +97,17 @@ def _expected_verdict(name: str, kwargs: dict) -> bool | None:
                 bad |= np.isfinite(pre) & np.isfinite(post) & (post < np.minimum(pre, kwargs["max_norm"]) * (1 - kwargs["rtol"]) - 1e-6)
         return not bad.any()
     if name == "assert_finite":
-        return all(np.isfinite(v).all() for k, v in log.items() if k != "step")
+        # judge.finiteness: evaluation columns (eval_loss) are no training failure; the loss fails
+        # at any inf, and at a NaN unless before its first finite value ("not yet computed"); a
+        # gradient norm likewise, unless at a step a loss scaler skipped (no oracle for that here)
+        judged = [k for k in log if k != "step" and column_role(k) != "evaluation"]
+        if all(np.isfinite(log[k]).all() for k in judged):
+            return True
+        loss = log["loss"]
+        started = np.cumsum(np.isfinite(loss)) > 0
+        if np.isinf(loss).any() or (np.isnan(loss) & started).any() or (loss.size and not started.any()):
+            return False
+        return None
     if name == "assert_diverges" and kwargs["within"] is None:
         return any(not np.isfinite(log[k]).all() for k in ("loss", "grad_norm_pre") if k in log)
     return None

@@ -31,7 +31,7 @@ def test_the_downstream_example_passes_with_the_same_summary_on_one_and_two_work
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, target)
     serial = pytester.runpytest("--spikecheck", "-p", "no:randomly")
-    parallel = pytester.runpytest_subprocess("--spikecheck", "-n", "2", "-p", "no:randomly")
+    parallel = pytester.runpytest_subprocess("--spikecheck", "-n", "2", "--dist", "loadscope", "-p", "no:randomly")
     for result in (serial, parallel):
         result.assert_outcomes(passed=6, xfailed=1)
     summary = _summary(serial)

@@ -1,7 +1,9 @@
-"""Under xdist each scenario trains once per session, whatever --dist: the first worker that needs
-it trains it under the run store's lock, the others load it; the summary counts say so and the
-verdicts equal -n 0's. The same sessions carry the CI outputs: JUnit XML properties per test,
-GitHub's job summary, the report page, and one progress line per trained scenario.
+"""Under xdist each scenario trains once per session: the first worker that needs it trains it
+under the run store's lock, the others load it; the summary counts say so and the
+verdicts equal -n 0's; each worker writes its report folders and disk-cache entries whole, and a
+session on that cache trains nothing. The same sessions carry the CI outputs: JUnit XML
+properties per test, GitHub's job summary, the report page, and one progress line per trained
+scenario.
 
 Two modules share two scenarios; a third is named ``<script>alert(1)</script>`` and one test fails
 on purpose (its scenario's diagnosis goes into the job summary). The model factory appends its
@@ -17,8 +19,13 @@ from pathlib import Path
 import pytest
 
 from pytest_spikecheck import NoClip, RareTokenBurst, Scenario
+from pytest_spikecheck.report.summary import folder_name
 
 MARKUP = "<script>alert(1)</script>"
+#: What each scenario's report folder and disk-cache entry hold.
+REPORT_FILES = ("loss.png", "grad_norm.png", "diagnosis.md", "summary.json",
+                "run/config.yaml", "run/metrics.jsonl", "run/batches.jsonl", "run/events.json", "run/run.json")
+CACHE_FILES = ("config.yaml", "metrics.jsonl", "batches.jsonl", "events.json", "run.json")
 
 COUNTED_MODEL = '''
 import pathlib
@@ -149,9 +156,8 @@ def suite(pytester):
 
 def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    report, job_summary = suite.path / "report", suite.path / "job-summary.md"
-    # The report in this process (matplotlib is imported here already); xdist with a report
-    # folder is tests/plugin/test_xdist_sweep.py's.
+    report, xdist_report, job_summary = suite.path / "report", suite.path / "xdist-report", suite.path / "job-summary.md"
+    # The report in this process (matplotlib is imported here already); the xdist session writes one too.
     serial = suite.runpytest("--spikecheck", "-p", "no:randomly", "-p", "no:cacheprovider", f"--spikecheck-report={report}")
     serial.assert_outcomes(passed=4, failed=1)
     assert _trainings(suite.path) == {"shared": 1, "control": 1, "markup": 1}
@@ -159,25 +165,49 @@ def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, mo
     expected = _table(_summary(serial))
     assert sorted(expected) == sorted(HASHES) and expected["control"][-1] == "FAIL" and expected["shared"][-1] == "pass"
 
-    for dist, extra in (("load", ["-q", "--junitxml=junit.xml"]), ("loadscope", [])):
-        if dist == "loadscope":
-            monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(job_summary))
-        result = suite.runpytest_subprocess("--spikecheck", "-n", "2", "--dist", dist, "-p", "no:randomly", *extra)
-        result.assert_outcomes(passed=4, failed=1)
-        assert _trainings(suite.path) == {"shared": 1, "control": 1, "markup": 1}, dist  # each factory ran once
-        summary = _summary(result)
-        counts = re.fullmatch(r"3 scenarios checked \((\d) trained, (\d) loaded from another worker, 0 from the disk "
-                              r"cache\)\.", summary[0][0])
-        assert counts and counts[1] == "3" and int(counts[2]) >= 1, summary[0]  # both workers used a shared scenario
-        assert summary[1] == ["2 held, 1 failed (see the failures above)."]
-        assert _table(summary) == expected, dist  # the verdicts (and every cell) of -n 0
-        progress = [line for line in result.stderr.lines if "spikecheck [gw" in line]
-        if dist == "load":  # -q: no progress
-            assert progress == []
-        else:
-            assert sorted(re.sub(r".*: trained (.*): 16 steps in .*", r"\1", line) for line in progress) == sorted(HASHES)
+    # One xdist session, --dist load: the tests of one module go to both workers, so both need the
+    # shared scenario (loadscope, as make test and the CI recipes run, is the downstream example's).
+    # Its report and disk cache are its own (-n 0's cache would serve it).
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(job_summary))
+    result = suite.runpytest_subprocess("--spikecheck", "-n", "2", "--dist", "load", "-p", "no:randomly",
+                                        "--junitxml=junit.xml", f"--spikecheck-report={xdist_report}")
+    result.assert_outcomes(passed=4, failed=1)
+    assert _trainings(suite.path) == {"shared": 1, "control": 1, "markup": 1}  # each factory ran once
+    summary = _summary(result)
+    counts = re.fullmatch(r"3 scenarios checked \((\d) trained, (\d) loaded from another worker, 0 from the disk "
+                          r"cache\)\.", summary[0][0])
+    assert counts and counts[1] == "3" and int(counts[2]) >= 1, summary[0]  # both workers used a shared scenario
+    assert summary[1] == ["2 held, 1 failed (see the failures above)."]
+    assert _table(summary) == expected  # the verdicts (and every cell) of -n 0
+    progress = [line for line in result.stderr.lines if "spikecheck [gw" in line]  # a line per trained scenario
+    assert sorted(re.sub(r".*: trained (.*): 16 steps in .*", r"\1", line) for line in progress) == sorted(HASHES)
 
-    # JUnit XML (from the --dist load session): each test's scenarios with their measures and its verdict.
+    # The xdist session's report and disk cache (each worker writes its scenarios' folders and
+    # cache entries in a temporary folder and moves them into place; the controller alone writes
+    # the index, from every worker's rows): every folder and entry whole, nothing left behind.
+    names = sorted(folder_name(name) for name in HASHES)
+    assert sorted(p.name for p in xdist_report.iterdir() if not p.name.startswith(".")) == sorted([*names, "index.md", "index.html"])
+    for name in names:
+        for file in REPORT_FILES:
+            assert (xdist_report / name / file).is_file(), (name, file)
+        assert len((xdist_report / name / "run" / "metrics.jsonl").read_text().splitlines()) == 16
+    index = (xdist_report / "index.md").read_text()
+    assert sum(line.startswith("| [") for line in index.splitlines()) == 3
+    cache = sorted(p for p in (xdist_report / ".cache").iterdir() if p.name != ".locks")
+    assert sorted(entry.name.split("-")[0] for entry in cache) == sorted(HASHES.values())
+    for entry in cache:
+        for file in CACHE_FILES:
+            assert (entry / file).is_file(), (entry.name, file)
+    folders = [*xdist_report.iterdir(), *(xdist_report / ".cache").iterdir()]
+    assert not [p.name for p in folders if p.name.startswith(".") and p.name not in (".cache", ".locks")]
+    # ... and whole: a session on that cache (in this process) trains nothing and agrees.
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY")  # the job summary checked below is the xdist session's
+    again = suite.runpytest("--spikecheck", "-p", "no:randomly", "-p", "no:cacheprovider", f"--spikecheck-report={xdist_report}")
+    again.assert_outcomes(passed=4, failed=1)
+    again.stdout.fnmatch_lines(["3 scenarios checked (0 trained, 3 from the disk cache)."])
+    assert _trainings(suite.path) == {} and _table(_summary(again)) == expected
+
+    # JUnit XML (from the xdist session): each test's scenarios with their measures and its verdict.
     properties = junit_scenarios(suite.path / "junit.xml")
     assert [p["scenario"] for p in properties["test_shared_again"]] == ["shared"]
     assert [p["scenario"] for p in properties["test_a_name_that_is_markup"]] == [MARKUP]
@@ -189,7 +219,7 @@ def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, mo
             assert p["clip_containment"] == row[4] and p["recovery_steps"] == row[5].removesuffix(" steps"), test
             assert p["verdict"] == ("FAIL" if test == "test_control_fails_on_purpose" else "pass"), test
 
-    # The job summary (from the --dist loadscope session): the table, failures first, the failed
+    # The job summary (from the xdist session): the table, failures first, the failed
     # scenario's diagnosis in <details>, every name escaped.
     markdown = job_summary.read_text()
     assert markdown.startswith("## spikecheck\n") and "| scenario " in markdown
