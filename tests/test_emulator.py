@@ -65,23 +65,21 @@ def test_library_launches_every_kernel_of_clip_cu():
     assert EmulatorLauncher(load_emulator()).kernel_names() == list(KERNEL_NAMES)
 
 
-def test_build_is_cached_by_source_hash(tmp_path, monkeypatch):
+def test_build_is_cached_by_source_hash_and_an_edited_source_gets_its_own_library(tmp_path, monkeypatch):
+    sources = {name: emulator_backend.kernel_source(name) for name in EMULATOR_SOURCES}
     first = build_emulator(cache_dir=tmp_path)
     assert first.parent == tmp_path and first.exists()
+    real_run = emulator_backend.subprocess.run
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("the cached library should have been reused")
 
     monkeypatch.setattr(emulator_backend.subprocess, "run", no_compiler)
-    assert build_emulator(cache_dir=tmp_path) == first
-
-
-def test_edited_source_gets_its_own_library(tmp_path):
-    sources = {name: emulator_backend.kernel_source(name) for name in EMULATOR_SOURCES}
-    original = build_emulator(sources, cache_dir=tmp_path)
+    assert build_emulator(cache_dir=tmp_path) == build_emulator(dict(sources), cache_dir=tmp_path) == first
+    monkeypatch.setattr(emulator_backend.subprocess, "run", real_run)
     sources["clip.cu"] += "\n// an edit\n"
     edited = build_emulator(sources, cache_dir=tmp_path)
-    assert edited != original and edited.exists() and original.exists()
+    assert edited != first and edited.exists() and first.exists()
 
 
 def test_compile_error_names_the_first_error_line(tmp_path):
