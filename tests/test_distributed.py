@@ -8,7 +8,6 @@ importable because spawned ranks unpickle them by name.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time

@@ -183,6 +183,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
+
+def _number(value: Any, label: str, expected: str) -> float:
+    """A float from a YAML number, or from a string YAML did not read as one (PyYAML reads
+    ``1e-2`` as a string: accepted); anything else (a bool included) is one line."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{label} must be {expected}, was {value!r}")
+    return float(value)
+
 def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> Any:
     """Convert a YAML value to the type of the field's current value, with a clear error."""
     label = f"{where}: {section}.{name}"
@@ -210,14 +223,7 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
             if not isinstance(value, str):
                 raise ConfigError(f"{label} must be a source name or null, was {value!r}")
             return value
-        if isinstance(value, str):
-            try:
-                return float(value)  # YAML reads 1e-2 as a string; accept it
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{label} must be a number or null, was {value!r}")
-        return float(value)
+        return _number(value, label, "a number or null")
     if dataclasses.is_dataclass(current):
         return _section_from_dict(f"{section}.{name}", type(current), current, value, where)
     if name == "bursts":
@@ -233,14 +239,7 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
             raise ConfigError(f"{label} must be an integer, was {value!r}")
         return value
     if isinstance(current, float):
-        if isinstance(value, str):
-            try:
-                return float(value)  # YAML reads 1e-2 as a string; accept it
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{label} must be a number, was {value!r}")
-        return float(value)
+        return _number(value, label, "a number")
     if name == "texts":
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
             raise ConfigError(f"{label} must be a list of strings, was {type(value).__name__}")
