@@ -43,6 +43,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+import pytest
 from sybil import Document, Region, Sybil
 from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
 
@@ -67,6 +68,7 @@ _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?")
 
 _PENDING = "__docs_pending__"
 _ENV = "__docs_env__"
+_DONE = "__docs_done__"  # the start offsets of the page's examples that ran in this process
 
 
 class DocsError(AssertionError):
@@ -419,8 +421,6 @@ class _Reports:
 def _run_test_module(source: str, env: PageEnv, where: str, names: list[str]) -> None:
     """A block that defines tests or fixtures is a test module: run it with ``pytest
     --spikecheck`` in this process (its trainings shared with the page's other blocks)."""
-    import pytest
-
     env.modules += 1
     module = env.dir / f"test_docs_block_{env.modules}.py"
     module.write_text(_prelude(names) + source)
@@ -541,14 +541,38 @@ def _where(example) -> str:
     return f"{Path(example.path).relative_to(ROOT) if Path(example.path).is_relative_to(ROOT) else example.path}:{example.line}"
 
 
+def _in_page_order(evaluate: Callable) -> Callable:
+    """A page's examples share a namespace and a sandbox, and run in page order (a marker
+    hands its block a pending skip; a block defines what a later one uses). Under ``pytest -n N
+    --dist load`` a worker gets some of a page's examples, not all: before an example runs, the
+    page's earlier examples that have not run in this process run first (a skipped one stays
+    skipped), so that each example sees what it would in page order. Under ``--dist loadscope``
+    (``make test``) a page runs whole on one worker and nothing runs twice."""
+
+    def in_order(example) -> Any:
+        done = example.namespace.setdefault(_DONE, set())
+        for earlier in example.document.examples():
+            if earlier.start >= example.start:
+                break
+            if earlier.start not in done:
+                done.add(earlier.start)
+                try:
+                    earlier.evaluate()
+                except pytest.skip.Exception:
+                    pass
+        done.add(example.start)
+        return evaluate(example)
+
+    return in_order
+
+
+@_in_page_order
 def evaluate_block(example) -> None:
     info, source = example.parsed
     namespace = example.namespace
     pending = namespace.pop(_PENDING, None)
     where = _where(example)
     if pending and pending[0] == "skip":
-        import pytest
-
         # reported at the block's page and line (the item's location), as a skip mark is
         raise pytest.skip.Exception(pending[1], _use_item_location=True)
     env = _page_env(namespace)
@@ -570,6 +594,7 @@ def evaluate_block(example) -> None:
                     f"or mark it on the line above: {MARKER}")
 
 
+@_in_page_order
 def evaluate_marker(example) -> None:
     kind, value, followed = example.parsed
     if not followed:

@@ -74,3 +74,33 @@ def test_each_page_has_its_outcome(outcomes, name):
 def test_a_marked_block_is_skipped_with_its_reason(outcomes):
     results, _ = outcomes
     assert "it needs a GPU cluster." in results["marked"][1]
+
+
+ORDERED_PAGE = ("```python\nx = 41\n```\n\n"
+                "*Not run by the docs test: it needs a GPU cluster.*\n```bash\nexit 3\n```\n\n"
+                "```python\nassert x + 1 == 42\n```\n")
+
+
+def test_an_example_run_without_its_page_runs_the_earlier_examples_first(tmp_path):
+    # What a worker of `pytest -n 2 --dist load` does: run some of a page's examples, not all.
+    # Here the last block (which uses the first's x) and the marked block (whose marker is an
+    # earlier example) each run alone: both see what they would in page order.
+    import subprocess
+    import sys
+
+    (tmp_path / "page.md").write_text(ORDERED_PAGE, encoding="utf-8")
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
+        f"from docs_harness import sybil\n"
+        f"pytest_collect_file = sybil(patterns=['*.md'], path={str(tmp_path)!r}).pytest()\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    lines = ORDERED_PAGE.splitlines()
+    last, marked = max(i for i, text in enumerate(lines) if text == "```python") + 1, lines.index("```bash") + 1
+    outcomes = {}
+    for line in (last, marked):
+        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
+                               "--rootdir", str(tmp_path), f"page.md::sybil:docs,line:{line},column:1"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        outcomes[line] = done.stdout.splitlines()[-1]
+    assert re.fullmatch(r"=*\s*1 passed in .*", outcomes[last]), outcomes
+    assert re.fullmatch(r"=*\s*1 skipped in .*", outcomes[marked]), outcomes
