@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from pytest_spikecheck.models.config import GPTConfig
 from pytest_spikecheck.models.layers import (
-    HeadGate, QueriesKeys, causal_attention, init_weights, output_loss_and_stats, scale_residual_projections, token_losses,
+    HeadGate, QueriesKeys, causal_attention, checked_key_mask, init_weights, output_loss_and_stats,
+    scale_residual_projections, token_losses,
 )
 
 
@@ -119,14 +120,10 @@ class GPT(nn.Module):
         targets: torch.Tensor | None = None,
         key_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        B, T = idx.shape
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        key_mask = checked_key_mask(self.config, idx, key_mask)
         x = self.wte(idx)  # (B, T, C)
         if self.wpe is not None:
-            x = x + self.wpe(torch.arange(T, device=idx.device))
-        if key_mask is None and self.config.mask_padding and self.config.pad_token_id >= 0:
-            key_mask = idx != self.config.pad_token_id  # (B, T): which keys attention may use
+            x = x + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         # Stats of the training forward only: evaluation runs under no_grad and is not a step.
         record = self.record_stats and targets is not None and torch.is_grad_enabled()
         attention: QueriesKeys | None = [] if record else None

@@ -108,6 +108,18 @@ def output_loss_and_stats(config: GPTConfig, logits: torch.Tensor, targets: torc
     return logits, loss, stats
 
 
+def checked_key_mask(config: GPTConfig, idx: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """The forward's input checks, shared by both models: a sequence longer than ``block_size``
+    is one ValueError; the keys attention may use (B, T) are ``key_mask``, else (with
+    ``mask_padding``) every key that is not the padding token, else all (None)."""
+    T = idx.shape[1]
+    if T > config.block_size:
+        raise ValueError(f"sequence length {T} exceeds block_size {config.block_size}")
+    if key_mask is None and config.mask_padding and config.pad_token_id >= 0:
+        return idx != config.pad_token_id
+    return key_mask
+
+
 def init_weights(module: nn.Module, std: float) -> None:
     """GPT-2's initialisation, for ``model.apply``: normal(0, std) for every Linear and Embedding
     weight, zero biases, and a zero padding row where the embedding has one."""
