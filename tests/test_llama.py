@@ -138,3 +138,22 @@ def test_the_llama_trains_on_the_phase19_data_and_records_its_stats():
     run = train(_tiny_llama(steps=3))
     assert np.isfinite(run["attn_logit_max"]).all() and run["loss"][0] == pytest.approx(math.log(run.meta["vocab_size"]), abs=0.3)
     assert run.meta["largest_attn_logit"]["per_head"] and len(run.meta["largest_attn_logit"]["per_head"]) == 2
+
+
+@pytest.mark.parametrize("make", [lambda: GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=11, block_size=8,
+                                                       mask_padding=True, pad_token_id=0)),
+                                  lambda: Llama(GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=16, vocab_size=11,
+                                                          block_size=8, mask_padding=True, pad_token_id=0))],
+                         ids=["gpt", "llama"])
+def test_both_models_check_the_length_and_mask_the_padding_keys_by_default(make):
+    torch.manual_seed(0)
+    model = make().eval()
+    idx = torch.tensor([[0, 0, 3, 4, 5, 6]])  # left padding
+    with torch.no_grad():
+        default, _ = model(idx)
+        masked, _ = model(idx, key_mask=idx != 0)
+        unmasked, _ = model(idx, key_mask=torch.ones_like(idx, dtype=torch.bool))
+        torch.testing.assert_close(default, masked, rtol=0, atol=0, equal_nan=True)  # a pad row sees no key: NaN
+        assert not torch.allclose(default[0, 2:], unmasked[0, 2:])  # the padding keys would change the real tokens' outputs
+        with pytest.raises(ValueError, match="sequence length 9 exceeds block_size 8"):
+            model(torch.zeros(1, 9, dtype=torch.long))

@@ -216,3 +216,12 @@ def test_the_run_records_the_query_and_key_weights_norm_product_at_its_end():
     assert run.meta["qk_weight_norm"] == seen["value"] > 0
     no_hook = Scenario.preset("phase-19").replace(steps=2, model_factory=_NoHook, name="qk-norm-meta-no-hook")
     assert train(no_hook).meta["qk_weight_norm"] is None
+    # a hook that does not fit is QKClip's error at the start of a run with QKClip; without it,
+    # the record leaves the value out rather than failing a trained run at its end
+    empty = Scenario.preset("phase-19").replace(steps=2, model_factory=_EmptyHook, name="qk-norm-meta-empty-hook")
+    assert train(empty).meta["qk_weight_norm"] is None
+
+
+class _EmptyHook(_NoHook):
+    def spikecheck_qk_projections(self) -> list[tuple]:
+        return []
