@@ -46,7 +46,7 @@ def run_sweep(name: str, args: argparse.Namespace, recipes: list[str] | None = N
     if args.seeds:
         plan.grid = {**plan.grid, "seed": seed_range(args.seeds)}
     if recipes is not None:
-        plan.recipes = {name: plan.recipes[name] for name in recipes}
+        plan.recipes = {recipe: plan.recipes[recipe] for recipe in recipes}
     out = Path(args.runs) / name
     result = sweep(plan, executor=args.executor, address=args.address, jobs=args.jobs, out=out, fresh=args.fresh)
     if result.failed:
