@@ -245,3 +245,10 @@ def test_the_spike_baseline_is_the_median_of_that_history():
     assert spike_baseline(_EVERY_10, _VALUES, 500) == 44.5
     assert math.isnan(spike_baseline(_EVERY_10, _VALUES, 100))
     assert spike_baseline(_EVERY_10, _VALUES, 500, window=20, min_points=2) == 48.5
+
+
+def test_loss_sustained_refuses_an_unknown_early_rule():
+    from pytest_spikecheck.judge.detectors import get_detector
+
+    with pytest.raises(ValueError, match="loss-sustained's early must be 'lowest' or 'median', was 'bogus'"):
+        get_detector("loss-sustained", early="bogus")

@@ -152,3 +152,17 @@ def detectors_record(steps, values):
     from pytest_spikecheck.records import Record
 
     return Record({"step": steps, "loss": values}, None, "corpus", log_format="jsonl")
+
+
+def test_medians_shared_in_a_block_belong_to_their_own_histories():
+    # Histories drawn from a caller's usable mask are not shared; each lives only for its call.
+    # One freed right before the next is built may leave it its id: the medians of the window-100
+    # histories must not come back for the window-10 ones built after them.
+    rng = np.random.default_rng(0)
+    steps, values = np.arange(1, 401), rng.lognormal(size=400)
+    usable = values > 0.5
+    alone = {w: rolling.median_and_spread(rolling.histories(steps, values, w, 5, usable=usable))[0] for w in (10, 100)}
+    with rolling.sharing():
+        for window in (10, 100, 10, 100):
+            shared = rolling.median_and_spread(rolling.histories(steps, values, window, 5, usable=usable))[0]
+            np.testing.assert_array_equal(shared, alone[window], err_msg=f"window {window}")

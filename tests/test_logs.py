@@ -203,6 +203,16 @@ def test_a_restart_replaces_the_rolled_back_steps(tmp_path):
                             "(10 earlier logged steps from 21 on replaced)",)
 
 
+@pytest.mark.parametrize("restart", [False, True], ids=["no-restart", "after-a-restart"])
+def test_a_word_in_a_numeric_column_is_one_error_also_after_a_restart(tmp_path, restart):
+    # The text cell is in a row the restart keeps (the resumed step 3): it must still be named.
+    rows = [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}, {"step": 3, "loss": 2.4}]
+    rows += [{"step": 2, "loss": 2.6}, {"step": 3, "loss": "oops"}] if restart else [{"step": 4, "loss": 2.3}, {"step": 5, "loss": "oops"}]
+    path = write(tmp_path, "log.jsonl", jsonl(rows))
+    with pytest.raises(ConfigError, match=r"line 5: 'loss' holds 'oops', not a number \(the column is numeric elsewhere\)"):
+        read_log(path)
+
+
 def test_rows_at_one_step_merge_and_null_does_not_erase(tmp_path):
     path = write(tmp_path, "log.jsonl", jsonl([
         {"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}, {"step": 2, "eval_loss": 2.5, "loss": None},
@@ -625,3 +635,15 @@ def test_folder_and_mapping_messages(tmp_path):
 def test_a_tensorboard_log_refuses_a_step_mapping():
     with pytest.raises(ConfigError, match="a TensorBoard event carries its own step; mapping step= applies to CSV"):
         read_log(LOGS / "tensorboard", mapping={"step": "x"})
+
+
+@pytest.mark.parametrize("name, bookkeeping", [
+    ("theta_grad_norm", False), ("beta", False), ("zeta_loss", False), ("loss_meta", False), ("split/score", False),
+    ("memory_loss", False), ("eta", True), ("train/eta", True), ("elapsed time per iteration (ms)", True),
+    ("tokens per sec", True), ("tok/s", True), ("it/s", True), ("max memory allocated", True),
+    ("train_samples_per_second", True), ("consumed samples", True), ("grad_norm", False), ("lr", False),
+])
+def test_bookkeeping_words_match_whole_words_and_never_a_loss_or_norm(name, bookkeeping):
+    from pytest_spikecheck.records.logs.names import is_bookkeeping
+
+    assert is_bookkeeping(name) is bookkeeping

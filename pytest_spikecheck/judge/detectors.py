@@ -444,6 +444,10 @@ class SustainedLoss(Detector):
     history_points: int = 5  # the baseline's usual size; a log's first points have fewer
     early: str = "lowest"  # before history_points: "lowest" (lowest loss so far, the log's noise) or "median"
 
+    def __post_init__(self) -> None:
+        if self.early not in ("lowest", "median"):
+            raise ValueError(f"loss-sustained's early must be 'lowest' or 'median', was {self.early!r}")
+
     @property
     def threshold_name(self) -> str:
         return "nats"

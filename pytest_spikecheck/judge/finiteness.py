@@ -130,7 +130,7 @@ def judge_finite(rec: Record, names: list[str] | None = None, strict: bool = Fal
         logged = ~rec.missing[name] if name in rec.missing else np.ones(values.shape, dtype=bool)
         bad = ~np.isfinite(values) & logged
         role = column_role(name)
-        if name == NAN_COUNTER and not strict:
+        if name == NAN_COUNTER:  # a count above 0 is a NaN loss, strict or not
             counted = logged & np.isfinite(values) & (values > 0)
             if counted.any():
                 group(name, FAILS, counted, values, "Megatron counted iterations with a NaN loss: fails the run")

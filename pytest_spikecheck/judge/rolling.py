@@ -117,7 +117,8 @@ def median_and_spread(h: Histories, spread: bool = True) -> tuple[np.ndarray, np
     """Per point: the median of its history and the median absolute deviation from it (NaN
     where the history is empty). The MAD is ``median(|history - median|)`` (unscaled). Within
     :func:`sharing`, the arrays returned may be shared: do not change them in place."""
-    return _remembered(("median_and_spread", id(h), spread), lambda: _median_and_spread(h, spread))
+    # keyed by identity: the entry holds ``h``, so no other Histories can take its id in the block
+    return _remembered(("median_and_spread", id(h), spread), lambda: (h, _median_and_spread(h, spread)))[1]
 
 
 def _median_and_spread(h: Histories, spread: bool) -> tuple[np.ndarray, np.ndarray]:

@@ -43,13 +43,13 @@ class Column:
         text = str(int(v)) if math.isfinite(v) and v == int(v) else str(v)
         return repr(text) if self.strings else text
 
-    def take(self, rows: np.ndarray | slice) -> "Column":
+    def take(self, rows: np.ndarray | slice, offset: int = 0) -> "Column":
+        """The rows ``rows`` (a slice, a boolean mask or indices) of a column whose first row is
+        the table's row ``offset``; the first text cell stays named by its table row, if kept."""
         text = self.first_text
-        if text is not None and isinstance(rows, slice):
-            start, stop = rows.start or 0, self.values.size if rows.stop is None else rows.stop
-            text = text if start <= text[0] < stop else None
-        elif text is not None:
-            text = text if np.any(rows == text[0]) else None
+        if text is not None:
+            kept = np.arange(offset, offset + self.values.size)[rows]
+            text = text if np.any(kept == text[0]) else None
         return Column(self.values[rows], self.missing[rows], text, self.strings)
 
     @classmethod

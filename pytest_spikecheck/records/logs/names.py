@@ -55,14 +55,29 @@ _BOOKKEEPING_WORDS = ("elapsed time", "throughput", "tokens per", "samples per",
                       "elapsed", "eta", "steps/s", "it/s")
 
 
+#: The bookkeeping words as runs of whole words ("eta" is no part of "theta", "it/s" none of "split/score").
+_BOOKKEEPING_RUNS = tuple(tuple(re.findall(r"[a-z0-9]+", w)) for w in _BOOKKEEPING_WORDS)
+#: Words that make a column a training signal whatever else it says ("memory_loss", "eta_grad_norm").
+_SIGNAL_WORDS = frozenset({"loss", "norm", "grad", "gradient", "ppl", "perplexity", "logit", "logits"})
+
+
+def _has_run(words: list[str], run: tuple[str, ...]) -> bool:
+    n = len(run)
+    return any(tuple(words[i:i + n]) == run for i in range(len(words) - n + 1))
+
+
 def is_bookkeeping(name: str) -> bool:
     """Wall-clock, throughput, FLOP and progress counters (HF's eval_runtime, *_samples_per_second,
     total_flos; W&B's _runtime, _timestamp; Megatron's elapsed time and consumed samples) and the
-    step columns themselves: no training signal, and they would crowd every listing and error."""
+    step columns themselves: no training signal, and they would crowd every listing and error.
+    The words match whole words, and a name with a loss, norm or gradient word is never one."""
     low = name.lower()
+    words = re.findall(r"[a-z0-9]+", low)
+    if _SIGNAL_WORDS.intersection(words):
+        return False
     return (key(name) in _STEP_KEYS or name.startswith("_") or low.endswith(_BOOKKEEPING_SUFFIXES)
             or low in ("total_flos", "total_steps", "percentage", "v_num")  # LLaMA-Factory's progress; Lightning's bar
-            or any(w in low for w in _BOOKKEEPING_WORDS) or low.startswith(("throughput/", "system/")))
+            or any(_has_run(words, run) for run in _BOOKKEEPING_RUNS) or low.startswith(("throughput/", "system/")))
 
 
 def listing(names: Iterable[str], limit: int = 12) -> str:

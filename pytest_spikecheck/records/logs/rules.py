@@ -49,7 +49,7 @@ def assemble(path: Path, fmt: str, expected: str, table: Table, mapping: Mapping
         if len(runs) > 1:
             notes.append(_runs_note(table, steps, runs, k))
         rows = slice(start, stop)
-        run_columns = {n: c.take(rows) for n, c in columns.items()}
+        run_columns = {n: c.take(rows) for n, c in columns.items()}  # rows of the table: offset 0
         source = str(path) if len(runs) == 1 else f"{path} (run {k + 1} of {len(runs)})"
         records.append(_one_run(path, fmt, expected, source, steps[rows], run_columns, start, table, mapping,
                                 notes, {r - start: why for r, why in skip_rows.items() if start <= r < stop}))
@@ -169,7 +169,7 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
     notes += restart_notes
     if not keep.all():
         steps = steps[keep]
-        columns = {n: c.take(keep) for n, c in columns.items()}
+        columns = {n: c.take(keep, offset) for n, c in columns.items()}
         rows = np.flatnonzero(keep)
         skip_rows = {int(np.searchsorted(rows, r)): why for r, why in skip_rows.items() if keep[r]}
     # Kept rows ascend (a row before a lower step is replaced), so equal steps are neighbours.
