@@ -49,6 +49,19 @@ def test_muon_takes_the_llamas_projections_never_embeddings_head_or_norms():
                                 "mlp.up_proj", "mlp.down_proj")}
 
 
+@pytest.mark.parametrize("arch, vocab", [("gpt", 96), ("gpt", 128), ("llama", 32)],
+                         ids=["gpt-vocab-of-qkv-rows", "gpt-vocab-of-mlp-rows", "llama-vocab-of-the-width"])
+def test_a_hidden_matrix_as_tall_as_the_vocabulary_stays_muons(arch, vocab):
+    # The head is the layer that makes the logits, not any matrix with a vocabulary-sized side:
+    # at vocabulary 96 the GPT's fused q/k/v (96 x 32) has as many rows, at 128 its MLP's c_fc,
+    # at 32 every square matrix of the Llama.
+    torch.manual_seed(0)
+    config = GPTConfig(arch=arch, n_layer=2, n_head=2, n_embd=32, block_size=8, vocab_size=vocab)
+    model = (Llama if arch == "llama" else GPT)(config)
+    expected = {m.name for m in muon_matrices(_model(arch), _nano(arch))}
+    assert {m.name for m in muon_matrices(model, _nano(arch))} == expected
+
+
 class _Custom(torch.nn.Module):
     """A custom model: raw-parameter embedding, tied head, one hidden matrix."""
 

@@ -6,8 +6,8 @@
   decay is torch's (L2, coupled to the gradient).
 - ``muon``: ``torch.optim.Muon`` on the hidden matrices, AdamW at ``adamw_lr`` on the rest. Which
   matrices are hidden is decided by role, structurally: every 2-D parameter except those of
-  ``nn.Embedding`` modules, the output head (a matrix with a vocabulary-sized side) and anything
-  tied to them; 1-D parameters (norms, biases) never (torch's Muon refuses them, and silently
+  ``nn.Embedding`` modules, the output head (the last ``nn.Linear`` with vocabulary-sized
+  outputs; without one, the last matrix with a vocabulary-sized side) and anything tied to them; 1-D parameters (norms, biases) never (torch's Muon refuses them, and silently
   accepts embeddings and heads, so the rule must exclude them). ``optimizer.muon_params``, a
   regular expression over parameter names, replaces the rule. A parameter that stacks several
   matrices by rows (the GPT's fused q/k/v, declared by the model's
@@ -76,6 +76,19 @@ def _vocab_size(model: torch.nn.Module) -> int | None:
     return max(rows) if rows else None
 
 
+def _output_head(model: torch.nn.Module, named: list[tuple[str, torch.nn.Parameter]]) -> set[int]:
+    """The output head's storage: the last ``nn.Linear`` with vocabulary-sized outputs (the layer
+    that makes the logits; a hidden matrix may have as many rows, as q/k/v at 3 x 128 = 384 do),
+    else the last 2-D parameter with a vocabulary-sized side; nothing without a vocabulary."""
+    vocab = _vocab_size(model)
+    if vocab is None:
+        return set()
+    heads = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear) and m.out_features == vocab]
+    if not heads:
+        heads = [p for _, p in named if p.dim() == 2 and vocab in p.shape]
+    return {heads[-1].data_ptr()} if heads else set()
+
+
 def muon_matrices(model: torch.nn.Module, scenario: Scenario) -> list[MuonMatrix]:
     """The hidden matrices Muon updates (the module docstring's role rule, or ``muon_params``);
     one line when the model has none or the pattern picks a parameter Muon cannot take."""
@@ -91,9 +104,8 @@ def muon_matrices(model: torch.nn.Module, scenario: Scenario) -> list[MuonMatrix
             raise ConfigError(f"optimizer.muon_params {pattern!r} matches no trainable parameter; the model has "
                               f"{', '.join(n for n, _ in named[:6])}{', ...' if len(named) > 6 else ''}")
     else:
-        vocab = _vocab_size(model)
         embedded = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-        outside = {p.data_ptr() for _, p in named if id(p) in embedded or (p.dim() == 2 and vocab in p.shape)}
+        outside = {p.data_ptr() for _, p in named if id(p) in embedded} | _output_head(model, named)
         chosen = [(n, p) for n, p in named if p.dim() == 2 and p.data_ptr() not in outside]
         if not chosen:
             raise ConfigError(f"optimizer.name muon: the role rule found no hidden 2-D matrix in "
