@@ -72,9 +72,12 @@ def logit_stats(flat_logits: torch.Tensor, log_probs: torch.Tensor, targets: tor
         log_z = log_z[counted]
     L = len(queries_keys)
     B, nh, T, hs = queries_keys[0][0].shape
-    queries = torch.stack([q for q, _ in queries_keys]).reshape(-1, T, hs)
-    keys = torch.stack([k for _, k in queries_keys]).reshape(-1, T, hs)
-    per_head = torch.bmm(queries, keys.transpose(1, 2)).abs_().amax(dim=(1, 2)).view(L, B, nh).amax(dim=1)
+    # in float32 whatever the autocast: an fp16 product overflows at 65504 (a logit of 16k at head
+    # size 16), and QK-Clip skips a head whose largest logit is not finite (a no-op in float32 runs)
+    with torch.autocast(queries_keys[0][0].device.type, enabled=False):
+        queries = torch.stack([q.float() for q, _ in queries_keys]).reshape(-1, T, hs)
+        keys = torch.stack([k.float() for _, k in queries_keys]).reshape(-1, T, hs)
+        per_head = torch.bmm(queries, keys.transpose(1, 2)).abs_().amax(dim=(1, 2)).view(L, B, nh).amax(dim=1)
     per_head = per_head / math.sqrt(hs)  # (L, nh)
     largest = per_head.amax()
     return torch.stack([log_z.mean(), log_z.abs().amax() if log_z.numel() else log_z.sum(), largest]), per_head

@@ -225,3 +225,18 @@ def test_the_run_records_the_query_and_key_weights_norm_product_at_its_end():
 class _EmptyHook(_NoHook):
     def spikecheck_qk_projections(self) -> list[tuple]:
         return []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_the_largest_logits_are_measured_in_float32_under_autocast(dtype):
+    # q·k of 16 x 300 x 300 = 1.44e6 overflows float16 (65504): measured there, the head would read
+    # inf and QK-Clip, which skips non-finite heads, would leave exactly the exploding head alone.
+    from pytest_spikecheck.models.layers import logit_stats
+
+    q = torch.full((1, 2, 4, 16), 300.0, dtype=dtype)
+    k = torch.full((1, 2, 4, 16), 300.0, dtype=dtype)
+    flat = torch.zeros(4, 5)
+    with torch.autocast("cpu", dtype=dtype):
+        _, per_head = logit_stats(flat, torch.log_softmax(flat, -1), torch.zeros(4, dtype=torch.long), [(q, k)])
+    assert per_head.dtype == torch.float32
+    torch.testing.assert_close(per_head, torch.full((1, 2), 300.0 * 300.0 * 16 / 4))
