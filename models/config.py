@@ -84,6 +84,10 @@ class GPTConfig:
         if self.arch == "gpt" and self.kv_heads != self.n_head:
             raise ConfigError(f"model.n_kv_head {self.n_kv_head}: grouped-query attention is the llama model's "
                               f"(set model.arch: llama); the gpt has one key/value head per query head")
+        head_size = self.n_embd // self.n_head
+        if self.positions == "rope" and head_size % 2:
+            raise ConfigError(f"model.n_embd / model.n_head = {head_size}: RoPE rotates pairs of a head's dimensions, "
+                              f"so the head size must be even (or set model.pos_embedding: none)")
 
     @property
     def positions(self) -> str:

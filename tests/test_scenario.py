@@ -59,6 +59,7 @@ def test_experiment_dir_in_the_seeds_shape():
         ({"breaks": [{"rare_token_burst": {"count": 3, "step": 5}}]}, "unknown parameter 'step'"),
         ({"breaks": [{"rare_token_burst": {"content": "klingon"}}]}, "content must be one of"),
         ({"model": {"n_embd": 30, "n_head": 4}}, "divisible"),
+        ({"model": {"arch": "llama", "n_embd": 36, "n_head": 4}}, "head size must be even"),
         ({"steps": 0}, "steps must be a positive integer"),
         ({"sampler": {"bursts": [{"count": 3}]}}, "needs at_step"),
     ],
@@ -67,6 +68,13 @@ def test_bad_configs_raise_one_line_errors(raw, message):
     with pytest.raises(ConfigError, match=message) as info:
         Scenario.from_dict(raw)
     assert "\n" not in str(info.value)
+
+
+def test_qk_clip_with_qk_layernorm_is_refused_before_training():
+    # the norm undoes QK-Clip's scale of W_q and W_k: each step would clip again and shrink them
+    scenario = Scenario.from_dict({"breaks": ["qk_layernorm", {"qk_clip": {"tau": 30}}]})
+    with pytest.raises(ConfigError, match="QKClip with QKLayerNorm: the norm undoes any scale of W_q and W_k"):
+        scenario.resolved()
 
 
 def test_bad_yaml_and_missing_paths(tmp_path):

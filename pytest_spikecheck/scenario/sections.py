@@ -300,6 +300,9 @@ def check_section_values(scenario: "Scenario") -> None:
     check(o.qk_clip is None or 0 < o.qk_clip < math.inf,
           f"optimizer.qk_clip (QK-Clip's tau) must be a finite number > 0 or null, was {o.qk_clip!r}")
     check(0 <= o.qk_clip_alpha <= 1, f"optimizer.qk_clip_alpha must be in [0, 1], was {o.qk_clip_alpha!r}")
+    check(o.qk_clip is None or not scenario.model.qk_layernorm,
+          "QKClip with QKLayerNorm: the norm undoes any scale of W_q and W_k, so every step would clip again and "
+          "shrink them geometrically; use one of the two")
     check(all(0 <= b < 1 for b in o.betas) and len(o.betas) == 2, f"optimizer.betas must be two numbers in [0, 1), was {o.betas!r}")
     check(o.eps >= 0, f"optimizer.eps must be >= 0, was {o.eps}")
     check(o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, was {o.weight_decay}")
