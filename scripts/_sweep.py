@@ -6,6 +6,7 @@ script in scripts/."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +44,10 @@ def run_sweep(name: str, args: argparse.Namespace, recipes: list[str] | None = N
     from pytest_spikecheck.sweep import load_sweep, sweep
 
     plan = load_sweep(SWEEPS / f"{name}.yaml")
-    if args.seeds:
-        plan.grid = {**plan.grid, "seed": seed_range(args.seeds)}
+    if args.seeds:  # replaced through the Sweep's own checks (a file whose points name seeds refuses it)
+        plan = dataclasses.replace(plan, grid={**plan.grid, "seed": seed_range(args.seeds)})
     if recipes is not None:
-        plan.recipes = {recipe: plan.recipes[recipe] for recipe in recipes}
+        plan = dataclasses.replace(plan, recipes={recipe: plan.recipes[recipe] for recipe in recipes})
     out = Path(args.runs) / name
     result = sweep(plan, executor=args.executor, address=args.address, jobs=args.jobs, out=out, fresh=args.fresh)
     if result.failed:

@@ -187,8 +187,6 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     add_sweep_arguments(parser)
     args = parser.parse_args()
-    if args.seeds and args.grid == "issue_probes":
-        parser.error("--seeds: the issue probes' points name their seeds (experiments/sweeps/muon-issue-probes.yaml)")
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.is_file() else {"records": []}
     if args.mode == "run":

@@ -145,6 +145,28 @@ def test_sweep_takes_a_grid_or_a_list_of_points():
         sweep("phase-19", {"seed": [0]})
 
 
+def test_a_sweep_refuses_a_grid_beside_a_sweep_that_has_its_own():
+    plan = Sweep(TINY, grid={"seed": [0]})
+    with pytest.raises(ConfigError, match="a Sweep carries its own grid and recipes"):
+        sweep(plan, {"seed": [1]})
+    with pytest.raises(ConfigError, match="a Sweep carries its own grid and recipes"):
+        sweep(plan, recipes={"qk": [QKLayerNorm()]})
+
+
+def test_axes_some_points_leave_unset_hold_the_base_value_and_every_value_is_plain(tmp_path):
+    # One point sets the learning rate and a burst list, the other neither: rows name every axis
+    # with what the run trained (the base's lr; its bursts), sweep.json takes them, the summaries
+    # sort by lr. Before, the unset lr was None (summaries could not sort it) and the burst a
+    # BurstSpec (sweep.json could not hold it), both after every point had trained.
+    bursts = [{"at_step": 3, "count": 2, "content": "greek"}]
+    plan = Sweep(TINY.replace(steps=4), points=[{"optimizer.lr": 0.02, "sampler.bursts": bursts}, {"seed": 1}])
+    assert dict(plan.expand()[0].values)["sampler.bursts"] == bursts
+    result = sweep(plan, jobs=1, out=tmp_path / "out", progress=False)
+    assert [r["optimizer.lr"] for r in result.rows] == [0.02, TINY.optimizer.lr]
+    assert [r["sampler.bursts"] for r in result.rows] == [bursts, []]
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text())["rows"][1]["optimizer.lr"] == TINY.optimizer.lr
+
+
 # -- training: spawned workers, bit-identical, failures recorded, resumed ----------------------
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pytest_spikecheck.progress import Progress
 from pytest_spikecheck.report.summary import folder_name
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.sweep.result import SweepResult, row_for
-from pytest_spikecheck.sweep.spec import Point, Sweep
+from pytest_spikecheck.sweep.spec import Point, Sweep, axis_value
 from pytest_spikecheck.sweep.summary import measure
 from pytest_spikecheck.sweep.worker import Outcome, PointJob
 from pytest_spikecheck.training.store import RunStore, run_key
@@ -82,6 +82,9 @@ def sweep(base: Scenario | Sweep, grid: Mapping[str, Sequence[Any]] | Sequence[M
     sweep goes on. Ctrl-C raises :class:`SweepInterrupted` once the finished points are written.
     ``progress``: True (a bar on a terminal, a line per point otherwise), False, a mode
     (``bar``, ``lines``, ``quiet``) or a :class:`~pytest_spikecheck.progress.Progress`."""
+    if isinstance(base, Sweep) and (grid is not None or recipes is not None):
+        raise ConfigError("sweep(): a Sweep carries its own grid and recipes; give grid= and recipes= with a base "
+                          "Scenario, or put them in the Sweep")
     plan = base if isinstance(base, Sweep) else _plan(base, grid, recipes, name)
     if name is not None:
         plan = dataclasses.replace(plan, name=name)
@@ -183,9 +186,11 @@ class _Books:
 
     def result(self, wall_seconds: float, interrupted: bool = False) -> SweepResult:
         rows = [row if row is not None else row_for(point, "not run") for point, row in zip(self.points, self.rows)]
-        # every row names every axis (None where its point sets none: explicit points may differ)
-        rows = [{"point": r["point"], **{a: r.get(a) for a in self.axes},
-                 **{k: v for k, v in r.items() if k != "point" and k not in self.axes}} for r in rows]
+        # every row names every axis: explicit points may set different ones; an axis a point does
+        # not set holds its scenario's value (the base's), so rows sort and group on every axis
+        rows = [{"point": r["point"], **{a: r[a] if a in r else axis_value(p.scenario, a) for a in self.axes},
+                 **{k: v for k, v in r.items() if k != "point" and k not in self.axes}}
+                for p, r in zip(self.points, rows)]
         result = SweepResult(self.name, self.axes, self.points, rows, list(self.runs), executor=self.executor,
                              wall_seconds=wall_seconds, interrupted=interrupted)
         if self.out is not None:

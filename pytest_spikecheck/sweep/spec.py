@@ -136,7 +136,8 @@ class Sweep:
                     except ConfigError as exc:
                         raise ConfigError(f"{label}: {exc}") from None
                     _check_not_overridden(scenario, values, recipe, label)
-                    point = Point(len(out), recipe, tuple((p, _read(scenario, p, v)) for p, v in values.items()), scenario)
+                    point = Point(len(out), recipe, tuple((p, _plain(_read(scenario, p, v), v)) for p, v in values.items()),
+                                  scenario)
                     digest = scenario.content_hash()
                     if digest in seen:
                         raise ConfigError(f"{w}: two points are the same scenario ({_describe(seen[digest])} and "
@@ -184,6 +185,21 @@ def _read(scenario: Scenario, path: str, given: Any) -> Any:
             return given
         value = getattr(value, part)
     return value
+
+
+def _plain(value: Any, given: Any) -> Any:
+    """An axis value as a row holds it: the scenario's (coerced) value when it is a number, a
+    string, a bool, None or a list of those, else ``given`` (a burst list as the YAML wrote it):
+    sweep.json and the panels take only such values."""
+    scalar = (str, int, float, bool, type(None))
+    if isinstance(value, scalar) or (isinstance(value, (tuple, list)) and all(isinstance(v, scalar) for v in value)):
+        return list(value) if isinstance(value, tuple) else value
+    return given
+
+
+def axis_value(scenario: Scenario, path: str) -> Any:
+    """The value a point's scenario holds on an axis it does not set (the base's), as rows hold them."""
+    return _plain(_read(scenario, path, None), None)
 
 
 def _check_not_overridden(scenario: Scenario, values: Mapping[str, Any], recipe: str | None, label: str) -> None:
