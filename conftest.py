@@ -10,6 +10,7 @@ This is the repository's test configuration, not the plugin's: installing pytest
 registers no Hypothesis profile in anyone else's suite.
 """
 
+import pytest
 from hypothesis import settings
 
 # Bounded and reproducible: the same examples on every run and machine, no example database
@@ -29,3 +30,10 @@ sys.path.insert(0, str(Path(__file__).parent / "tests" / "docs"))
 from docs_harness import sybil as _docs_sybil  # noqa: E402
 
 pytest_collect_file = _docs_sybil().pytest()
+
+
+@pytest.fixture(autouse=True)
+def _no_job_summary_from_inner_sessions(monkeypatch):
+    """The suite's inner pytest sessions (pytester, the doc test's) would append their summaries,
+    deliberate failures included, to the real GitHub job summary; a test that checks it sets it."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)

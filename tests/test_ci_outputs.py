@@ -155,6 +155,16 @@ class _Config:
         return self.verbosity
 
 
+@pytest.mark.parametrize("isatty", [True, lambda: True], ids=["pytest-before-8.4.1-bool", "method"])
+def test_the_terminal_stream_reads_the_reporters_isatty_as_either_pytest_spells_it(isatty):
+    from pytest_spikecheck.plugin.outputs import TerminalStream
+
+    reporter = type("Reporter", (), {"isatty": staticmethod(isatty) if callable(isatty) else isatty})()
+    config = _Config(0, None)
+    config.pluginmanager = type("Plugins", (), {"get_plugin": staticmethod(lambda name: reporter)})()
+    assert TerminalStream(config).isatty() is True
+
+
 @pytest.mark.parametrize("verbosity, worker, mode, prefix", [
     (0, None, "lines", "spikecheck: "), (0, "gw1", "lines", "spikecheck [gw1]: "),
     (-1, None, "quiet", "spikecheck: "), (-1, "gw1", "quiet", "spikecheck [gw1]: ")])

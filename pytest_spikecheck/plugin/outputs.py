@@ -82,8 +82,9 @@ class TerminalStream:
         return None if self.worker else self.config.pluginmanager.get_plugin("terminalreporter")
 
     def isatty(self) -> bool:
-        reporter = self._reporter()
-        return bool(reporter is not None and reporter.isatty())
+        # TerminalReporter.isatty is a method since pytest 8.4.1, a bool before it
+        isatty = getattr(self._reporter(), "isatty", False)
+        return bool(isatty() if callable(isatty) else isatty)
 
     def write(self, text: str) -> int:
         capture = self.config.pluginmanager.get_plugin("capturemanager")

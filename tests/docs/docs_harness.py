@@ -97,7 +97,7 @@ class PageEnv:
         self.modules = 0
 
     def env(self) -> dict[str, str]:
-        env = dict(os.environ)
+        env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}  # (see _no_job_summary)
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
         env["PYTHONPATH"] = os.pathsep.join([str(HERE), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         return env
@@ -418,6 +418,17 @@ class _Reports:
             self.failed.append(f"collecting {report.nodeid}:\n{report.longreprtext}")
 
 
+@contextlib.contextmanager
+def _no_job_summary():
+    """A block's inner session must not append to the GitHub job summary of the run that tests the docs."""
+    saved = os.environ.pop("GITHUB_STEP_SUMMARY", None)
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["GITHUB_STEP_SUMMARY"] = saved
+
+
 def _run_test_module(source: str, env: PageEnv, where: str, names: list[str]) -> None:
     """A block that defines tests or fixtures is a test module: run it with ``pytest
     --spikecheck`` in this process (its trainings shared with the page's other blocks)."""
@@ -425,7 +436,7 @@ def _run_test_module(source: str, env: PageEnv, where: str, names: list[str]) ->
     module = env.dir / f"test_docs_block_{env.modules}.py"
     module.write_text(_prelude(names) + source)
     reports = _Reports()
-    with _running_in(env, source), contextlib.redirect_stdout(io.StringIO()) as out:
+    with _running_in(env, source), contextlib.redirect_stdout(io.StringIO()) as out, _no_job_summary():
         code = pytest.main([str(module), "--spikecheck", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
                             f"--rootdir={env.dir}", "-c", str(env.dir / "pytest.ini")], plugins=[reports])
     sys.modules.pop(module.stem, None)
