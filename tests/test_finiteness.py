@@ -170,7 +170,7 @@ def test_a_skip_column_names_the_reason(tmp_path):
     rows = [{"step": s, "loss": 2.0, "grad_norm_pre": math.inf if s == 3 else 1.0, "skipped": "overflow" if s == 3 else None,
              "loss_scale": 65536.0 if s < 3 else 32768.0} for s in range(1, 8)]
     path = tmp_path / "metrics.jsonl"
-    path.write_text("\n".join(json.dumps(r) for r in rows).replace("Infinity", "Infinity") + "\n")
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     record_ = read_log(path)
     assert record_.skipped == {3: "overflow"} and "skipped" not in record_.metrics
     assert assert_finite(path).skipped_steps == 1

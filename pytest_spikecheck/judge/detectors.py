@@ -525,7 +525,6 @@ class GradRatio(Detector):
         candidates = np.flatnonzero(maybe)
         levels = values[level]
         long_run = rolling.expanding_median_at(levels, h.stop[candidates])  # every earlier level value
-        out = []
         flagged = np.zeros(values.size, dtype=bool)
         base_at = np.full(values.size, np.nan)
         for i, lrm in zip(candidates.tolist(), long_run.tolist()):
