@@ -3,7 +3,8 @@ Muon on the hidden matrices at lr 0.4 (torch's defaults otherwise, no weight dec
 largest q·k/√d into the thousands on Phase-19's sentences (the GPT) and on induction sequences
 (the Llama); QK-Clip (Kimi K2's tau 100, alpha 0.5) keeps it under 2 tau from its first clip on,
 qk-norm under 50, and on the induction corpus, where only attention can finish a sequence, the
-qk-norm twin ends over a nat below the break. No NaN anywhere: the failure is a model that
+qk-norm twin ends well below the break (over half a nat: 0.92 on the AMD EPYC VM, 1.24 on the
+Intel Xeon VM, 2026-12-01; the Muon runs follow the CPU's float kernels) and copies. No NaN anywhere: the failure is a model that
 stops learning, not an overflow. No multiplier anywhere either: the optimizer does it.
 
 Measured over seeds 0-4 (scripts/muon_fidelity.py, docs/fidelity.md, Muon / QK-Clip section);
@@ -95,9 +96,11 @@ def test_no_nan_anywhere(request, name):
     assert_finite(request.getfixturevalue(name))
 
 
-def test_on_induction_the_qk_norm_twin_ends_over_a_nat_below_the_break(muon_llama_induction, muon_llama_induction_qk_norm):
+def test_on_induction_the_qk_norm_twin_ends_well_below_the_break(muon_llama_induction, muon_llama_induction_qk_norm):
     broken, defended = final_loss(muon_llama_induction), final_loss(muon_llama_induction_qk_norm)
-    assert broken - defended >= 1.0, f"{broken:.3f} without qk-norm vs {defended:.3f} with it"
+    # Half a nat, not the 1 nat of 4 of 5 seeds on the Xeon: this seed gives 2.551 vs 1.626 on the
+    # EPYC VM (2.878 vs 1.635 on the Xeon), and the same scenario is bit-identical per machine only.
+    assert broken - defended >= 0.5, f"{broken:.3f} without qk-norm vs {defended:.3f} with it"
     # the rescue is the copying: the repeated half, which only attention can predict
     assert muon_llama_induction_qk_norm["eval_loss_repeat"][-1] < 0.5 < muon_llama_induction["eval_loss_repeat"][-1]
 
