@@ -84,7 +84,7 @@ class DistributedError(RuntimeError):
 
 def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     """Raise ConfigError if ``resolved`` cannot train on ``nproc`` ranks with flat shards."""
-    if resolved.optimizer.clip_mode == "per_tensor":
+    if resolved.optimizer.clip.kind == "per_tensor":
         raise ConfigError("per-tensor clipping is not defined on flat shards (a shard holds parts of tensors); "
                           "clip globally with nproc > 1")
     if resolved.model.z_loss > 0:
@@ -93,8 +93,8 @@ def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     if resolved.optimizer.qk_clip is not None:
         raise ConfigError("QKClip is not supported with nproc > 1 yet: it needs the per-head attention logits of the "
                           "whole batch, and each rank's forward sees its own rows (train with nproc=1)")
-    if resolved.optimizer.clip_mode == "each_microbatch":
-        raise ConfigError("ClipEachMicrobatch (clip_mode each_microbatch) is declared on one process: train it "
+    if resolved.optimizer.clip.when == "per_microbatch":
+        raise ConfigError("ClipEachMicrobatch (clip_when per_microbatch) is declared on one process: train it "
                           "with nproc 1")
     k = resolved.sampler.accumulation
     if resolved.sampler.batch_size < nproc * k:
@@ -143,7 +143,7 @@ class FlatShard:
         check_distributed_scenario(resolved, self.world_size)
 
     def build_optimizer(self, model: torch.nn.Module, scenario: "Scenario") -> torch.optim.Optimizer:
-        self._shard_local = scenario.optimizer.clip_mode == "shard_local"
+        self._shard_local = scenario.optimizer.clip.kind == "shard_local"
         matrices = muon_matrices(model, scenario) if scenario.optimizer.name == "muon" else []
         taken = {id(m.param) for m in matrices}
         groups = parameter_groups(model, scenario, [p for p in model.parameters() if p.requires_grad and id(p) not in taken])

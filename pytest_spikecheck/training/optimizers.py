@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records.facts import OptimizerGroup
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.qk_clip import QKClipHook
 
@@ -266,3 +267,38 @@ class OptimizerSet:
     def __repr__(self) -> str:
         hook = f", after_step={type(self.after_step).__name__}" if self.after_step is not None else ""
         return f"OptimizerSet({', '.join(f'{n}: {type(p).__name__}' for n, p in self.parts.items())}{hook})"
+
+
+def observed_groups(optimizer: Any) -> tuple[OptimizerGroup, ...] | None:
+    """The parameter groups of ``optimizer`` as run facts, read from the object itself: a torch
+    optimizer (its class is the group's name: ``torch.optim.Muon``'s groups are ``muon``), an
+    :class:`OptimizerSet` or any object with ``parts`` (a mapping) or ``optimizers`` (a list)
+    of them, or a wrapper holding one as ``.optimizer`` (accelerate's, Lightning's). None for
+    anything else: unknown, not guessed."""
+    if optimizer is None:
+        return None
+    parts = getattr(optimizer, "parts", None)
+    if isinstance(parts, Mapping):
+        found = [observed_groups(part) for part in parts.values()]
+        return None if any(f is None for f in found) else tuple(g for f in found for g in f)
+    many = getattr(optimizer, "optimizers", None)
+    if isinstance(many, (list, tuple)) and many:
+        found = [observed_groups(part) for part in many]
+        return None if any(f is None for f in found) else tuple(g for f in found for g in f)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        inner = getattr(optimizer, "optimizer", None)
+        return observed_groups(inner) if inner is not None and inner is not optimizer else None
+    name = type(optimizer).__name__.lower()
+
+    def number(value: Any) -> float | None:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    out = []
+    for group in optimizer.param_groups:
+        betas = group.get("betas")
+        out.append(OptimizerGroup(
+            name=name, lr=number(group.get("initial_lr", group.get("lr"))),
+            betas=(float(betas[0]), float(betas[1])) if isinstance(betas, (tuple, list)) and len(betas) == 2 else None,
+            momentum=number(group.get("momentum")), weight_decay=number(group.get("weight_decay")),
+            tensors=len(group["params"])))
+    return tuple(out)
