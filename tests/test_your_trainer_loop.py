@@ -127,7 +127,7 @@ def test_inject_burst_rejects_bad_input_in_one_line(kwargs, message):
 
 
 def test_recorder_rejects_a_negative_max_norm():
-    with pytest.raises(ConfigError, match="max_norm must be >= 0"):
+    with pytest.raises(ConfigError, match="Recorder max_norm must be > 0"):
         record(torch.nn.Linear(2, 2), max_norm=-1.0)
 
 

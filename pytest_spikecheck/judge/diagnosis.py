@@ -95,18 +95,19 @@ def _logged(rec: Record, name: str, step: int) -> float | None:
 
 
 def _max_norm_of(rec: Record, step: int, max_norm: float | None) -> float | None:
-    """The clip limit at ``step``: the caller's, else the record's (its ``clip_limit`` column,
-    else its facts' fixed limit: :func:`~pytest_spikecheck.judge.analysis.clip_limits`, the
-    event at that step for a format-1 adaptive run); None where the record does not say or
-    says there was no clip."""
+    """The clip limit at ``step``: the caller's, else the record's own ``clip_limit`` column,
+    else the event the engine recorded at that step (a format-1 run's only record of an
+    adaptive limit), else the facts' fixed limit
+    (:func:`~pytest_spikecheck.judge.analysis.clip_limits`); None where the record does not say
+    or says there was no clip."""
     if max_norm is not None:
         return float(max_norm)
+    event = rec.run.event_at(step) if rec.run is not None and hasattr(rec.run, "event_at") else None
+    if "clip_limit" not in rec.metrics and event is not None and event.get("max_norm") is not None:
+        return float(event["max_norm"])
     limits = clip_limits(rec)
-    if limits is None:
-        event = rec.run.event_at(step) if rec.run is not None and hasattr(rec.run, "event_at") else None
-        return float(event["max_norm"]) if event is not None and event.get("max_norm") is not None else None
     at = np.flatnonzero(np.asarray(rec.metrics["step"]) == step)
-    limit = float(limits[at[-1]]) if at.size else math.nan
+    limit = float(limits[at[-1]]) if limits is not None and at.size else math.nan
     return limit if math.isfinite(limit) else None
 
 
@@ -160,7 +161,8 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         d.verdict = "no spike"
         return d
     run = rec.run
-    d.facts.update(zip(("optimizer", "qk_clip_tau"), _optimizer_facts(run)))
+    if getattr(run, "facts", None) is not None:  # how it was trained, where the record says
+        d.facts.update(zip(("optimizer", "qk_clip_tau"), _optimizer_facts(run)))
 
     # 1. loss
     loss_now = _logged(rec, "loss", step)
