@@ -155,27 +155,56 @@ def build_muon(tensors: Sequence[MuonTensor], adamw_groups: list[dict[str, Any]]
                         after_step=after_step)
 
 
+@dataclass(frozen=True)
+class OptimizerKind:
+    """What an ``optimizer.name`` builds, and what it declares to a sharding (the N-rank path
+    asks these, never the name)."""
+
+    name: str
+    #: Builds it over parameter groups, each of any part of any tensor (an elementwise update:
+    #: AdamW, SGD, so a rank's flat shard of them computes what the whole does); None: not elementwise.
+    elementwise: Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer] | None
+    #: The matrices its update needs whole (Muon orthogonalises each): the N-rank path keeps
+    #: them replicated and gathers their gradients; None: none.
+    whole_matrices: Callable[[torch.nn.Module, Scenario], list["MuonMatrix"]] | None
+    #: It keeps Adam's second moment ``v`` (the ``adam_v_norm`` column, the diagnosis' rung 6).
+    adam_moments: bool
+
+
+OPTIMIZER_KINDS: dict[str, OptimizerKind] = {
+    "adamw": OptimizerKind("adamw", lambda groups, o: torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps,
+                                                                         foreach=True), None, adam_moments=True),
+    "sgd": OptimizerKind("sgd", lambda groups, o: torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum,
+                                                                   nesterov=o.nesterov and o.momentum > 0, foreach=True),
+                         None, adam_moments=False),
+    "muon": OptimizerKind("muon", None, lambda model, scenario: muon_matrices(model, scenario), adam_moments=True),
+}
+
+
+def optimizer_kind(name: str) -> OptimizerKind:
+    """The :class:`OptimizerKind` of ``optimizer.name``; an unknown name is one line naming the known ones."""
+    if name not in OPTIMIZER_KINDS:
+        raise ConfigError(f"optimizer.name must be one of {', '.join(OPTIMIZER_KINDS)}, was {name!r}")
+    return OPTIMIZER_KINDS[name]
+
+
 def build_optimizer(model: torch.nn.Module, scenario: Scenario,
                     groups: list[dict[str, Any]] | None = None) -> Any:
     """The scenario's optimizer for ``model``: a torch optimizer, or an :class:`OptimizerSet` when
-    it has several parts or QK-Clip. ``groups`` (AdamW and SGD only) replaces
+    it has several parts or QK-Clip. ``groups`` (an elementwise optimizer only) replaces
     :func:`parameter_groups` (the N-rank path passes its shards)."""
     o = scenario.optimizer
+    kind = optimizer_kind(o.name)
     after_step = QKClipHook(model, o.qk_clip, o.qk_clip_alpha, o.qk_clip_per_head) if o.qk_clip is not None else None
-    if o.name == "muon":
+    if kind.elementwise is None:  # Muon: whole matrices, its AdamW part on the rest
         if groups is not None:
-            raise ValueError("build_optimizer(groups=...) is for AdamW and SGD; Muon's parts are built by role")
-        matrices = muon_matrices(model, scenario)
+            raise ValueError(f"build_optimizer(groups=...) is for elementwise optimizers; {o.name}'s parts are built by role")
+        matrices = kind.whole_matrices(model, scenario)
         taken = {id(m.param) for m in matrices}
         rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
         return build_muon(muon_tensors(matrices), parameter_groups(model, scenario, rest), scenario,
                           parents=[m.param for m in matrices if m.blocks > 1], after_step=after_step)
-    groups = parameter_groups(model, scenario) if groups is None else groups
-    if o.name == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum,
-                                                           nesterov=o.nesterov and o.momentum > 0, foreach=True)
-    else:
-        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True)
+    optimizer = kind.elementwise(parameter_groups(model, scenario) if groups is None else groups, o)
     if after_step is None:
         return optimizer
     return OptimizerSet({o.name: optimizer}, after_step=after_step)
