@@ -228,3 +228,15 @@ def test_the_loss_scaler_works_with_any_optimizer_object(scale, skipped):
     changed = [not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters())]
     assert changed == [not skipped] * 3  # both optimizers stepped, or neither
     assert precision.current_scale() == scale  # a static scale stays after the update
+
+
+def test_every_optimizer_declares_what_it_needs_of_a_sharding():
+    """The N-rank path asks each optimizer's OptimizerKind, never its name; an unknown name is one line."""
+    from pytest_spikecheck.scenario.sections import OPTIMIZERS
+    from pytest_spikecheck.training.optimizers import OPTIMIZER_KINDS, optimizer_kind
+
+    assert tuple(OPTIMIZER_KINDS) == OPTIMIZERS
+    assert [(k.elementwise is not None, k.whole_matrices is not None, k.adam_moments)
+            for k in OPTIMIZER_KINDS.values()] == [(True, False, True), (False, True, True), (True, False, False)]
+    with pytest.raises(ConfigError, match="optimizer.name must be one of adamw, muon, sgd, was 'adam'"):
+        optimizer_kind("adam")

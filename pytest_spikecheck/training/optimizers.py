@@ -171,13 +171,14 @@ class OptimizerKind:
     adam_moments: bool
 
 
+#: One per optimizer.name (scenario.sections.OPTIMIZERS, in its order).
 OPTIMIZER_KINDS: dict[str, OptimizerKind] = {
     "adamw": OptimizerKind("adamw", lambda groups, o: torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps,
                                                                          foreach=True), None, adam_moments=True),
+    "muon": OptimizerKind("muon", None, lambda model, scenario: muon_matrices(model, scenario), adam_moments=True),
     "sgd": OptimizerKind("sgd", lambda groups, o: torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum,
                                                                    nesterov=o.nesterov and o.momentum > 0, foreach=True),
                          None, adam_moments=False),
-    "muon": OptimizerKind("muon", None, lambda model, scenario: muon_matrices(model, scenario), adam_moments=True),
 }
 
 
