@@ -158,13 +158,12 @@ def test_every_run_the_suite_writes_validates_against_the_schema(short_runs, tmp
         _validate(run.save(tmp_path / f"run{i}"))
 
 
-def _minimal_folder(tmp_path: Path, post: list[float]) -> Path:
-    """The schema's required fields only: run.json's format_version and facts.source (and the
-    clip, to be judged against), metrics.jsonl's step and the norms."""
+def _minimal_folder(tmp_path: Path, post: list[float], facts: dict | None = None) -> Path:
+    """run.json with the schema's required fields only (format_version, facts.source), and a
+    metrics.jsonl of step (required) and the norms the judgement reads."""
     folder = tmp_path / "by-hand"
     folder.mkdir(parents=True)
-    (folder / "run.json").write_text(json.dumps({"format_version": 2, "facts": {
-        "source": "log", "clip": {"kind": "global", "max_norm": 1.0, "when": "after_unscale"}}}))
+    (folder / "run.json").write_text(json.dumps({"format_version": 2, "facts": {"source": "log", **(facts or {})}}))
     pre = [1.0] * 40 + [30.0] + [1.0] * 9
     (folder / "metrics.jsonl").write_text("".join(
         json.dumps({"step": i + 1, "loss": 2.0, "grad_norm_pre": pre[i], "grad_norm_post": p}) + "\n"
@@ -175,9 +174,23 @@ def _minimal_folder(tmp_path: Path, post: list[float]) -> Path:
 def test_a_hand_written_minimal_run_folder_is_judged(tmp_path, capsys):
     held = _minimal_folder(tmp_path, [1.0] * 50)
     _validate(held)
+    assert_clip_contains(held, max_norm=1.0)
+    with pytest.raises(ConfigError, match="does not say what the clip limit was"):
+        assert_clip_contains(held)  # nothing says the limit: one line, not a guess
+    assert main(["diagnose", str(held)]) == 0
+    out = capsys.readouterr().out
+    assert "diagnosis at step 41" in out and "clipped to 1" in out
+    leaked = _minimal_folder(tmp_path / "b", [1.0] * 40 + [30.0] + [1.0] * 9)
+    with pytest.raises(SpikeCheckError, match="post-clip norm 30 > max_norm 1 at step 41"):
+        assert_clip_contains(leaked, max_norm=1.0)
+
+
+def test_a_hand_written_folder_that_says_its_clip_is_judged_against_it(tmp_path, capsys):
+    clip = {"clip": {"kind": "global", "max_norm": 1.0, "when": "after_unscale"}}
+    held = _minimal_folder(tmp_path, [1.0] * 50, clip)
+    _validate(held)
     assert_clip_contains(held)  # the limit from the facts: no max_norm=
     assert main(["diagnose", str(held)]) == 0
     assert "within max_norm 1" in capsys.readouterr().out
-    leaked = _minimal_folder(tmp_path / "b", [1.0] * 40 + [30.0] + [1.0] * 9)
     with pytest.raises(SpikeCheckError, match="post-clip norm 30 > max_norm 1 at step 41"):
-        assert_clip_contains(leaked)
+        assert_clip_contains(_minimal_folder(tmp_path / "b", [1.0] * 40 + [30.0] + [1.0] * 9, clip))

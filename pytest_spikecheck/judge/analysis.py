@@ -51,15 +51,15 @@ def contained(post: Any, limit: Any, rtol: float = CLIP_RTOL) -> np.ndarray:
 def clip_limits(rec: Any, max_norm: float | None = None) -> np.ndarray | None:
     """The clip limit of each step of ``rec`` (a Record): ``max_norm`` when the caller gives it;
     else the record's own ``clip_limit`` column (null or inf: no clip at that step, inf here);
-    else the run's facts' fixed limit. None when the record does not say (a log without the
-    column, or facts that do not know the clip)."""
+    else its facts' fixed limit (a Run's, a log's). None when the record does not say (a log
+    without the column or the parameters, or facts that do not know the clip)."""
     steps = np.asarray(rec.metrics["step"])
     if max_norm is not None:
         return np.full(steps.shape, float(max_norm))
     if "clip_limit" in rec.metrics:
         values = np.asarray(rec.metrics["clip_limit"], dtype=np.float64)
         return np.where(np.isnan(values), np.inf, values)
-    facts = getattr(getattr(rec, "run", None), "facts", None)
+    facts = getattr(rec, "facts", None) or getattr(getattr(rec, "run", None), "facts", None)
     clip = getattr(facts, "clip", None)
     if clip is None or clip.kind == "adaptive":
         return None  # unknown, or a limit that moves every step and was not recorded
