@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from run_schema import validate_run_folder
 
 from pytest_spikecheck import Scenario, assert_clip_contains, diagnose
 from pytest_spikecheck.cli import main
@@ -17,8 +18,6 @@ from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.records import Run
 from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts
 from pytest_spikecheck.scenario import AdaptiveClip, ClipAt, ClipBeforeUnscale, ClipSpec, NoClip
-
-SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "run-schema.json"
 
 
 # -- ClipSpec ---------------------------------------------------------------------------------
@@ -144,18 +143,9 @@ def test_an_unknown_facts_field_is_one_line_naming_the_known_ones():
 
 # -- the published schema, and a run folder written by hand ---------------------------------------
 
-def _validate(folder: Path) -> None:
-    jsonschema = pytest.importorskip("jsonschema")
-    schema = json.loads(SCHEMA.read_text())
-    jsonschema.Draft202012Validator.check_schema(schema)
-    jsonschema.Draft202012Validator(schema["properties"]["run.json"]).validate(json.loads((folder / "run.json").read_text()))
-    rows = jsonschema.Draft202012Validator(schema["properties"]["metrics.jsonl"])
-    rows.validate([json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()])
-
-
 def test_every_run_the_suite_writes_validates_against_the_schema(short_runs, tmp_path):
     for i, run in enumerate(short_runs):
-        _validate(run.save(tmp_path / f"run{i}"))
+        validate_run_folder(run.save(tmp_path / f"run{i}"))
 
 
 def _minimal_folder(tmp_path: Path, post: list[float], facts: dict | None = None) -> Path:
@@ -173,7 +163,7 @@ def _minimal_folder(tmp_path: Path, post: list[float], facts: dict | None = None
 
 def test_a_hand_written_minimal_run_folder_is_judged(tmp_path, capsys):
     held = _minimal_folder(tmp_path, [1.0] * 50)
-    _validate(held)
+    validate_run_folder(held)
     assert_clip_contains(held, max_norm=1.0)
     with pytest.raises(ConfigError, match="does not say what the clip limit was"):
         assert_clip_contains(held)  # nothing says the limit: one line, not a guess
@@ -188,7 +178,7 @@ def test_a_hand_written_minimal_run_folder_is_judged(tmp_path, capsys):
 def test_a_hand_written_folder_that_says_its_clip_is_judged_against_it(tmp_path, capsys):
     clip = {"clip": {"kind": "global", "max_norm": 1.0, "when": "after_unscale"}}
     held = _minimal_folder(tmp_path, [1.0] * 50, clip)
-    _validate(held)
+    validate_run_folder(held)
     assert_clip_contains(held)  # the limit from the facts: no max_norm=
     assert main(["diagnose", str(held)]) == 0
     assert "within max_norm 1" in capsys.readouterr().out

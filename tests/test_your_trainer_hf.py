@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from trainer_data import (  # noqa: E402
     BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, causal_lm_rows, corpus, one_thread, stream,
 )
+from run_schema import validate_run_folder  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
 from pytest_spikecheck import (  # noqa: E402
@@ -235,6 +236,7 @@ def test_a_muon_run_recorded_from_the_trainer_is_diagnosed_as_muon_with_its_qk_c
     with one_thread():
         Trainer(model=model, args=arguments(tmp_path, MAX_NORM, max_steps=4), train_dataset=callback.stream,
                 callbacks=[callback], optimizers=(torch.optim.Muon(hidden, lr=0.02), None)).train()
+    validate_run_folder(tmp_path / "run")  # a recorded folder is the published format too
     run = Run.load(tmp_path / "run")
     assert run.facts.source == "hf" and run.facts.optimizer == "muon"
     assert [(g.name, g.tensors) for g in run.facts.optimizers] == [("muon", len(hidden))]

@@ -104,6 +104,7 @@ def test_pre_clip_norm_matches_lightnings_grad_norm(lightning_runs, kind):
 def test_clipped_twin_is_contained_by_lightnings_clip(lightning_runs):
     run, _ = lightning_runs["clip"]
     assert run.scenario is None and run.facts.max_norm == MAX_NORM and run.facts.source == "lightning"
+    assert run.facts.optimizer == "adamw" and run.facts.amp_dtype == "float32" and run.facts.world_size == 1
     assert_clip_contains(run, MAX_NORM)
     over = run["grad_norm_pre"] > MAX_NORM
     assert over[BURST_STEP - 1]

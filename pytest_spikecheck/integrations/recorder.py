@@ -210,6 +210,12 @@ class Recorder:
         if self.scaler is not None and not all(hasattr(self.scaler, a) for a in ("get_scale", "scale", "unscale_")):
             raise ConfigError(f"record(..., scaler=...) takes a torch.amp.GradScaler, was {type(self.scaler).__name__}")
         self.max_norm = math.inf if self.max_norm is None else float(self.max_norm)
+        if self.qk_clip is not None and not isinstance(self.qk_clip, QKClipFacts):
+            if isinstance(self.qk_clip, bool) or not isinstance(self.qk_clip, (int, float)) or not 0 < self.qk_clip < math.inf:
+                raise ConfigError(f"record(..., qk_clip=...) is your QK-Clip's tau, a number > 0 (or a QKClipFacts), "
+                                  f"was {self.qk_clip!r}")
+            self.qk_clip = QKClipFacts(tau=float(self.qk_clip))
+        self._groups = observed_groups(self.optimizer)  # before any step: the groups' lr as built
         self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if not self.named:
             raise ConfigError("Recorder: the model has no trainable parameters")
@@ -485,8 +491,6 @@ class Recorder:
         hook = getattr(self.optimizer, "after_step", None)
         if isinstance(hook, QKClipHook):
             qk = QKClipFacts(hook.tau, hook.alpha, hook.per_head)
-        elif qk is not None and not isinstance(qk, QKClipFacts):
-            qk = QKClipFacts(tau=float(qk))
         micro = self.stream.batch_size if self.stream is not None else None
         config = getattr(self.model, "config", None)  # a transformers model's
         known = {"arch": type(self.model).__name__, "parameters": sum(p.numel() for _, p in self.named),
@@ -496,7 +500,7 @@ class Recorder:
         facts = RunFacts(
             source={"loop": "recorder"}.get(self.trainer, self.trainer),
             model=ModelFacts(**{k: v for k, v in known.items() if isinstance(v, (int, str))}),
-            optimizers=observed_groups(self.optimizer),
+            optimizers=self._groups,
             clip=ClipSpec(kind="global", max_norm=self.max_norm) if math.isfinite(self.max_norm) else ClipSpec("none", None),
             qk_clip=qk, loss_scale="dynamic" if self.scaler is not None else None, accumulation=self.accumulation,
             batch_size=micro * self.accumulation if micro is not None else None, seed=self.seed,

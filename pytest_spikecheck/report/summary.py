@@ -96,7 +96,7 @@ def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> S
         spike_ratio=math.nan if str(run.skipped.get(s.step, "")).startswith("overflow") else s.ratio,
         containment=containment(run), recovery=recovery, source=source or ("disk" if cached else "trained"),
         stopped=run.meta["stop_reason"] if run.stopped_early else None,
-        content_hash=run.meta.get("content_hash") or (run.scenario.content_hash() if run.scenario is not None else ""),
+        content_hash=run.meta.get("content_hash") or "",
         recovery_steps=s.recovery if s.step is not None else None,
         description=run.describe(), reproduce=run.reproduce_command(),
         diagnosis={"step": d.step, "lines": [[str(r), str(f)] for r, f in d.lines], "verdict": d.verdict},
