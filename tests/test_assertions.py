@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pytest_spikecheck.records.facts import ModelFacts, RunFacts
 from pytest_spikecheck import (
     SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_lockin, assert_no_spike, assert_recovers,
     assert_spike,
@@ -391,7 +392,7 @@ class _FakeRun:
 
     def __init__(self, meta=None, declared=(), stopped_early=False, model_factory_path=None):
         self.meta, self.declared_events, self.stopped_early = meta or {}, tuple(declared), stopped_early
-        self.scenario = SimpleNamespace(model_factory_path=model_factory_path, seed=0)
+        self.facts = RunFacts(source="engine", model=ModelFacts(arch=model_factory_path or "gpt"), seed=0)
 
     def event_at(self, step):
         return None

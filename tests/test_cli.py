@@ -45,7 +45,7 @@ def test_missing_dirs_and_bad_flags(tmp_path, capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "experiments/19-control", "--grad-clip", "-3"])
     assert info.value.code == 2
-    assert "max_norm must be > 0" in capsys.readouterr().err
+    assert "--grad-clip must be > 0" in capsys.readouterr().err
 
 
 def test_train_compare_diagnose(tmp_path, capsys):

@@ -6,6 +6,8 @@ import pytest
 from pytest_spikecheck import diagnose
 from pytest_spikecheck.judge.diagnosis import _fade_steps
 from pytest_spikecheck.records import Record
+from pytest_spikecheck.records.facts import RunFacts
+from pytest_spikecheck.scenario import ClipSpec
 
 from short_runs import SHORT_BURST
 
@@ -93,11 +95,13 @@ def test_no_loss_column_is_not_a_numeric_break():
 # -- the full ladder without training: a stand-in for an engine Run ---------------------------
 
 class _EngineRun:
-    """What diagnose() reads of an engine Run (events, batches, declared events, scenario)."""
+    """What diagnose() reads of an engine Run (events, batches, declared events, facts)."""
 
-    def __init__(self, events=(), batches=(), declared=(), clip_mode="norm", max_norm=1.0):
+    def __init__(self, events=(), batches=(), declared=(), clip_kind="global", max_norm=1.0):
         self.events, self.batches, self.declared_events = list(events), list(batches), tuple(declared)
-        self.scenario = SimpleNamespace(optimizer=SimpleNamespace(clip_mode=clip_mode), max_norm=max_norm)
+        adaptive = clip_kind == "adaptive"
+        self.facts = RunFacts(source="engine", clip=ClipSpec(kind=clip_kind, max_norm=max_norm, z=2.5 if adaptive else None,
+                                                             alpha=0.97 if adaptive else None))
 
     def event_at(self, step):
         return next((e for e in self.events if e["step"] == step), None)
@@ -231,11 +235,11 @@ def test_without_a_gradient_norm_the_verdict_says_so():
 
 @pytest.mark.parametrize(("run_kwargs", "event_extra", "max_norm", "limit"), [
     ({}, {}, None, 2.0),  # the event's own limit
-    ({}, {"max_norm": None}, None, 1.0),  # else the scenario's
-    ({"clip_mode": "adaptive"}, {"max_norm": None}, None, None),  # an adaptive limit is only in events
+    ({}, {"max_norm": None}, None, 1.0),  # else the facts'
+    ({"clip_kind": "adaptive"}, {"max_norm": None}, None, None),  # an adaptive limit is only in events (format 1)
     ({}, {}, 0.5, 0.5),  # the caller's wins
 ])
-def test_the_clip_limit_comes_from_the_caller_the_event_or_the_scenario(run_kwargs, event_extra, max_norm, limit):
+def test_the_clip_limit_comes_from_the_caller_the_event_or_the_facts(run_kwargs, event_extra, max_norm, limit):
     assert diagnose(_ladder_record(event_extra, **run_kwargs), max_norm=max_norm).facts["max_norm"] == limit
 
 

@@ -327,7 +327,7 @@ def test_bad_nproc_is_one_clear_error(nproc):
     (Scenario.preset("phase-19").replace(sampler__accumulation=8), {"nproc": 2},
      r"nproc 2 x accumulation 8 exceeds the batch size 8: every rank needs at least one sample of each micro-batch"),
     (Scenario.preset("phase-19").replace(sampler__accumulation=2).with_breaks(ClipEachMicrobatch()), {"nproc": 2},
-     r"ClipEachMicrobatch \(clip_mode each_microbatch\) is declared on one process"),
+     r"ClipEachMicrobatch \(clip_when per_microbatch\) is declared on one process"),
     (SHORT, {"nproc": 2, "callbacks": [print]}, r"callbacks cannot be used with nproc > 1"),
     (SHORT.replace(model_factory=lambda vocab_size: None), {"nproc": 2}, r"must be picklable"),
     (SHORT, {"nproc": 2, "device": "cuda:1"}, r"pass device 'cuda' \(rank r trains on cuda:r\)"),
@@ -357,7 +357,7 @@ def test_cli_refuses_shard_local_norm_on_one_process(tmp_path, capsys):
     config = tmp_path / "config.yaml"
     config.write_text("preset: phase-19\nsteps: 12\nbreaks:\n  - shard_local_norm\n")
     assert main(["train", str(config), "--quiet"]) == 2
-    assert capsys.readouterr().err == ("spikecheck: error: ShardLocalNorm (clip_mode shard_local) needs nproc >= 2: "
+    assert capsys.readouterr().err == ("spikecheck: error: ShardLocalNorm (clip_kind shard_local) needs nproc >= 2: "
                                        "on one process the shard is the whole gradient, so there is no per-rank norm "
                                        "to get wrong\n")
 

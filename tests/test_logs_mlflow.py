@@ -77,3 +77,21 @@ def test_deleted_runs_and_bad_lines(tmp_path):
         read_log(empty)
     with pytest.raises(ConfigError, match="an MLflow value carries its own step"):
         read_log(RUN, mapping={"step": "x"})
+
+
+def test_the_params_are_the_records_facts(tmp_path):
+    """HF's MLflowCallback logs the TrainingArguments: the record's facts say what they say
+    (clip, accumulation, seed, optimizer, precision) and nothing else (unknown stays None)."""
+    from pytest_spikecheck.judge.analysis import clip_limits
+
+    run = run_folder(tmp_path, {"loss": "1000 2.0 1\n1001 2.1 2\n"},
+                     params={"max_grad_norm": "0.5", "gradient_accumulation_steps": "4", "seed": "42",
+                             "optim": "adamw_torch", "learning_rate": "0.0003", "bf16": "True"})
+    facts = read_log(run).facts
+    assert (facts.source, facts.max_norm, facts.accumulation, facts.seed, facts.optimizer, facts.amp_dtype) == (
+        "log", 0.5, 4, 42, "adamw", "bfloat16")
+    assert facts.optimizers[0].lr == 3e-4 and facts.model.arch is None and facts.world_size is None
+    assert clip_limits(read_log(run)).tolist() == [0.5, 0.5]
+    unclipped = run_folder(tmp_path / "b", {"loss": "1000 2.0 1\n"}, params={"max_grad_norm": "0.0"})
+    assert read_log(unclipped).facts.clip.kind == "none"
+    assert read_log(run_folder(tmp_path / "c", {"loss": "1000 2.0 1\n"})).facts is None  # no params: says nothing

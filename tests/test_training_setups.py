@@ -20,6 +20,7 @@ from pytest_spikecheck import (
 )
 from pytest_spikecheck.training.probe import probe_at
 from pytest_spikecheck.training.step import TrainingStep
+from pytest_spikecheck.scenario import ClipSpec
 
 STEPS, BURST = 12, 9
 NANO = Scenario.preset("phase-19").replace(name="nano", steps=STEPS, model=Scenario.preset("phase-19").model.__class__(
@@ -95,7 +96,7 @@ def test_the_float32_path_runs_no_autocast_and_no_scaler():
     byte-identity of the seed-42 Phase-19 metrics is checked in the report of issue 23)."""
     model = torch.nn.Linear(2, 2)
     step = TrainingStep(model, torch.optim.SGD(model.parameters(), lr=0.1), sharding=None, backend="torch",
-                        clip_mode="global")
+                        clip=ClipSpec())
     assert step.precision.is_float32 and step.accumulation == 1
     assert step.precision.current_scale() != step.precision.current_scale()  # NaN: nothing to read, no host sync
     assert step.precision.unscale(None) is False
@@ -117,15 +118,15 @@ def test_a_probe_of_the_real_batch_is_the_engines_step():
     ({"sampler__accumulation": 0}, (), "sampler.accumulation must be >= 1, was 0"),
     ({"sampler__accumulate": "max"}, (), "sampler.accumulate must be mean or sum, was 'max'"),
     ({}, (AccumulateSum(),), "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2"),
-    ({}, (ClipEachMicrobatch(),), "optimizer.clip_mode each_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2"),
+    ({}, (ClipEachMicrobatch(),), "optimizer.clip_when per_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2"),
     ({"amp__dtype": "float8"}, (), "amp.dtype must be one of float32, bfloat16, float16, was 'float8'"),
     ({"amp__loss_scale": "dynamic"}, (), "amp.loss_scale needs amp.dtype float16"),
     ({"amp__dtype": "float16", "amp__loss_scale": -1.0}, (), "amp.loss_scale must be 'dynamic' or a finite number > 0"),
     ({"amp__dtype": "float16", "amp__loss_scale": "dyn"}, (), "amp.loss_scale must be 'dynamic', a number or None"),
     ({"amp__dtype": "bfloat16"}, (HalfPrecision(),), "amp keeps float32 master weights: model.dtype must be float32"),
-    ({"optimizer__clip_mode": "before_unscale"}, (), "optimizer.clip_mode before_unscale (ClipBeforeUnscale) needs a loss scale"),
+    ({"optimizer__clip_when": "before_unscale"}, (), "optimizer.clip_when before_unscale (ClipBeforeUnscale) needs a loss scale"),
     ({"sampler__accumulation": 2, "amp__dtype": "float16", "amp__loss_scale": "dynamic"}, (ClipEachMicrobatch(),),
-     "optimizer.clip_mode each_microbatch (ClipEachMicrobatch) is declared without loss scaling"),
+     "optimizer.clip_when per_microbatch (ClipEachMicrobatch) is declared without loss scaling"),
 ])
 def test_bad_accumulation_and_amp_settings_are_one_line_errors(changes, breaks, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
@@ -217,7 +218,7 @@ def test_the_loss_scaler_works_with_any_optimizer_object(scale, skipped):
     optimizer = _TwoOptimizers(torch.optim.AdamW(model.embed.parameters(), lr=0.1),
                                torch.optim.SGD(model.head.parameters(), lr=0.1))
     precision = Precision(torch.float16, torch.amp.GradScaler("cpu", init_scale=scale), static_scale=scale)
-    step = TrainingStep(model, optimizer, SingleProcess(list(model.parameters())), backend="torch", clip_mode="global",
+    step = TrainingStep(model, optimizer, SingleProcess(list(model.parameters())), backend="torch", clip=ClipSpec(),
                         accumulation=2, precision=precision)
     x, y = torch.randint(0, 11, (4, 5)), torch.randint(0, 11, (4, 5))
     before = [p.detach().clone() for p in model.parameters()]
@@ -227,3 +228,15 @@ def test_the_loss_scaler_works_with_any_optimizer_object(scale, skipped):
     changed = [not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters())]
     assert changed == [not skipped] * 3  # both optimizers stepped, or neither
     assert precision.current_scale() == scale  # a static scale stays after the update
+
+
+def test_every_optimizer_declares_what_it_needs_of_a_sharding():
+    """The N-rank path asks each optimizer's OptimizerKind, never its name; an unknown name is one line."""
+    from pytest_spikecheck.scenario.sections import OPTIMIZERS
+    from pytest_spikecheck.training.optimizers import OPTIMIZER_KINDS, optimizer_kind
+
+    assert tuple(OPTIMIZER_KINDS) == OPTIMIZERS
+    assert [(k.elementwise is not None, k.whole_matrices is not None, k.adam_moments)
+            for k in OPTIMIZER_KINDS.values()] == [(True, False, True), (False, True, True), (True, False, False)]
+    with pytest.raises(ConfigError, match="optimizer.name must be one of adamw, muon, sgd, was 'adam'"):
+        optimizer_kind("adam")

@@ -18,6 +18,7 @@ import torch  # noqa: E402
 from trainer_data import (  # noqa: E402
     BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, causal_lm_rows, corpus, one_thread, stream,
 )
+from run_schema import validate_run_folder  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
 from pytest_spikecheck import (  # noqa: E402
@@ -218,3 +219,40 @@ def test_the_trainer_writes_tensorboard_events_under_output_dir_runs(tmp_path):
     assert run_dir.name.endswith("_" + socket.gethostname()) and list(run_dir.glob("events.out.tfevents.*"))
     record = read_log(tmp_path / "runs")
     assert list(record.metrics["step"]) == [1, 2, 3] and "grad_norm" in record.metrics
+
+
+# -- the run facts: what the callback observed is what the judges read ------------------------
+
+def test_a_muon_run_recorded_from_the_trainer_is_diagnosed_as_muon_with_its_qk_clip(tmp_path):
+    """torch.optim.Muon on GPT-2's hidden matrices (the rest frozen: Muon takes 2-D tensors
+    only), QK-Clip's tau declared to the recorder: the facts say muon and tau, and so does the
+    diagnosis (it reads the facts, not a made-up scenario)."""
+    model = tiny_gpt2()
+    hidden = [p for n, p in model.named_parameters() if p.ndim == 2 and ".h." in f".{n}"]
+    for p in model.parameters():
+        p.requires_grad_(any(p is h for h in hidden))
+    callback = SpikecheckCallback(tmp_path / "run", catalog=catalog(), stream=accumulated_stream(1), name="muon",
+                                  qk_clip=30.0)
+    with one_thread():
+        Trainer(model=model, args=arguments(tmp_path, MAX_NORM, max_steps=4), train_dataset=callback.stream,
+                callbacks=[callback], optimizers=(torch.optim.Muon(hidden, lr=0.02), None)).train()
+    validate_run_folder(tmp_path / "run")  # a recorded folder is the published format too
+    run = Run.load(tmp_path / "run")
+    assert run.facts.source == "hf" and run.facts.optimizer == "muon"
+    assert [(g.name, g.tensors) for g in run.facts.optimizers] == [("muon", len(hidden))]
+    assert run.facts.qk_clip.tau == 30.0 and run.facts.max_norm == MAX_NORM
+    d = diagnose(run, step=3)
+    assert (d.facts["optimizer"], d.facts["qk_clip_tau"]) == ("muon", 30.0)
+
+
+def test_a_recorded_adamw_run_is_judged_against_its_own_max_grad_norm(tmp_path):
+    """max_grad_norm=0.5 in the TrainingArguments: assert_clip_contains needs no max_norm=."""
+    with one_thread():
+        run = train_hf(tmp_path / "half", 0.5, max_steps=4)
+        unclipped = train_hf(tmp_path / "none", 0.0, max_steps=4)
+    assert run.facts.optimizer == "adamw" and run.facts.max_norm == 0.5
+    assert run["clip_limit"].tolist() == [0.5] * 4  # written at every step
+    assert_clip_contains(run)  # against 0.5: the pre-clip norms are above it
+    assert (run["grad_norm_pre"] > 0.5).all()
+    with pytest.raises(ConfigError, match="the record says it had no clip"):
+        assert_clip_contains(unclipped)

@@ -103,7 +103,8 @@ def test_pre_clip_norm_matches_lightnings_grad_norm(lightning_runs, kind):
 
 def test_clipped_twin_is_contained_by_lightnings_clip(lightning_runs):
     run, _ = lightning_runs["clip"]
-    assert run.scenario.max_norm == MAX_NORM
+    assert run.scenario is None and run.facts.max_norm == MAX_NORM and run.facts.source == "lightning"
+    assert run.facts.optimizer == "adamw" and run.facts.amp_dtype == "float32" and run.facts.world_size == 1
     assert_clip_contains(run, MAX_NORM)
     over = run["grad_norm_pre"] > MAX_NORM
     assert over[BURST_STEP - 1]
@@ -112,7 +113,7 @@ def test_clipped_twin_is_contained_by_lightnings_clip(lightning_runs):
 
 def test_unclipped_run_spikes_at_the_burst_and_names_the_injected_samples(lightning_runs):
     run, _ = lightning_runs["no_clip"]
-    assert math.isinf(run.scenario.max_norm)
+    assert run.facts.clip.kind == "none" and run.facts.max_norm is None
     np.testing.assert_allclose(run["grad_norm_post"], run["grad_norm_pre"], rtol=1e-5)  # measured: untouched
     assert np.all(run["clip_factor"] == 1.0)
     assert_spike(run, at=BURST_STEP, min_ratio=5)

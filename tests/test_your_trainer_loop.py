@@ -74,6 +74,10 @@ def test_pre_clip_norm_is_measured_and_matches_torch(loop_runs, kind):
 def test_clipped_run_is_contained_and_post_clip_is_measured(loop_runs):
     run, _ = loop_runs["clip"]
     assert_clip_contains(run, MAX_NORM)
+    # the facts as observed: the optimizer object's own groups (decayed, not), the clip it was told
+    assert (run.facts.source, run.facts.optimizer, run.facts.max_norm) == ("recorder", "adamw", MAX_NORM)
+    assert [(g.weight_decay, g.lr) for g in run.facts.optimizers] == [(0.1, 1e-2), (0.0, 1e-2)]
+    assert run.facts.qk_clip is None and run.facts.amp_dtype is None  # not observed, not given: unknown
     over = run["grad_norm_pre"] > MAX_NORM
     assert over[BURST_STEP - 1]
     np.testing.assert_allclose(run["grad_norm_post"][over], MAX_NORM, rtol=1e-5)
@@ -126,8 +130,13 @@ def test_inject_burst_rejects_bad_input_in_one_line(kwargs, message):
         inject_burst(list(range(50)), **{"at_step": 5, "batch_size": 8, "steps": 20, **kwargs})
 
 
+def test_recorder_rejects_a_qk_clip_that_is_no_tau():
+    with pytest.raises(ConfigError, match=r"record\(..., qk_clip=...\) is your QK-Clip's tau, a number > 0"):
+        record(torch.nn.Linear(2, 2), qk_clip="30")
+
+
 def test_recorder_rejects_a_negative_max_norm():
-    with pytest.raises(ConfigError, match="max_norm must be >= 0"):
+    with pytest.raises(ConfigError, match="Recorder max_norm must be > 0"):
         record(torch.nn.Linear(2, 2), max_norm=-1.0)
 
 

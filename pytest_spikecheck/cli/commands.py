@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from pytest_spikecheck import __version__
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.scenario.sections import check_max_norm
 
 if TYPE_CHECKING:
     from pytest_spikecheck.records import Record
@@ -25,13 +26,10 @@ def _grad_clip(text: str) -> float | None:
     if text.lower() in ("inf", "none", "null", "off"):
         return None
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, inf or none, was {text!r}") from None
-    if math.isnan(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"max_norm must be > 0 (or inf/none for no clipping; to clip as hard as "
-                                         f"possible use a tiny max_norm such as 1e-3), was {text!r}")
-    return value
+        return check_max_norm(float(text), "--grad-clip")
+    except ValueError as exc:  # not a number, or ConfigError: the one rule of a clip limit
+        raise argparse.ArgumentTypeError(str(exc) if isinstance(exc, ConfigError)
+                                         else f"expected a number, inf or none, was {text!r}") from None
 
 
 def _positive_int(text: str) -> int:

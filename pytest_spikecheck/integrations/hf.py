@@ -78,7 +78,11 @@ class SpikecheckCallback(TrainerCallback):
                  "max_steps": args.max_steps, "output_dir": str(args.output_dir)}
         self.recorder = Recorder(model, inner, max_norm=max_norm, catalog=self.catalog, stream=self.stream,
                                  name=self.name, trainer="hf", accumulation=accumulation, scaler=scaler, seed=args.seed,
-                                 facts=facts, meta={"trainer_grad_norm_is": "pre-clip"}, **self.options)
+                                 facts=facts, meta={"trainer_grad_norm_is": "pre-clip"},
+                                 run_facts={"amp_dtype": "bfloat16" if args.bf16 else "float16" if scaler is not None else "float32",
+                                            "loss_scale": "dynamic" if scaler is not None else "none",
+                                            "world_size": max(args.world_size, 1),
+                                            "batch_size": facts["batch_size"]}, **self.options)
         gradient_state = getattr(optimizer, "gradient_state", None)
         if gradient_state is not None:  # accelerate says which backward closes the optimizer step
             armed = lambda: bool(gradient_state.sync_gradients)  # noqa: E731

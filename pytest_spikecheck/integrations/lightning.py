@@ -40,6 +40,10 @@ from pytest_spikecheck.integrations.burst import BurstStream
 from pytest_spikecheck.integrations.recorder import Recorder, SampleCatalog
 
 
+#: Lightning's precision settings as the autocast dtype (None: one not listed, unknown).
+_AMP_DTYPES = {"32-true": "float32", "32": "float32", "bf16-mixed": "bfloat16", "16-mixed": "float16"}
+
+
 class SpikecheckCallback(Callback):
     """Records the run into ``out`` (a run folder, written when training ends) and into
     :attr:`recorder` (``callback.run()`` is the :class:`~pytest_spikecheck.Run`). ``stream``:
@@ -81,7 +85,13 @@ class SpikecheckCallback(Callback):
                                  stream=self.stream, name=self.name, trainer="lightning", accumulation=accumulation,
                                  scaler=scaler, seed=int(seed) if seed is not None else None, facts=facts,
                                  meta={"gradient_clip_algorithm": str(trainer.gradient_clip_algorithm),
-                                       "gradient_clip_val": trainer.gradient_clip_val}, **self.options)
+                                       "gradient_clip_val": trainer.gradient_clip_val},
+                                 run_facts={"amp_dtype": _AMP_DTYPES.get(str(trainer.precision)),
+                                            "loss_scale": "dynamic" if scaler is not None else "none",
+                                            "world_size": trainer.world_size, "batch_size": facts["batch_size"],
+                                            # clipping by value is no ClipSpec kind: unknown, not "none"
+                                            **({"clip": None} if not by_norm and trainer.gradient_clip_val else {})},
+                                 **self.options)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self.recorder.before_clip()

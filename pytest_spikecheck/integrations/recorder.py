@@ -27,6 +27,7 @@ The framework callbacks (:mod:`.hf`, :mod:`.lightning`) drive the same object fr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import platform
 import time
@@ -46,8 +47,11 @@ from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.integrations.burst import BurstStream
 from pytest_spikecheck.judge.text import fmt_scale
-from pytest_spikecheck.records.run import TRAINER_NAMES, Run, recorded_scenario
-from pytest_spikecheck.scenario.sections import RecordSpec, SamplerSpec
+from pytest_spikecheck.records.facts import ModelFacts, QKClipFacts, RunFacts
+from pytest_spikecheck.records.run import TRAINER_NAMES, Run
+from pytest_spikecheck.scenario.sections import ClipSpec, RecordSpec, SamplerSpec, check_max_norm
+from pytest_spikecheck.training.optimizers import observed_groups
+from pytest_spikecheck.training.qk_clip import QKClipHook
 from pytest_spikecheck.training.recorders import MetricsRecorder, adam_surprise, token_loss_table
 from pytest_spikecheck.training.sharding import EventView, SingleProcess, float64_norm
 from pytest_spikecheck.training.step import SKIPPED_OVERFLOW, SpikeWatch, StepVerdict
@@ -166,7 +170,13 @@ class Recorder:
     recorded norms are the unscaled ones, the loss scale is a column and the steps it skips are
     marked ``skipped: overflow``. ``seed``: your run's seed, for the record (run.json).
     ``trainer``: ``loop``, ``hf`` or ``lightning``; ``facts``: what the trainer reports about the
-    run (the callbacks fill them: lr, max_grad_norm, precision, versions), written to run.json."""
+    run (the callbacks fill them: lr, max_grad_norm, precision, versions), written to run.json's
+    ``recorded``. ``run_facts``: :class:`~pytest_spikecheck.records.facts.RunFacts` fields the
+    caller knows and the recorder cannot observe (the callbacks pass the trainer's precision and
+    world size); ``qk_clip``: your QK-Clip's tau (or a ``QKClipFacts``), if you run one the
+    recorder cannot see (ours, an OptimizerSet's after-step hook, it reads itself). The rest of
+    the run facts are observed: the optimizer's class and param groups, the clip, the
+    accumulation, the seed; what is neither observed nor given is None."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None = None
@@ -184,10 +194,12 @@ class Recorder:
     scaler: Any = None
     seed: int | None = None
     facts: dict[str, Any] = field(default_factory=dict)
+    run_facts: Mapping[str, Any] = field(default_factory=dict)
+    qk_clip: float | QKClipFacts | None = None
 
     def __post_init__(self) -> None:
-        if self.max_norm is not None and not self.max_norm >= 0:
-            raise ConfigError(f"Recorder max_norm must be >= 0 (0, None or inf: no clip), was {self.max_norm}")
+        # 0 is how trainers spell "no clip" (TrainingArguments(max_grad_norm=0)); else the one rule
+        self.max_norm = None if self.max_norm == 0 else check_max_norm(self.max_norm, "Recorder max_norm")
         if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
             raise ConfigError(f"record(..., accumulation=...) must be an integer >= 1 (micro-batches per optimizer "
                               f"step), was {self.accumulation!r}")
@@ -197,7 +209,13 @@ class Recorder:
                               f"accumulation={self.accumulation}: give both the same")
         if self.scaler is not None and not all(hasattr(self.scaler, a) for a in ("get_scale", "scale", "unscale_")):
             raise ConfigError(f"record(..., scaler=...) takes a torch.amp.GradScaler, was {type(self.scaler).__name__}")
-        self.max_norm = math.inf if not self.max_norm else float(self.max_norm)
+        self.max_norm = math.inf if self.max_norm is None else float(self.max_norm)
+        if self.qk_clip is not None and not isinstance(self.qk_clip, QKClipFacts):
+            if isinstance(self.qk_clip, bool) or not isinstance(self.qk_clip, (int, float)) or not 0 < self.qk_clip < math.inf:
+                raise ConfigError(f"record(..., qk_clip=...) is your QK-Clip's tau, a number > 0 (or a QKClipFacts), "
+                                  f"was {self.qk_clip!r}")
+            self.qk_clip = QKClipFacts(tau=float(self.qk_clip))
+        self._groups = observed_groups(self.optimizer)  # before any step: the groups' lr as built
         self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         if not self.named:
             raise ConfigError("Recorder: the model has no trainable parameters")
@@ -390,7 +408,7 @@ class Recorder:
         row = self._metrics.add_row(step=p.step, loss=loss_value, grad_norm_pre=p.grad_norm_pre,
                                     grad_norm_post=post, clip_factor=clip_factor,
                                     lr=p.lr if lr is None else float(lr), eval_loss=float(eval_loss),
-                                    adam_v_norm=math.sqrt(v_sum), loss_scale=p.loss_scale)
+                                    adam_v_norm=math.sqrt(v_sum), loss_scale=p.loss_scale, clip_limit=self.max_norm)
         if not p.verdict.overflow:
             self._watch.observe_norm(p.step, p.grad_norm_pre)
         self._pending = None
@@ -464,9 +482,35 @@ class Recorder:
             **({"clip_before_unscale_at": list(self._clip_before_unscale_at)} if self._clip_before_unscale_at else {}),
             **self.meta,
         }
-        scenario = recorded_scenario(meta, name=self.name, steps=self.steps_recorded)
-        return Run(scenario=scenario, metrics=self._metrics.arrays(), batches=self.batches,
-                   events=list(self.events), meta=meta, skipped=dict(self.skipped))
+        return Run(scenario=None, metrics=self._metrics.arrays(), batches=self.batches,
+                   events=list(self.events), meta=meta, skipped=dict(self.skipped), facts=self.observed_facts())
+
+    def observed_facts(self) -> RunFacts:
+        """The run facts as the recorder observed them (see the class docstring)."""
+        qk = self.qk_clip
+        hook = getattr(self.optimizer, "after_step", None)
+        if isinstance(hook, QKClipHook):
+            qk = QKClipFacts(hook.tau, hook.alpha, hook.per_head)
+        micro = self.stream.batch_size if self.stream is not None else None
+        config = getattr(self.model, "config", None)  # a transformers model's
+        known = {"arch": type(self.model).__name__, "parameters": sum(p.numel() for _, p in self.named),
+                 **{name: getattr(config, key, None) for name, key in (
+                     ("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads"),
+                     ("n_kv_head", "num_key_value_heads"), ("n_embd", "hidden_size"), ("vocab_size", "vocab_size"))}}
+        facts = RunFacts(
+            source={"loop": "recorder"}.get(self.trainer, self.trainer),
+            model=ModelFacts(**{k: v for k, v in known.items() if isinstance(v, (int, str))}),
+            optimizers=self._groups,
+            clip=ClipSpec(kind="global", max_norm=self.max_norm) if math.isfinite(self.max_norm) else ClipSpec("none", None),
+            qk_clip=qk, loss_scale="dynamic" if self.scaler is not None else None, accumulation=self.accumulation,
+            batch_size=micro * self.accumulation if micro is not None else None, seed=self.seed,
+            package_version=__version__, torch_version=torch.__version__, python=platform.python_version())
+        try:
+            return dataclasses.replace(facts, **self.run_facts)
+        except TypeError:
+            known_fields = ", ".join(f.name for f in dataclasses.fields(RunFacts))
+            unknown = sorted(set(self.run_facts) - {f.name for f in dataclasses.fields(RunFacts)})
+            raise ConfigError(f"Recorder run_facts: unknown field {unknown[0] if unknown else '?'!r}; known: {known_fields}") from None
 
     def recorded_facts(self) -> dict[str, Any]:
         """What the run was, as the trainer reports it (run.json ``recorded``): the trainer, the

@@ -39,6 +39,33 @@ def overclipped(pre: Any, post: Any, limit: Any, rtol: float = CLIP_RTOL) -> np.
     with np.errstate(invalid="ignore", over="ignore"):
         return np.isfinite(pre) & np.isfinite(post) & (post < expected * (1 - rtol) - CLIP_EPS)
 
+def contained(post: Any, limit: Any, rtol: float = CLIP_RTOL) -> np.ndarray:
+    """Where the clip held: the post-clip norm at most limit·(1 + rtol). The one rule of
+    containment (assert_clip_contains, the diagnosis and the report's cell all ask it). An
+    infinite limit (no clip) holds any finite norm; a NaN post-clip norm is not contained."""
+    post, limit = np.asarray(post, dtype=np.float64), np.asarray(limit, dtype=np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        return post <= limit * (1 + rtol)
+
+
+def clip_limits(rec: Any, max_norm: float | None = None) -> np.ndarray | None:
+    """The clip limit of each step of ``rec`` (a Record): ``max_norm`` when the caller gives it;
+    else the record's own ``clip_limit`` column (null or inf: no clip at that step, inf here);
+    else its facts' fixed limit (a Run's, a log's). None when the record does not say (a log
+    without the column or the parameters, or facts that do not know the clip)."""
+    steps = np.asarray(rec.metrics["step"])
+    if max_norm is not None:
+        return np.full(steps.shape, float(max_norm))
+    if "clip_limit" in rec.metrics:
+        values = np.asarray(rec.metrics["clip_limit"], dtype=np.float64)
+        return np.where(np.isnan(values), np.inf, values)
+    facts = getattr(rec, "facts", None) or getattr(getattr(rec, "run", None), "facts", None)
+    clip = getattr(facts, "clip", None)
+    if clip is None or clip.kind == "adaptive":
+        return None  # unknown, or a limit that moves every step and was not recorded
+    return np.full(steps.shape, clip.limit)
+
+
 #: Means, medians, differences and ratios of values near float64's limit overflow; inf is then
 #: the honest result (a ratio too large to represent is still a spike), so numpy need not warn
 #: (a warning is an error in suites run with ``filterwarnings = error``).

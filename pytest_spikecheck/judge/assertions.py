@@ -15,15 +15,17 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, column, largest_spike, overclipped, recovery_steps, spike_ratio,
+    BASELINE_WINDOW, CLIP_RTOL, RECOVERY_FACTOR, clip_limits, column, contained, largest_spike, overclipped,
+    recovery_steps, spike_ratio,
 )
 from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.judge.detectors import get_detector
 from pytest_spikecheck.judge.diagnosis import LOSS_SCALE_LIKE
 from pytest_spikecheck.judge.finiteness import Finiteness, judge_finite
 from pytest_spikecheck.judge.policy import judge_log, pick_metric
-from pytest_spikecheck.errors import SpikeCheckError
+from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
+from pytest_spikecheck.scenario.sections import check_max_norm
 from pytest_spikecheck.judge.text import MISSING, fmt, fmt_compact, fmt_measure, sparkline, table
 
 __all__ = [
@@ -208,30 +210,45 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
 FLOAT32_NORM_DRIFT = 1e-3
 
 
-def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL, allow_overclip: bool = False) -> None:
-    """Assert the clip did its job at every step: the post-clip gradient norm never exceeds
-    ``max_norm * (1 + rtol)`` (and is finite where the pre-clip norm was), and the clip never
-    scaled too far: post-clip ≥ min(pre-clip, max_norm)·(1 − rtol) (less torch's 1e-6 epsilon),
-    the over-clip of a clip on loss-scaled gradients. An adaptive clip's record carries its own
-    limit per step (``clip_limit``), which the over-clip side judges against. ``allow_overclip=True``
-    keeps only the upper bound. Steps whose update was skipped (``Record.skipped``) hand the
-    optimizer nothing and are left out. A record with no finite norm at all fails: it shows
-    nothing. The default ``rtol`` (1e-5) holds for float32 clips whose norm is accurate (our
-    backends, torch on a GPU); torch's CPU clip of a model with tensors of millions of elements
-    overshoots by up to ~1e-3 (the failure says so), so pass ``rtol=1e-3`` there."""
+def assert_clip_contains(run: Any, max_norm: float | None = None, rtol: float = CLIP_RTOL,
+                         allow_overclip: bool = False) -> None:
+    """Assert the clip did its job at every step: the post-clip gradient norm never exceeds the
+    limit·(1 + rtol) (and is finite where the pre-clip norm was), and the clip never scaled too
+    far: post-clip ≥ min(pre-clip, limit)·(1 − rtol) (less torch's 1e-6 epsilon), the over-clip
+    of a clip on loss-scaled gradients. The limit is ``max_norm``; without it, the record's own
+    (its per-step ``clip_limit``, which every engine and recorded run writes, else its facts'
+    max_norm: a run recorded from a Trainer with ``max_grad_norm=0.5`` is judged against 0.5).
+    An adaptive clip's record carries its limit per step; the over-clip side judges against it.
+    ``allow_overclip=True`` keeps only the upper bound. Steps whose update was skipped
+    (``Record.skipped``) hand the optimizer nothing and are left out. A record with no finite
+    norm at all fails: it shows nothing. The default ``rtol`` (1e-5) holds for float32 clips
+    whose norm is accurate (our backends, torch on a GPU); torch's CPU clip of a model with
+    tensors of millions of elements overshoots by up to ~1e-3 (the failure says so), so pass
+    ``rtol=1e-3`` there."""
     __tracebackhide__ = True
     rec = as_record(run)
     metric = _pick_metric(rec, "grad_norm_post")
+    if max_norm is not None:
+        max_norm = check_max_norm(max_norm, "assert_clip_contains(max_norm=...)")
+        if max_norm is None:
+            raise ConfigError("assert_clip_contains(max_norm=inf): no limit to contain the gradient under; "
+                              "pass a finite max_norm, or none to judge against the record's own")
+    own = clip_limits(rec)
+    limits = clip_limits(rec, max_norm) if max_norm is not None else own
+    if limits is None or not np.isfinite(limits).any():
+        said = "says it had no clip" if limits is not None else "does not say what the clip limit was"
+        raise ConfigError(f"assert_clip_contains: the record {said} (no clip_limit column, no facts.clip): "
+                          f"pass max_norm=")
     steps = np.asarray(rec.metrics["step"])
     post = np.asarray(rec.metrics[metric], dtype=float)
     pre = np.asarray(rec.metrics["grad_norm_pre"], dtype=float) if "grad_norm_pre" in rec.metrics else None
+    shown = max_norm if max_norm is not None else float(np.nanmax(np.where(np.isfinite(limits), limits, np.nan)))
     if not np.isfinite(post).any() and (pre is None or not np.isfinite(pre).any()):
         # Nothing finite before or after the clip: no value shows the clip held (or that it broke).
         _fail(f"no finite {metric} in the record ({post.size} step{'s' if post.size != 1 else ''}), and no finite "
-              f"grad_norm_pre either: nothing shows whether the clip held", rec, None, metric, max_norm=max_norm)
+              f"grad_norm_pre either: nothing shows whether the clip held", rec, None, metric, max_norm=shown)
     applied = ~np.isin(steps, np.fromiter(rec.skipped, dtype=np.int64, count=len(rec.skipped)))
-    limit = max_norm * (1 + rtol)
-    bad = np.flatnonzero(~(post <= limit) & ~np.isnan(post) & applied)
+    bad = np.flatnonzero(~contained(post, limits, rtol) & ~np.isnan(post) & applied)
     nans = np.flatnonzero(np.isnan(post) & applied)
     if nans.size and pre is not None:
         # NaN post-clip where the pre-clip norm was finite means the clip itself broke something.
@@ -242,30 +259,30 @@ def assert_clip_contains(run: Any, max_norm: float, rtol: float = CLIP_RTOL, all
         rounding = (f"; an overshoot of at most {FLOAT32_NORM_DRIFT:g} is float32 rounding in the clip's own norm "
                     f"(torch's CPU norm of one tensor of millions of elements drifts that much): pass "
                     f"rtol={FLOAT32_NORM_DRIFT:g} if that is what you see"
-                    if post[worst] <= max_norm * (1 + FLOAT32_NORM_DRIFT) else "")
+                    if contained(post[worst], limits[worst], FLOAT32_NORM_DRIFT) else "")
         _fail(f"the clip did not contain the gradient: post-clip norm {fmt(float(post[i]), '.4g')} > max_norm "
-              f"{max_norm:g} at step {int(steps[i])} ({bad.size} step{'s' if bad.size > 1 else ''} over; worst "
+              f"{float(limits[i]):g} at step {int(steps[i])} ({bad.size} step{'s' if bad.size > 1 else ''} over; worst "
               f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])}){rounding}", rec, int(steps[worst]),
-              metric, max_norm=max_norm)
+              metric, max_norm=float(limits[worst]))
     if allow_overclip or pre is None:
         return
-    own_limit = np.asarray(rec.metrics["clip_limit"], dtype=float) if "clip_limit" in rec.metrics else max_norm
-    under = np.flatnonzero(overclipped(pre, post, np.minimum(own_limit, max_norm), rtol) & applied)
+    judged = limits if own is None else np.minimum(own, limits)
+    under = np.flatnonzero(overclipped(pre, post, judged, rtol) & applied)
     if under.size:
         i = int(under[0])
-        expected = min(float(pre[i]), float(np.broadcast_to(own_limit, pre.shape)[i]), max_norm)
+        expected = min(float(pre[i]), float(judged[i]))
         times = expected / post[i] if post[i] > 0 else math.inf
         more = f" ({under.size} steps over-clipped)" if under.size > 1 else ""
         _fail(f"over-clipped at step {int(steps[i])}: the optimizer received {fmt_compact(float(post[i]))} for pre-clip "
-              f"{fmt_compact(float(pre[i]))} and max_norm {max_norm:g} (×{fmt_compact(times)} too small){more}: "
-              f"{_overclip_cause(rec, times)}", rec, int(steps[i]), metric, max_norm=max_norm)
+              f"{fmt_compact(float(pre[i]))} and max_norm {float(limits[i]):g} (×{fmt_compact(times)} too small){more}: "
+              f"{_overclip_cause(rec, times)}", rec, int(steps[i]), metric, max_norm=float(limits[i]))
 
 
 def _overclip_cause(rec: Record, times: float) -> str:
     """What a too-far clip most likely is: the record's own declaration, else a guess."""
     run = rec.run
-    declared = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "clip_mode", None)
-    if declared == "before_unscale" or (run is not None and run.meta.get("clip_before_unscale_at")):
+    clip = getattr(getattr(run, "facts", None), "clip", None)
+    if (clip is not None and clip.when == "before_unscale") or (run is not None and run.meta.get("clip_before_unscale_at")):
         return "clipped before unscaling (the clip saw the loss-scaled gradients)"
     if times >= LOSS_SCALE_LIKE:
         return "clipped before unscaling? (a loss scale between the clip and the optimizer shrinks it this much)"
@@ -361,7 +378,9 @@ def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float
     rec = as_record(run)
     stats = (rec.run.meta.get("lockin") if rec.run is not None else None)
     if stats is None:
-        custom = rec.run.scenario.model_factory_path if rec.run is not None else None
+        facts = getattr(rec.run, "facts", None)
+        arch = facts.model.arch if facts is not None and facts.source == "engine" else None
+        custom = arch if arch not in (None, "gpt", "llama") else None
         reason = ("the run stopped early" if rec.run is not None and rec.run.stopped_early
                   else f"the engine records greedy samples for the built-in GPT only, and this run trained your own "
                        f"model ({custom}); sample it yourself and check the output" if custom

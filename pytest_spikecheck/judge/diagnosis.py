@@ -24,8 +24,9 @@ from typing import Any
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    CLIP_RTOL, baseline, largest_spike, loss_jump, overclipped, recovery_steps, spike_ratio, value_at,
+    CLIP_RTOL, baseline, clip_limits, largest_spike, loss_jump, overclipped, recovery_steps, spike_ratio, value_at,
 )
+from pytest_spikecheck.judge.analysis import contained as contained_by
 from pytest_spikecheck.records import Record, as_record
 from pytest_spikecheck.judge.sweeps import QK_CLIP_FACTOR
 from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure, fmt_scale
@@ -94,20 +95,20 @@ def _logged(rec: Record, name: str, step: int) -> float | None:
 
 
 def _max_norm_of(rec: Record, step: int, max_norm: float | None) -> float | None:
-    """The clip limit at ``step``: the caller's, else the engine's record of it (the event at
-    that step, else the scenario's fixed limit); None where the record does not say."""
+    """The clip limit at ``step``: the caller's, else the record's own ``clip_limit`` column,
+    else the event the engine recorded at that step (a format-1 run's only record of an
+    adaptive limit), else the facts' fixed limit
+    (:func:`~pytest_spikecheck.judge.analysis.clip_limits`); None where the record does not say
+    or says there was no clip."""
     if max_norm is not None:
         return float(max_norm)
-    run = rec.run
-    if run is None:
-        return None
-    event = run.event_at(step) if hasattr(run, "event_at") else None
-    if event is not None and event.get("max_norm") is not None:
+    event = rec.run.event_at(step) if rec.run is not None and hasattr(rec.run, "event_at") else None
+    if "clip_limit" not in rec.metrics and event is not None and event.get("max_norm") is not None:
         return float(event["max_norm"])
-    scenario = getattr(run, "scenario", None)
-    if scenario is None or scenario.optimizer.clip_mode == "adaptive":
-        return None  # an adaptive limit moves every step; only an event records it
-    return float(scenario.max_norm)
+    limits = clip_limits(rec)
+    at = np.flatnonzero(np.asarray(rec.metrics["step"]) == step)
+    limit = float(limits[at[-1]]) if limits is not None and at.size else math.nan
+    return limit if math.isfinite(limit) else None
 
 
 def clip_claims(pre: float | None, post: float | None, factor: float | None,
@@ -126,7 +127,7 @@ def clip_claims(pre: float | None, post: float | None, factor: float | None,
         clipped = factor < 1 - CLIPPED_RTOL
     else:
         clipped = None
-    contained = post <= max_norm * (1 + rtol) if finite(post) and finite(max_norm) else None
+    contained = bool(contained_by(post, max_norm, rtol)) if finite(post) and finite(max_norm) else None
     return clipped, contained
 
 
@@ -160,6 +161,8 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         d.verdict = "no spike"
         return d
     run = rec.run
+    if getattr(run, "facts", None) is not None:  # how it was trained, where the record says
+        d.facts.update(zip(("optimizer", "qk_clip_tau"), _optimizer_facts(run)))
 
     # 1. loss
     loss_now = _logged(rec, "loss", step)
@@ -321,11 +324,11 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
                      f"clip contained it cannot be told")
     if excused and not str(rec.skipped[step]).startswith("overflow"):
         d.verdict += f"; {skip_text}"
-    if declared == "each_microbatch" and contained is False:
+    if declared == "per_microbatch" and contained is False:
         d.verdict += (": each micro-batch was clipped on its own and the clipped parts summed (ClipEachMicrobatch): "
                       "clip the accumulated gradient once")
     elif declared == "accumulate_sum":
-        k = run.scenario.sampler.accumulation
+        k = run.facts.accumulation
         d.verdict += (f"; the {k} micro-batch losses are summed, not averaged (AccumulateSum): loss and gradient ×{k}")
     if d.facts.get("attention_logit_growth") and d.facts.get("optimizer") == "muon":
         d.verdict += ("; a max-logit explosion under Muon: QK-Clip or qk-norm contains it"
@@ -337,18 +340,19 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
 
 
 def _declared_bug(run: Any) -> str | None:
-    """The defence bug the run declares or its recorder saw: ``before_unscale`` (ClipBeforeUnscale,
-    or a recorder that found the gradients still scaled at the clip), ``each_microbatch``
-    (ClipEachMicrobatch), ``accumulate_sum`` (AccumulateSum); None otherwise."""
+    """The defence bug the run's facts declare or its recorder saw: ``before_unscale``
+    (ClipBeforeUnscale, or a recorder that found the gradients still scaled at the clip),
+    ``per_microbatch`` (ClipEachMicrobatch), ``accumulate_sum`` (AccumulateSum); None otherwise."""
     if run is None:
         return None
     if (getattr(run, "meta", None) or {}).get("clip_before_unscale_at"):
         return "before_unscale"
-    scenario = getattr(run, "scenario", None)
-    clip_mode = getattr(getattr(scenario, "optimizer", None), "clip_mode", None)
-    if clip_mode in ("before_unscale", "each_microbatch"):
-        return clip_mode
-    return "accumulate_sum" if getattr(getattr(scenario, "sampler", None), "accumulate", None) == "sum" else None
+    facts = getattr(run, "facts", None)
+    if facts is None:
+        return None
+    if facts.clip is not None and facts.clip.when != "after_unscale":
+        return facts.clip.when
+    return "accumulate_sum" if facts.accumulate == "sum" else None
 
 
 def _skip_text(rec: Record, step: int) -> str:
@@ -392,8 +396,7 @@ def attention_logit_rung(m: dict[str, Any], step: int, run: Any = None) -> tuple
     now, early = value_at(m, "attn_logit_max", step), value_at(m, "attn_logit_max", 10)
     worst = int(np.nanargmax(values))
     growth = now / early if math.isfinite(early) and early > 0 else math.nan
-    optimizer = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "name", None)
-    tau = getattr(getattr(getattr(run, "scenario", None), "optimizer", None), "qk_clip", None)
+    optimizer, tau = _optimizer_facts(run)
     # With QK-Clip on, logits up to QK_CLIP_FACTOR x tau are what it allows (its containment bound)
     limit = ATTENTION_LOGIT_LIMIT if tau is None else max(ATTENTION_LOGIT_LIMIT, QK_CLIP_FACTOR * tau)
     grew = bool(values[worst] > limit and math.isfinite(early) and values[worst] >= ATTENTION_GROWTH_FACTOR * early)
@@ -419,6 +422,14 @@ def attention_logit_rung(m: dict[str, Any], step: int, run: Any = None) -> tuple
         finding += (": a max-logit explosion; QK-Clip or qk-norm contains it" if optimizer == "muon"
                     else ": attention-logit growth; qk-layernorm contains it")
     return ("7 logits", finding), facts
+
+
+def _optimizer_facts(run: Any) -> tuple[str | None, float | None]:
+    """(the run's optimizer in one word, QK-Clip's tau) from its facts; None where unknown or off."""
+    facts = getattr(run, "facts", None)
+    if facts is None:
+        return None, None
+    return facts.optimizer, facts.qk_clip.tau if facts.qk_clip is not None else None
 
 
 def _largest_head(run: Any) -> tuple[int, int] | None:

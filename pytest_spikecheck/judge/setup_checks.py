@@ -33,15 +33,9 @@ DRIFT_RTOL = 1e-2
 
 
 def accumulation_of(rec: Record) -> int | None:
-    """The record's gradient accumulation, where it says (an engine run's scenario, a recorded run's facts)."""
-    run = rec.run
-    if run is None:
-        return None
-    recorded = (run.meta.get("recorded") or {}).get("accumulation")
-    if recorded is not None:
-        return int(recorded)
-    sampler = getattr(getattr(run, "scenario", None), "sampler", None)
-    return getattr(sampler, "accumulation", None)
+    """The record's gradient accumulation, where its facts say (None: a log, or facts that do not know)."""
+    facts = getattr(rec.run, "facts", None)
+    return None if facts is None or facts.accumulation is None else int(facts.accumulation)
 
 
 def _label(rec: Record, fallback: str) -> str:

@@ -162,7 +162,8 @@ def assert_qk_clip_contains(run: Any, tau: float | None = None, factor: float = 
     rec = as_record(run)
     m = rec.metrics
     if tau is None:
-        tau = getattr(getattr(getattr(rec.run, "scenario", None), "optimizer", None), "qk_clip", None)
+        qk_clip = getattr(getattr(rec.run, "facts", None), "qk_clip", None)
+        tau = qk_clip.tau if qk_clip is not None else None
         if tau is None:
             raise ConfigError(f"{rec.source}: pass tau=... (the run does not say it trained with QK-Clip)")
     if not (isinstance(tau, (int, float)) and 0 < tau < math.inf) or not (isinstance(factor, (int, float)) and factor >= 1):

@@ -21,7 +21,8 @@ from pytest_spikecheck.records.series import Record, columns_from_mapping
 def _from_run(run: Any, source: str) -> Record:
     # A Run's metrics carry their own missing masks (the eval loss where not evaluated), and the
     # steps whose update was skipped (a loss scaler's overflow, SkipSpikes).
-    return Record(dict(run.metrics), run, source, missing=dict(run.metrics.missing), skipped=dict(run.skipped))
+    return Record(dict(run.metrics), run, source, missing=dict(run.metrics.missing), skipped=dict(run.skipped),
+                  facts=run.facts)
 
 
 def as_record(obj: Any, steps: Any = None) -> Record:

@@ -31,9 +31,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts, facts_from_format_1
 from pytest_spikecheck.records.series import MetricColumns
 from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.scenario.sections import OptimizerSpec, RecordSpec, SamplerSpec
 
 #: The per-step metric columns, in file order. ``eval_loss`` is NaN where not evaluated.
 #: ``loss`` and ``eval_loss`` are the cross-entropy (an auxiliary z-loss is its own column).
@@ -58,21 +58,6 @@ SKIPPED_KEY = "skipped"
 TRAINER_NAMES = {"hf": "a Hugging Face Trainer", "lightning": "a Lightning Trainer", "loop": "your own training loop"}
 
 
-def recorded_scenario(meta: Mapping[str, Any], *, name: str, steps: int) -> Scenario:
-    """The scenario of a run recorded from another trainer: only what is true of it (its name,
-    length, clip limit, batch and accumulation, the recorder's detector settings); everything
-    else about that run is in ``meta["recorded"]``, as its trainer reported it."""
-    recorded, record = meta.get("recorded") or {}, meta.get("record") or {}
-    clip = recorded.get("max_grad_norm")
-    k = int(recorded.get("accumulation") or 1)
-    batch = recorded.get("batch_size")
-    return Scenario(
-        name=name, steps=max(int(steps), 1),
-        optimizer=OptimizerSpec(grad_clip=float(clip) if clip else None),
-        sampler=SamplerSpec(batch_size=int(batch), accumulation=k) if batch else SamplerSpec(),
-        record=RecordSpec(**{key: record[key] for key in ("spike_ratio", "spike_window", "top_tokens") if key in record}))
-
-
 def recorded_by(directory: str | Path) -> str | None:
     """The trainer a run folder was recorded from (``hf``, ``lightning``, ``loop``), None for an
     engine run or no run at all."""
@@ -88,7 +73,9 @@ def recorded_by(directory: str | Path) -> str | None:
 
 @dataclass
 class Run:
-    scenario: Scenario  # resolved
+    #: The resolved scenario of an engine run (what retrains it); None for a run recorded from
+    #: another trainer or written by hand: how those were trained is in :attr:`facts` only.
+    scenario: Scenario | None
     metrics: dict[str, np.ndarray]
     batches: list[dict[str, Any]] = field(default_factory=list)
     events: list[dict[str, Any]] = field(default_factory=list)
@@ -96,6 +83,9 @@ class Run:
     #: step -> why its update was not applied (``"overflow"``: the loss scaler found an inf/NaN;
     #: ``"skip_spikes"``: SkipSpikes); what :attr:`Record.skipped` reads.
     skipped: dict[int, str] = field(default_factory=dict)
+    #: How the run was trained (run.json ``facts``): what every judge and report reads. None
+    #: given: a format-1 run's, upgraded from its scenario or its ``recorded`` block.
+    facts: RunFacts | None = None
     #: The folder this run was loaded from (None: not loaded).
     folder: Path | None = field(default=None, compare=False)
 
@@ -106,6 +96,8 @@ class Run:
                 + (f", content hash {digest}" if digest else "") + ")")
 
     def __post_init__(self) -> None:
+        if self.facts is None:
+            self.facts = facts_from_format_1(self.meta, self.scenario)
         if not isinstance(self.metrics, MetricColumns):
             # The engine logs every metric at every step except the eval losses, which are NaN
             # where not evaluated (a run stops before evaluating a non-finite model).
@@ -115,7 +107,7 @@ class Run:
     # -- convenience ------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return self.scenario.name
+        return self.scenario.name if self.scenario is not None else str(self.meta.get("name") or "run")
 
     @property
     def steps(self) -> np.ndarray:
@@ -134,7 +126,7 @@ class Run:
     @property
     def declared_events(self) -> tuple[int, ...]:
         """Steps of the events the scenario declared (bursts, a new source's entry), in order."""
-        return tuple(self.meta.get("declared_events") or self.scenario.burst_steps)
+        return tuple(self.meta.get("declared_events") or (self.scenario.burst_steps if self.scenario is not None else ()))
 
     @property
     def phase_boundaries(self) -> tuple[int, ...]:
@@ -149,7 +141,8 @@ class Run:
         return next((b for b in self.batches if b["step"] == step), None)
 
     def reproduce_command(self) -> str:
-        return self.meta.get("reproduce", f"spikecheck train <config> --seed {self.scenario.seed}")
+        seed = self.facts.seed if self.facts is not None and self.facts.seed is not None else "<seed>"
+        return self.meta.get("reproduce", f"spikecheck train <config> --seed {seed}")
 
     @property
     def recorded(self) -> dict[str, Any] | None:
@@ -160,8 +153,11 @@ class Run:
         """One line saying what the run is: the scenario's description, or for a recorded run
         the facts its trainer reported."""
         facts = self.recorded
-        if facts is None:
+        if facts is None and self.scenario is not None:
             return self.scenario.describe()
+        if facts is None:
+            clip = self.facts.clip.describe() if self.facts is not None and self.facts.clip is not None else "clip not recorded"
+            return f"{self.name}: {len(self)} steps written by {self.facts.source if self.facts else 'hand'}, {clip}"
         who = TRAINER_NAMES.get(str(facts.get("trainer")), str(facts.get("trainer")))
         version = f" ({facts['trainer_version']})" if facts.get("trainer_version") else ""
         clip = facts.get("max_grad_norm")
@@ -180,7 +176,7 @@ class Run:
     def save(self, directory: str | Path) -> Path:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        if self.recorded is None:
+        if self.scenario is not None and self.recorded is None:
             (out / "config.yaml").write_text(self.scenario.to_yaml())
         elif (out / "config.yaml").is_file():
             (out / "config.yaml").unlink()  # an earlier run's config would say this run is one we can retrain
@@ -191,7 +187,8 @@ class Run:
             for b in self.batches:
                 f.write(json.dumps(b) + "\n")
         (out / "events.json").write_text(json.dumps(self.events, indent=1))
-        (out / "run.json").write_text(json.dumps(self.meta, indent=2, default=str))
+        meta = {"format_version": FORMAT_VERSION, **self.meta, "facts": self.facts.to_json() if self.facts else None}
+        (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
         return out
 
     def rows(self) -> list[dict[str, Any]]:
@@ -207,6 +204,8 @@ class Run:
                     row[k] = int(v)
                 elif k in self.metrics.missing and self.metrics.missing[k][i]:
                     row[k] = None  # not logged (not evaluated) at this step; a real NaN stays NaN
+                elif k == "clip_limit" and v == np.inf:
+                    row[k] = None  # no clip at this step
                 else:
                     row[k] = float(v)
             if with_skipped:
@@ -224,12 +223,24 @@ class Run:
         batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
         events = json.loads((src / "events.json").read_text()) if (src / "events.json").is_file() else []
         meta = json.loads((src / "run.json").read_text()) if (src / "run.json").is_file() else {}
-        if meta.get("recorded"):  # another trainer's run: only what its facts say
-            scenario = recorded_scenario(meta, name=str(meta.get("name") or src.name), steps=len(metrics["step"]))
+        if not isinstance(meta, dict):
+            raise ConfigError(f"{src / 'run.json'} must hold a JSON object, was {type(meta).__name__}")
+        version = meta.pop("format_version", 1)
+        if version not in (1, FORMAT_VERSION):
+            raise ConfigError(f"{src / 'run.json'}: format_version {version!r} is not one this pytest-spikecheck reads "
+                              f"(1 or {FORMAT_VERSION}); upgrade pytest-spikecheck to read it")
+        raw_facts = meta.pop("facts", None)
+        # an engine run's config.yaml retrains it; a recorded or hand-written run has none
+        scenario = (Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() and not meta.get("recorded")
+                    else None)
+        if scenario is None and "name" not in meta:
+            meta["name"] = src.name
+        if version == 1:  # upgraded in memory, judged the same
+            facts = facts_from_format_1(meta, scenario)
         else:
-            scenario = Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() else Scenario()
+            facts = RunFacts.from_json(raw_facts, where=f"{src / 'run.json'} facts")
         return cls(scenario=scenario, metrics=MetricColumns(metrics, missing), batches=batches, events=events, meta=meta,
-                   skipped=_read_skipped(src / "metrics.jsonl"), folder=src)
+                   skipped=_read_skipped(src / "metrics.jsonl"), folder=src, facts=facts)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -40,6 +40,9 @@ class Record:
     numbered_from_one: bool = False
     notes: tuple[str, ...] = ()  # how the log was read where it was not plain (a restart, a truncated file)
     skipped: Mapping[int, str] = field(default_factory=dict)  # step -> why its update was skipped (above)
+    #: How the run was trained, where the record says (a :class:`~pytest_spikecheck.records.facts.RunFacts`:
+    #: a Run's own facts, a log's from what the log states); None when it says nothing.
+    facts: Any = None
 
     def series(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """(steps, values) of ``name`` where it was logged; real NaN/inf values are kept."""

@@ -80,7 +80,7 @@ def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None =
     out.mkdir(parents=True, exist_ok=True)
     result = compare(run_a, run_b, step)
     marks = [result.step] if result.step is not None else []
-    clips = [r.scenario.max_norm for r in (run_a, run_b) if math.isfinite(r.scenario.max_norm)]
+    clips = [r.facts.max_norm for r in (run_a, run_b) if r.facts is not None and r.facts.max_norm is not None]
     files = [
         plot_loss([run_a, run_b], out / "loss.png", marks, title=f"Loss: {run_a.name} vs {run_b.name}"),
         plot_grad_norm([run_a, run_b], out / "grad_norm.png", marks, max_norm=min(clips) if clips else None),
@@ -120,7 +120,7 @@ def comparison_page(result: Comparison, runs: tuple[Run, Run], out: Path) -> str
     for i, (label, run) in enumerate(zip(result.names, runs)):
         d = diagnose(run, result.step) if result.step is not None else diagnose(run)
         parts.append(f'<section class="scenario" id="run-{i}">\n<h2><span class="name">{esc(label)}</span></h2>\n'
-                     f"<p>{esc(run.scenario.describe())}</p>\n<h3>Diagnosis</h3>\n"
+                     f"<p>{esc(run.describe())}</p>\n<h3>Diagnosis</h3>\n"
                      f"{diagnosis_block({'step': d.step, 'lines': d.lines, 'verdict': d.verdict})}\n"
                      f"<h3>Reproduce</h3>\n<pre><code>{esc(run.reproduce_command())}</code></pre>\n</section>")
     return document(title, "\n".join(parts))

@@ -15,8 +15,9 @@ from urllib.parse import quote
 
 import numpy as np
 
-from pytest_spikecheck.judge.analysis import CLIP_RTOL, EventSummary, overclipped
+from pytest_spikecheck.judge.analysis import EventSummary, clip_limits, contained, overclipped
 from pytest_spikecheck.judge.text import MISSING, fmt, fmt_measure, table
+from pytest_spikecheck.records import as_record
 
 HEADERS = ("scenario", "steps", "spike step", "spike ratio", "clip containment", "recovery", "verdict")
 #: Where a worker got a scenario's run, and how the counts sentence says it.
@@ -52,23 +53,30 @@ class ScenarioRow:
 
 def containment(run: Any) -> str:
     """The summary's clip-containment cell: did the post-clip norm stay under the limit, and
-    not scale below it (over-clipped)? Steps whose update was skipped are left out."""
+    not scale below it (over-clipped)? Steps whose update was skipped are left out. The limit
+    is the record's (:func:`~pytest_spikecheck.judge.analysis.clip_limits`), judged by the one
+    rule of containment (:func:`~pytest_spikecheck.judge.analysis.contained`)."""
+    rec = as_record(run)
     applied = ~np.isin(run.metrics["step"], np.fromiter(run.skipped, dtype=np.int64, count=len(run.skipped)))
     post = np.asarray(run.metrics["grad_norm_post"], dtype=float)[applied]
     pre = np.asarray(run.metrics["grad_norm_pre"], dtype=float)[applied]
     finite = post[np.isfinite(post)]
     worst = fmt(float(finite.max()), ".3g") if finite.size else "—"
-    if run.scenario.optimizer.clip_mode == "adaptive":
+    clip = run.facts.clip if run.facts is not None else None
+    if clip is not None and clip.kind == "adaptive":
         return f"adaptive (max {worst})"
-    max_norm = run.scenario.max_norm
-    if math.isinf(max_norm):
+    limits = clip_limits(rec)
+    if limits is None:
+        return "clip not recorded"
+    limits = limits[applied]
+    if not np.isfinite(limits).any():
         return "no clip"
+    max_norm = float(np.max(limits[np.isfinite(limits)]))
     if run.stopped_early and finite.size < post.size:
         return f"n/a (non-finite at step {run.meta['stopped_at']})"
-    held = bool(np.all(post <= max_norm * (1 + CLIP_RTOL)))
-    if not held:
+    if not bool(np.all(contained(post, limits))):
         return f"BROKEN (max {worst} > {max_norm:g})"
-    under = overclipped(pre, post, max_norm)
+    under = overclipped(pre, post, limits)
     if under.any():
         return f"OVER-CLIPPED (min {fmt(float(post[under].min()), '.2g')} for max_norm {max_norm:g})"
     return f"held (max {worst} ≤ {max_norm:g})"
@@ -88,7 +96,7 @@ def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> S
         spike_ratio=math.nan if str(run.skipped.get(s.step, "")).startswith("overflow") else s.ratio,
         containment=containment(run), recovery=recovery, source=source or ("disk" if cached else "trained"),
         stopped=run.meta["stop_reason"] if run.stopped_early else None,
-        content_hash=run.meta.get("content_hash") or run.scenario.content_hash(),
+        content_hash=run.meta.get("content_hash") or "",
         recovery_steps=s.recovery if s.step is not None else None,
         description=run.describe(), reproduce=run.reproduce_command(),
         diagnosis={"step": d.step, "lines": [[str(r), str(f)] for r, f in d.lines], "verdict": d.verdict},

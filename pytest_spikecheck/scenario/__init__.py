@@ -15,6 +15,7 @@ from pytest_spikecheck.scenario.sections import (
     BURST_CONTENTS,
     NEW_SOURCES,
     BurstSpec,
+    ClipSpec,
     DataSpec,
     MixtureSpec,
     OptimizerSpec,
@@ -53,7 +54,7 @@ from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP  # noqa: E402 
 
 __all__ = [
     "BURST_CONTENTS", "NEW_SOURCES", "PHASE19_BURST_STEP", "BASE_SOURCES", "AccumulateSum", "AdaptiveClip", "AmpSpec",
-    "BlankDocument", "Break", "BurstSpec", "ClipAt", "ClipBeforeUnscale", "ClipEachMicrobatch", "DataSpec", "GatedAttention", "HalfPrecision", "HighLR", "LayerNormEps0", "LogitSoftcap", "LeftPadding", "MaskPaddingKeys",
+    "BlankDocument", "Break", "BurstSpec", "ClipAt", "ClipSpec", "ClipBeforeUnscale", "ClipEachMicrobatch", "DataSpec", "GatedAttention", "HalfPrecision", "HighLR", "LayerNormEps0", "LogitSoftcap", "LeftPadding", "MaskPaddingKeys",
     "MixtureShift", "MixtureSpec", "NoClip", "NoWarmup", "NoWeightDecay", "OptimizerSpec", "QKClip", "QKLayerNorm", "RareTokenBurst",
     "RecordSpec", "SamplerSpec", "Scenario", "ScheduleSpec", "ShardLocalNorm", "SkipSpikes", "StratifiedBatches",
     "ZLoss", "break_from_config", "break_names", "break_to_config", "register_preset", "scenario_preset_names",

@@ -13,7 +13,9 @@ from typing import ClassVar
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario.break_base import Break
-from pytest_spikecheck.scenario.sections import BASE_SOURCES, BURST_CONTENTS, CLIP_MODES, NEW_SOURCES, BurstSpec, MixtureSpec
+from pytest_spikecheck.scenario.sections import (
+    BASE_SOURCES, BURST_CONTENTS, CLIP_KINDS, NEW_SOURCES, BurstSpec, MixtureSpec, check_max_norm,
+)
 from pytest_spikecheck.scenario.spec import Scenario
 
 @dataclass(frozen=True)
@@ -28,23 +30,26 @@ class NoClip(Break):
 
 @dataclass(frozen=True)
 class ClipAt(Break):
-    """Clip at a different ``max_norm`` (e.g. Seed A's lesson: 0.5 sits at the grad-norm baseline)."""
+    """Clip at a different ``max_norm`` (e.g. Seed A's lesson: 0.5 sits at the grad-norm baseline),
+    of kind ``mode`` (``global``, ``per_tensor``, ``shard_local``: a ClipSpec kind with a fixed limit)."""
 
     config_name: ClassVar[str] = "clip_at"
     max_norm: float = 0.5
     mode: str = "global"
 
     def validate(self) -> None:
-        if not self.max_norm > 0:
-            raise ConfigError(f"ClipAt(max_norm=...) must be > 0, was {self.max_norm!r} (for no clipping use NoClip())")
-        if self.mode not in CLIP_MODES:
-            raise ConfigError(f"ClipAt(mode=...) must be one of {', '.join(CLIP_MODES)}, was {self.mode!r}")
+        if check_max_norm(self.max_norm, "ClipAt(max_norm=...)") is None:
+            raise ConfigError(f"ClipAt(max_norm=...) must be finite, was {self.max_norm!r} (for no clipping use NoClip())")
+        fixed = [k for k in CLIP_KINDS if k not in ("none", "adaptive")]
+        if self.mode not in fixed:
+            raise ConfigError(f"ClipAt(mode=...) must be one of {', '.join(fixed)}, was {self.mode!r}"
+                              + (" (use AdaptiveClip)" if self.mode == "adaptive" else ""))
 
     def label(self) -> str:
         return f"clip({self.max_norm:g}" + ("" if self.mode == "global" else f",{self.mode}") + ")"
 
     def apply(self, scenario: Scenario) -> Scenario:
-        return scenario.replace(optimizer__grad_clip=float(self.max_norm), optimizer__clip_mode=self.mode)
+        return scenario.replace(optimizer__grad_clip=float(self.max_norm), optimizer__clip_kind=self.mode)
 
 
 @dataclass(frozen=True)
@@ -243,7 +248,7 @@ class AdaptiveClip(Break):
             raise ConfigError(f"AdaptiveClip needs z > 0 and alpha in (0, 1), was z={self.z!r}, alpha={self.alpha!r}")
 
     def apply(self, scenario: Scenario) -> Scenario:
-        return scenario.replace(optimizer__clip_mode="adaptive", optimizer__adaptive_z=float(self.z),
+        return scenario.replace(optimizer__clip_kind="adaptive", optimizer__adaptive_z=float(self.z),
                                 optimizer__adaptive_alpha=float(self.alpha))
 
 
@@ -258,7 +263,7 @@ class ShardLocalNorm(Break):
     config_name: ClassVar[str] = "shard_local_norm"
 
     def apply(self, scenario: Scenario) -> Scenario:
-        return scenario.replace(optimizer__clip_mode="shard_local")
+        return scenario.replace(optimizer__clip_kind="shard_local")
 
 
 # -- high-learning-rate instabilities (Wortsman et al. 2023) and their defences --------------
@@ -351,7 +356,7 @@ class ClipBeforeUnscale(Break):
 
     def apply(self, scenario: Scenario) -> Scenario:
         amp = {} if scenario.amp.loss_scale is not None else {"amp__dtype": "float16", "amp__loss_scale": "dynamic"}
-        return scenario.replace(optimizer__clip_mode="before_unscale", **amp)
+        return scenario.replace(optimizer__clip_when="before_unscale", **amp)
 
 
 @dataclass(frozen=True)
@@ -363,7 +368,7 @@ class ClipEachMicrobatch(Break):
     config_name: ClassVar[str] = "clip_each_microbatch"
 
     def apply(self, scenario: Scenario) -> Scenario:
-        return scenario.replace(optimizer__clip_mode="each_microbatch")
+        return scenario.replace(optimizer__clip_when="per_microbatch")
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.models.config import GPTConfig, model_preset
 from pytest_spikecheck.scenario.break_base import break_from_config, break_to_config
-from pytest_spikecheck.scenario.sections import IMPORT_PATH, SCALARS, SECTIONS, BurstSpec
+from pytest_spikecheck.scenario.sections import CLIP_MODE_ALIAS, IMPORT_PATH, SCALARS, SECTIONS, BurstSpec, OptimizerSpec
 
 if TYPE_CHECKING:
     from pytest_spikecheck.scenario.spec import Scenario
@@ -259,12 +259,25 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
     return value
 
 
+def _clip_mode_alias(raw: dict[str, Any], where: str) -> dict[str, str]:
+    """``optimizer.clip_mode`` (the spelling before ClipSpec) as ``clip_kind`` and ``clip_when``."""
+    mode = raw.pop("clip_mode")
+    if "clip_kind" in raw or "clip_when" in raw:
+        raise ConfigError(f"{where}: optimizer.clip_mode is the old spelling of clip_kind and clip_when: give one or the other")
+    if mode not in CLIP_MODE_ALIAS:
+        raise ConfigError(f"{where}: optimizer.clip_mode must be one of {', '.join(CLIP_MODE_ALIAS)}, was {mode!r}")
+    kind, when = CLIP_MODE_ALIAS[mode]
+    return {"clip_kind": kind, "clip_when": when}
+
+
 def _section_from_dict(section: str, spec_type: type, base: Any, raw: Any, where: str) -> Any:
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: {section} must be a mapping, was {raw!r}")
     raw = dict(raw)
     if spec_type is GPTConfig and "preset" in raw:
         base = model_preset(str(raw.pop("preset")))
+    if spec_type is OptimizerSpec and "clip_mode" in raw:
+        raw.update(_clip_mode_alias(raw, where))
     names = [f.name for f in fields(spec_type)]
     unknown = sorted(set(raw) - set(names), key=str)
     if unknown:

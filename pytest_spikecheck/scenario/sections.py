@@ -71,9 +71,78 @@ class BurstSpec:
               f"burst content must be one of {', '.join(BURST_CONTENTS)}, was {self.content!r}")
 
 
-#: optimizer.clip_mode values. The last three are declared bugs (ShardLocalNorm, ClipBeforeUnscale,
-#: ClipEachMicrobatch): each clips something other than the step's whole, unscaled gradient.
-CLIP_MODES = ("global", "per_tensor", "adaptive", "shard_local", "before_unscale", "each_microbatch")
+#: ClipSpec.kind: what the limit applies to and how it is set. ``none``: no clip; ``global``: the
+#: global L2 norm of the whole gradient at a fixed max_norm; ``per_tensor``: each tensor's own norm
+#: at max_norm; ``shard_local``: on several ranks, each rank's shard at its own norm (the bug of
+#: ShardLocalNorm); ``adaptive``: the global norm at a limit set each step from an EMA of the
+#: pre-clip norms (ZClip style; max_norm applies until the EMA is warm).
+CLIP_KINDS = ("none", "global", "per_tensor", "shard_local", "adaptive")
+#: ClipSpec.when: on the step's whole, unscaled gradient (``after_unscale``, the right place);
+#: on the loss-scaled gradients (``before_unscale``: ClipBeforeUnscale, a bug); on each
+#: micro-batch's gradient before they are summed (``per_microbatch``: ClipEachMicrobatch, a bug).
+CLIP_WHENS = ("after_unscale", "before_unscale", "per_microbatch")
+#: The YAML spelling before ClipSpec (``optimizer.clip_mode``), still read: each old value as
+#: (clip_kind, clip_when). Documented in docs/run-format.md.
+CLIP_MODE_ALIAS = {"global": ("global", "after_unscale"), "per_tensor": ("per_tensor", "after_unscale"),
+                   "adaptive": ("adaptive", "after_unscale"), "shard_local": ("shard_local", "after_unscale"),
+                   "before_unscale": ("global", "before_unscale"), "each_microbatch": ("global", "per_microbatch")}
+
+
+def check_max_norm(value: Any, label: str = "max_norm") -> float | None:
+    """The one rule for a clip limit: a number > 0, or inf or None for no clipping (returned as
+    None); anything else is one ConfigError naming ``label``. 0 would zero every update."""
+    check(value is None or is_number(value), f"{label} must be a number, inf or None (no clipping), was {value!r}")
+    if value is None or math.isinf(value) and value > 0:
+        return None
+    check(not math.isnan(value), f"{label} must be a number, inf or None, was nan")
+    check(value > 0, f"{label} must be > 0, was {value!r} (0 would zero every update; to clip as hard as "
+                     f"possible use a tiny max_norm such as 1e-3, for no clipping use None or inf)")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class ClipSpec:
+    """How a run clips its gradient, as one structured value (what the engine trains with and
+    what run.json's facts record). ``max_norm`` None means no fixed limit: kind ``none``, or an
+    adaptive clip that leaves the gradient alone until its EMA is warm. ``z`` and ``alpha`` are
+    the adaptive clip's (limit = EMA mean + z x EMA std, decay alpha); None for other kinds."""
+
+    kind: str = "global"  # one of CLIP_KINDS
+    max_norm: float | None = 1.0
+    when: str = "after_unscale"  # one of CLIP_WHENS
+    z: float | None = None  # adaptive only
+    alpha: float | None = None  # adaptive only
+
+    def __post_init__(self) -> None:
+        check(self.kind in CLIP_KINDS, f"clip kind must be one of {', '.join(CLIP_KINDS)}, was {self.kind!r}")
+        check(self.when in CLIP_WHENS, f"clip when must be one of {', '.join(CLIP_WHENS)}, was {self.when!r}")
+        object.__setattr__(self, "max_norm", check_max_norm(self.max_norm, "clip max_norm"))
+        check(self.kind != "none" or self.max_norm is None, f"clip kind none with max_norm {self.max_norm!r}: "
+                                                            f"a limit needs a kind (global, per_tensor, ...)")
+        check(self.kind in ("none", "adaptive") or self.max_norm is not None,
+              f"clip kind {self.kind} needs a max_norm (for no clipping use kind none)")
+        if self.kind == "adaptive":
+            check(is_number(self.z) and self.z > 0 and is_number(self.alpha) and 0 < self.alpha < 1,
+                  f"an adaptive clip needs z > 0 and alpha in (0, 1), was z={self.z!r}, alpha={self.alpha!r}")
+
+    @property
+    def limit(self) -> float:
+        """The fixed limit as a number (inf: no clip, or an adaptive clip before it is warm)."""
+        return math.inf if self.max_norm is None else self.max_norm
+
+    @property
+    def scope(self) -> str:
+        """What the norm is taken over when clipping: ``global`` (adaptive clips too), ``per_tensor``
+        or ``shard_local``; the clipping layer's mode."""
+        return "global" if self.kind in ("none", "adaptive") else self.kind
+
+    def describe(self) -> str:
+        if self.kind == "none":
+            return "no clip"
+        what = (f"adaptive (z {self.z:g}, alpha {self.alpha:g}" + (f", {self.max_norm:g} until warm)" if self.max_norm else ")")
+                if self.kind == "adaptive" else f"{self.max_norm:g} ({self.kind})")
+        return f"clip {what}" + ("" if self.when == "after_unscale" else f" {self.when.replace('_', ' ')}")
+
 
 #: Corpora the engine can build: Seed A's sentences, Seed B's three-source mixture, your own
 #: texts, or synthetic sequences whose second half repeats the first (learnt only by attention).
@@ -133,10 +202,8 @@ class OptimizerSpec:
     eps: float = 1e-8
     weight_decay: float = 0.1  # applied to matrices (embeddings included), not to biases and norms
     grad_clip: float | None = 1.0  # global-L2 max_norm; None (YAML null) or inf = no clipping
-    clip_mode: str = "global"  # global | per_tensor | adaptive (ZClip-style: max_norm from an EMA z-score)
-    # | shard_local (on several ranks, each clips its gradient shard to its own norm: a bug, see ShardLocalNorm)
-    # | before_unscale (the clip sees the loss-scaled gradients: ClipBeforeUnscale, a bug)
-    # | each_microbatch (each micro-batch's gradient clipped, then summed: ClipEachMicrobatch, a bug)
+    clip_kind: str = "global"  # global | per_tensor | adaptive | shard_local (CLIP_KINDS; "none" is grad_clip null)
+    clip_when: str = "after_unscale"  # after_unscale | before_unscale | per_microbatch (CLIP_WHENS; the last two are bugs)
     adaptive_z: float = 2.5  # adaptive: clip at EMA mean + z * EMA std of the pre-clip norm ...
     adaptive_alpha: float = 0.97  # ... with this EMA decay (ZClip's defaults); grad_clip until warm
     skip_spike_ratio: float | None = None  # skip the optimizer step when pre-clip norm / median >= this
@@ -153,16 +220,21 @@ class OptimizerSpec:
     qk_clip_per_head: bool = True  # False: one gamma per layer (its largest head's)
 
     def __post_init__(self) -> None:
-        clip = self.grad_clip
-        check(clip is None or is_number(clip),
-              f"optimizer.grad_clip must be a number, inf or None (no clipping), was {clip!r}")
-        check(clip is None or not math.isnan(clip), "optimizer.grad_clip must be a number, inf or None, was nan")
-        check(clip is None or clip > 0,
-              f"optimizer.grad_clip must be > 0, was {clip!r} (0 would zero every update; to clip as hard as "
-              f"possible use a tiny max_norm such as 1e-3, for no clipping use None or inf)")
         # One spelling of "no clipping" so equal runs hash equal: inf becomes None.
-        if clip is not None and math.isinf(clip):
-            object.__setattr__(self, "grad_clip", None)
+        object.__setattr__(self, "grad_clip", check_max_norm(self.grad_clip, "optimizer.grad_clip"))
+
+    @property
+    def clip(self) -> ClipSpec:
+        """The clip these fields declare, as one value (what every reader of the scenario uses)."""
+        kind = self.clip_kind
+        check(kind in CLIP_KINDS and kind != "none",
+              f"optimizer.clip_kind must be one of {', '.join(k for k in CLIP_KINDS if k != 'none')}, was {kind!r} "
+              f"(for no clipping set grad_clip null)")
+        if kind != "adaptive" and self.grad_clip is None:
+            kind = "none"
+        adaptive = kind == "adaptive"
+        return ClipSpec(kind=kind, max_norm=self.grad_clip, when=self.clip_when,
+                        z=self.adaptive_z if adaptive else None, alpha=self.adaptive_alpha if adaptive else None)
 
 
 @dataclass(frozen=True)
@@ -283,8 +355,8 @@ def check_section_values(scenario: "Scenario") -> None:
     check(s.accumulate in ("mean", "sum"), f"sampler.accumulate must be mean or sum, was {s.accumulate!r}")
     check(s.accumulate == "mean" or k >= 2, "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2: "
                                             "over one micro-batch the sum is the mean")
-    check(o.clip_mode != "each_microbatch" or k >= 2,
-          "optimizer.clip_mode each_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2: "
+    check(o.clip_when != "per_microbatch" or k >= 2,
+          "optimizer.clip_when per_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2: "
           "with one micro-batch it is the ordinary clip")
     check_amp(scenario)
     check(o.name in OPTIMIZERS, f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, was {o.name!r}")
@@ -306,9 +378,10 @@ def check_section_values(scenario: "Scenario") -> None:
     check(all(0 <= b < 1 for b in o.betas) and len(o.betas) == 2, f"optimizer.betas must be two numbers in [0, 1), was {o.betas!r}")
     check(o.eps >= 0, f"optimizer.eps must be >= 0, was {o.eps}")
     check(o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, was {o.weight_decay}")
-    check(o.clip_mode in CLIP_MODES, f"optimizer.clip_mode must be one of {', '.join(CLIP_MODES)}, was {o.clip_mode!r}")
     check(o.adaptive_z > 0 and 0 < o.adaptive_alpha < 1,
           f"optimizer.adaptive_z must be > 0 and adaptive_alpha in (0, 1), was {o.adaptive_z}, {o.adaptive_alpha}")
+    check(o.clip_when in CLIP_WHENS, f"optimizer.clip_when must be one of {', '.join(CLIP_WHENS)}, was {o.clip_when!r}")
+    o.clip  # noqa: B018 (the kind's check, one line naming the known kinds)
     check(o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
           f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}")
     check(sch.name in ("cosine", "constant"), f"schedule.name must be cosine or constant, was {sch.name!r}")
@@ -340,8 +413,8 @@ def check_amp(scenario: "Scenario") -> None:
     check(a.dtype == "float32" or scenario.model.dtype == "float32",
           f"amp keeps float32 master weights: model.dtype must be float32 with amp.dtype {a.dtype}, was "
           f"{scenario.model.dtype} (HalfPrecision is pure fp16 without autocast; declare one or the other)")
-    check(o.clip_mode != "before_unscale" or a.loss_scale is not None,
-          "optimizer.clip_mode before_unscale (ClipBeforeUnscale) needs a loss scale (amp.loss_scale): "
+    check(o.clip_when != "before_unscale" or a.loss_scale is not None,
+          "optimizer.clip_when before_unscale (ClipBeforeUnscale) needs a loss scale (amp.loss_scale): "
           "without one there is nothing to unscale")
-    check(o.clip_mode != "each_microbatch" or a.loss_scale is None,
-          "optimizer.clip_mode each_microbatch (ClipEachMicrobatch) is declared without loss scaling")
+    check(o.clip_when != "per_microbatch" or a.loss_scale is None,
+          "optimizer.clip_when per_microbatch (ClipEachMicrobatch) is declared without loss scaling")

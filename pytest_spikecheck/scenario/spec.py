@@ -188,7 +188,7 @@ class Scenario:
 
     def describe(self) -> str:
         r = self.resolved()
-        clip = "no clip" if r.max_norm == math.inf else f"clip {r.max_norm:g} ({r.optimizer.clip_mode})"
+        clip = r.optimizer.clip.describe()
         bursts = ", ".join(f"{b.count}×{b.content}@{b.at_step}" for b in r.sampler.bursts) or "no bursts"
         k = r.sampler.accumulation
         batches = (f"{r.sampler.kind} batches" if k == 1 else

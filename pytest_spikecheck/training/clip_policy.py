@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 
 from pytest_spikecheck.judge.detectors import EmaMoments
-from pytest_spikecheck.scenario import OptimizerSpec
+from pytest_spikecheck.scenario import ClipSpec
 
 
 class FixedLimit:
@@ -44,7 +44,7 @@ class AdaptiveLimit:
             self.ema.update(min(norm, self.limit()))
 
 
-def clip_policy(spec: OptimizerSpec, max_norm: float) -> FixedLimit | AdaptiveLimit:
-    if spec.clip_mode == "adaptive":
-        return AdaptiveLimit(spec.adaptive_z, spec.adaptive_alpha, fallback=max_norm)
-    return FixedLimit(max_norm)
+def clip_policy(clip: ClipSpec) -> FixedLimit | AdaptiveLimit:
+    if clip.kind == "adaptive":
+        return AdaptiveLimit(clip.z, clip.alpha, fallback=clip.limit)
+    return FixedLimit(clip.limit)

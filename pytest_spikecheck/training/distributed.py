@@ -52,7 +52,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.models.config import IGNORE_INDEX
-from pytest_spikecheck.training.optimizers import build_muon, build_optimizer, muon_matrices, parameter_groups
+from pytest_spikecheck.training.optimizers import build_muon, build_optimizer, optimizer_kind, parameter_groups
 from pytest_spikecheck.training.engine import train_with_sharding, validate_nproc
 from pytest_spikecheck.training.sharding import EventView, RowsBackward
 from pytest_spikecheck.errors import ConfigError
@@ -84,7 +84,7 @@ class DistributedError(RuntimeError):
 
 def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     """Raise ConfigError if ``resolved`` cannot train on ``nproc`` ranks with flat shards."""
-    if resolved.optimizer.clip_mode == "per_tensor":
+    if resolved.optimizer.clip.kind == "per_tensor":
         raise ConfigError("per-tensor clipping is not defined on flat shards (a shard holds parts of tensors); "
                           "clip globally with nproc > 1")
     if resolved.model.z_loss > 0:
@@ -93,8 +93,8 @@ def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     if resolved.optimizer.qk_clip is not None:
         raise ConfigError("QKClip is not supported with nproc > 1 yet: it needs the per-head attention logits of the "
                           "whole batch, and each rank's forward sees its own rows (train with nproc=1)")
-    if resolved.optimizer.clip_mode == "each_microbatch":
-        raise ConfigError("ClipEachMicrobatch (clip_mode each_microbatch) is declared on one process: train it "
+    if resolved.optimizer.clip.when == "per_microbatch":
+        raise ConfigError("ClipEachMicrobatch (clip_when per_microbatch) is declared on one process: train it "
                           "with nproc 1")
     k = resolved.sampler.accumulation
     if resolved.sampler.batch_size < nproc * k:
@@ -143,13 +143,35 @@ class FlatShard:
         check_distributed_scenario(resolved, self.world_size)
 
     def build_optimizer(self, model: torch.nn.Module, scenario: "Scenario") -> torch.optim.Optimizer:
-        self._shard_local = scenario.optimizer.clip_mode == "shard_local"
-        matrices = muon_matrices(model, scenario) if scenario.optimizer.name == "muon" else []
+        self._shard_local = scenario.optimizer.clip.kind == "shard_local"
+        kind = optimizer_kind(scenario.optimizer.name)  # what it needs of the shards, declared
+        matrices = kind.whole_matrices(model, scenario) if kind.whole_matrices is not None else []
         taken = {id(m.param) for m in matrices}
         groups = parameter_groups(model, scenario, [p for p in model.parameters() if p.requires_grad and id(p) not in taken])
-        if matrices:  # Muon's matrices first: one contiguous region of the flat buffer, replicated
-            groups.insert(0, {"params": [m.param for m in matrices], "muon": True})
+        if matrices:  # the whole matrices first: one contiguous region of the flat buffer, replicated
+            groups.insert(0, {"params": [m.param for m in matrices], "whole": True})
         ordered = [p for group in groups for p in group["params"]]
+        self._flatten(model, ordered)
+        lo = self.rank * self.shard_numel
+        self._split_clip_parts(ordered, lo)
+        shard_groups = self._shard_groups(groups, lo)
+        self._muon_numel = sum(m.param.numel() for m in matrices)
+        self._muon_pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._muon_params = {id(m.param) for m in matrices}
+        # Whether the optimizer keeps Adam moments, and how many updates it took: the same on every
+        # rank (a rank whose shard holds only the whole matrices has no AdamW state of its own to ask).
+        self._adam, self._updates = kind.adam_moments, 0
+        if not matrices and not shard_groups:
+            raise ConfigError(f"the model's {sum(p.numel() for p in ordered)} parameters are too few to give each of "
+                              f"{self.world_size} ranks a shard")
+        if not matrices:
+            return build_optimizer(model, scenario, shard_groups)
+        return build_muon(self._whole_matrix_views(matrices, lo), shard_groups, scenario,
+                          parents=[piece for piece, _ in self._muon_pieces])
+
+    def _flatten(self, model: torch.nn.Module, ordered: list[torch.Tensor]) -> None:
+        """Every trainable parameter (in ``ordered``) becomes a view of one flat buffer, and its
+        gradient a view of one flat gradient; this rank's shard of both is cloned out."""
         first = ordered[0]
         if any(p.dtype != first.dtype or p.device != first.device for p in ordered):
             raise ConfigError("flat sharding needs every trainable parameter in one dtype on one device")
@@ -169,13 +191,15 @@ class FlatShard:
                 p.grad = self.flat_grads[where].view_as(p)
                 self._slices[p] = where
                 offset = where.stop
-
         lo, hi = self.rank * self.shard_numel, (self.rank + 1) * self.shard_numel
         self.shard_params = self.flat_params[lo:hi].clone()
         self.shard_grads = torch.zeros_like(self.shard_params)
-        # What the clip measures and scales: this rank's part of each parameter, not one flat
-        # tensor. torch's float32 norm of a 75k-element vector is off by ~1e-6 relative, of a
-        # parameter-sized one by ~1e-7, as in the single-process clip.
+
+    def _split_clip_parts(self, ordered: list[torch.Tensor], lo: int) -> None:
+        """What the clip measures and scales: this rank's part of each parameter, not one flat
+        tensor. torch's float32 norm of a 75k-element vector is off by ~1e-6 relative, of a
+        parameter-sized one by ~1e-7, as in the single-process clip."""
+        hi = lo + self.shard_numel
         self._clip_parts: list[torch.Tensor] = []
         position = {p: k for k, p in enumerate(self.params)}
         part_of = []  # each clip part's parameter, as its index in the engine's order
@@ -186,8 +210,12 @@ class FlatShard:
                 part.grad = self.shard_grads[a:b]
                 self._clip_parts.append(part)
                 part_of.append(position[p])
-        self._part_of = torch.tensor(part_of, dtype=torch.long, device=first.device)
-        # (AdamW's parameter: a view of shard_params, its gradient: the same span of shard_grads)
+        self._part_of = torch.tensor(part_of, dtype=torch.long, device=self.flat_params.device)
+
+    def _shard_groups(self, groups: list[dict[str, Any]], lo: int) -> list[dict[str, Any]]:
+        """The elementwise optimizer's groups over this rank's shard: each group's span of it, a
+        view of shard_params with its gradient the same span of shard_grads."""
+        hi = lo + self.shard_numel
         self._pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._piece_starts: list[int] = []  # where each piece begins in this rank's shard
         shard_groups = []
@@ -195,36 +223,28 @@ class FlatShard:
         for group in groups:
             stop = start + sum(p.numel() for p in group["params"])
             a, b = max(start, lo) - lo, min(stop, hi) - lo
-            if a < b and not group.get("muon"):
+            if a < b and not group.get("whole"):
                 piece = self.shard_params[a:b]
                 self._pieces.append((piece, self.shard_grads[a:b]))
                 self._piece_starts.append(a)
                 shard_groups.append({**group, "params": [piece]})
             start = stop
-        self._muon_numel = sum(m.param.numel() for m in matrices)
-        self._muon_pieces: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._muon_params = {id(m.param) for m in matrices}
-        # Whether the optimizer keeps Adam moments, and how many updates it took: the same on every
-        # rank (a rank whose shard holds only Muon's matrices has no AdamW state of its own to ask).
-        self._adam, self._updates = scenario.optimizer.name != "sgd", 0
-        if not matrices and not shard_groups:
-            raise ConfigError(f"the model's {numel} parameters are too few to give each of "
-                              f"{self.world_size} ranks a shard")
-        if not matrices:
-            return build_optimizer(model, scenario, shard_groups)
-        # Muon's tensors: views of the whole (replicated) weights, one per stacked matrix, their
-        # gradients views of the whole clipped gradient, gathered before each step.
+        return shard_groups
+
+    def _whole_matrix_views(self, matrices: list[Any], lo: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Views of the whole (replicated) matrices, one per stacked matrix, their gradients views
+        of the whole clipped gradient, gathered before each step; and this rank's span of their
+        region with its gradient (what a loss scaler unscales before the clip: the views get
+        their gradients only at the step)."""
         self._muon_grads = torch.zeros_like(self.flat_grads)
         tensors = []
         for m in matrices:
             where = self._slices[m.param]
             weight, grad = self.flat_params[where].view_as(m.param), self._muon_grads[where].view_as(m.param)
             tensors += [(weight[rows], grad[rows]) for rows in m.rows()]
-        # This rank's span of Muon's region, with its gradient: what a loss scaler unscales
-        # before the clip (Muon's own views get their gradients only at the step).
         end = min(self._muon_numel - lo, self.shard_numel)
         self._muon_pieces = [(self.shard_params[:end], self.shard_grads[:end])] if end > 0 else []
-        return build_muon(tensors, shard_groups, scenario, parents=[piece for piece, _ in self._muon_pieces])
+        return tensors
 
     # -- one step -------------------------------------------------------------------------
     def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,

@@ -31,6 +31,7 @@ from pytest_spikecheck.clipping import resolve_backend
 from pytest_spikecheck.data.dataset import Dataset, build_dataset
 from pytest_spikecheck.data.samplers import mixture_weights, plan_batches
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records.facts import facts_from_scenario
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.build import DTYPES, build_model
@@ -44,6 +45,7 @@ from pytest_spikecheck.training.recorders import (
     locate_nonfinite,
     lockin_stats,
 )
+from pytest_spikecheck.training.optimizers import observed_groups
 from pytest_spikecheck.training.precision import Precision
 from pytest_spikecheck.training.qk_clip import qk_weight_norm
 from pytest_spikecheck.training.schedule import lr_at
@@ -152,7 +154,7 @@ class _Training:
         to_device = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
         return cls(
             dataset, plan, declared, model, named, optimizer,
-            trainer=TrainingStep(model, optimizer, sharding, backend=backend, clip_mode=resolved.optimizer.clip_mode,
+            trainer=TrainingStep(model, optimizer, sharding, backend=backend, clip=resolved.optimizer.clip,
                                  accumulation=resolved.sampler.accumulation, accumulate=resolved.sampler.accumulate,
                                  precision=precision),
             watch=SpikeWatch(resolved.record.spike_ratio, resolved.record.spike_window,
@@ -170,10 +172,10 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
            callbacks: list[StepCallback], sharding: Sharding) -> Run:
     started = time.perf_counter()
     t = _Training.build(resolved, device, sharding, backend)
-    policy = clip_policy(resolved.optimizer, resolved.max_norm)
+    groups = observed_groups(t.optimizer)  # before the first step: each group's peak lr
+    policy = clip_policy(resolved.optimizer.clip)
     stop: dict[str, Any] = {"first_nonfinite": None, "stop_reason": None, "stopped_by": None}
     skipped: dict[int, str] = {}  # step -> why its update was not applied (an overflow, SkipSpikes)
-    adaptive = resolved.optimizer.clip_mode == "adaptive"
     train_seconds = 0.0
     for step in range(1, resolved.steps + 1):
         t0 = time.perf_counter()
@@ -186,7 +188,7 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         verdict = t.watch.judge(s)
         if t.events.after_clip(s, verdict) is not None and verdict.is_spike:
             t.evals.spike_at(step)
-        clip_limit = s.max_norm if adaptive else None
+        clip_limit = s.max_norm  # the limit this step's clip applied (inf: none), fixed or adaptive
         if verdict.nonfinite:  # recorded, not stepped: the run stops here
             stop.update(first_nonfinite={"step": step, **locate_nonfinite(t.model, s.x, s.y, t.named)},
                         stop_reason="non-finite loss" if not math.isfinite(s.loss) else "non-finite gradient norm")
@@ -214,8 +216,10 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
             break
     meta = _meta(t, original, backend, device, threads, sharding, stop, sorted(skipped),
                  seconds=time.perf_counter() - started, train_seconds=train_seconds)
+    facts = facts_from_scenario(resolved, parameters=meta["parameters"], vocab_size=meta["vocab_size"],
+                                world_size=getattr(sharding, "world_size", 1), groups=groups, versions=meta)
     return Run(scenario=resolved.replace(name=original.name), metrics=t.metrics.arrays(),
-               batches=t.compositions.batches, events=t.events.events, meta=meta, skipped=skipped)
+               batches=t.compositions.batches, events=t.events.events, meta=meta, skipped=skipped, facts=facts)
 
 
 def _stop_requested(callbacks: list[StepCallback], ctx: StepContext) -> bool:

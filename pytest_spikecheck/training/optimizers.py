@@ -33,6 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records.facts import OptimizerGroup
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.qk_clip import QKClipHook
 
@@ -154,27 +155,57 @@ def build_muon(tensors: Sequence[MuonTensor], adamw_groups: list[dict[str, Any]]
                         after_step=after_step)
 
 
+@dataclass(frozen=True)
+class OptimizerKind:
+    """What an ``optimizer.name`` builds, and what it declares to a sharding (the N-rank path
+    asks these, never the name)."""
+
+    name: str
+    #: Builds it over parameter groups, each of any part of any tensor (an elementwise update:
+    #: AdamW, SGD, so a rank's flat shard of them computes what the whole does); None: not elementwise.
+    elementwise: Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer] | None
+    #: The matrices its update needs whole (Muon orthogonalises each): the N-rank path keeps
+    #: them replicated and gathers their gradients; None: none.
+    whole_matrices: Callable[[torch.nn.Module, Scenario], list["MuonMatrix"]] | None
+    #: It keeps Adam's second moment ``v`` (the ``adam_v_norm`` column, the diagnosis' rung 6).
+    adam_moments: bool
+
+
+#: One per optimizer.name (scenario.sections.OPTIMIZERS, in its order).
+OPTIMIZER_KINDS: dict[str, OptimizerKind] = {
+    "adamw": OptimizerKind("adamw", lambda groups, o: torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps,
+                                                                         foreach=True), None, adam_moments=True),
+    "muon": OptimizerKind("muon", None, lambda model, scenario: muon_matrices(model, scenario), adam_moments=True),
+    "sgd": OptimizerKind("sgd", lambda groups, o: torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum,
+                                                                   nesterov=o.nesterov and o.momentum > 0, foreach=True),
+                         None, adam_moments=False),
+}
+
+
+def optimizer_kind(name: str) -> OptimizerKind:
+    """The :class:`OptimizerKind` of ``optimizer.name``; an unknown name is one line naming the known ones."""
+    if name not in OPTIMIZER_KINDS:
+        raise ConfigError(f"optimizer.name must be one of {', '.join(OPTIMIZER_KINDS)}, was {name!r}")
+    return OPTIMIZER_KINDS[name]
+
+
 def build_optimizer(model: torch.nn.Module, scenario: Scenario,
                     groups: list[dict[str, Any]] | None = None) -> Any:
     """The scenario's optimizer for ``model``: a torch optimizer, or an :class:`OptimizerSet` when
-    it has several parts or QK-Clip. ``groups`` (AdamW and SGD only) replaces
+    it has several parts or QK-Clip. ``groups`` (an elementwise optimizer only) replaces
     :func:`parameter_groups` (the N-rank path passes its shards)."""
     o = scenario.optimizer
+    kind = optimizer_kind(o.name)
     after_step = QKClipHook(model, o.qk_clip, o.qk_clip_alpha, o.qk_clip_per_head) if o.qk_clip is not None else None
-    if o.name == "muon":
+    if kind.elementwise is None:  # Muon: whole matrices, its AdamW part on the rest
         if groups is not None:
-            raise ValueError("build_optimizer(groups=...) is for AdamW and SGD; Muon's parts are built by role")
-        matrices = muon_matrices(model, scenario)
+            raise ValueError(f"build_optimizer(groups=...) is for elementwise optimizers; {o.name}'s parts are built by role")
+        matrices = kind.whole_matrices(model, scenario)
         taken = {id(m.param) for m in matrices}
         rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
         return build_muon(muon_tensors(matrices), parameter_groups(model, scenario, rest), scenario,
                           parents=[m.param for m in matrices if m.blocks > 1], after_step=after_step)
-    groups = parameter_groups(model, scenario) if groups is None else groups
-    if o.name == "sgd":
-        optimizer: torch.optim.Optimizer = torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum,
-                                                           nesterov=o.nesterov and o.momentum > 0, foreach=True)
-    else:
-        optimizer = torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True)
+    optimizer = kind.elementwise(parameter_groups(model, scenario) if groups is None else groups, o)
     if after_step is None:
         return optimizer
     return OptimizerSet({o.name: optimizer}, after_step=after_step)
@@ -266,3 +297,38 @@ class OptimizerSet:
     def __repr__(self) -> str:
         hook = f", after_step={type(self.after_step).__name__}" if self.after_step is not None else ""
         return f"OptimizerSet({', '.join(f'{n}: {type(p).__name__}' for n, p in self.parts.items())}{hook})"
+
+
+def observed_groups(optimizer: Any) -> tuple[OptimizerGroup, ...] | None:
+    """The parameter groups of ``optimizer`` as run facts, read from the object itself: a torch
+    optimizer (its class is the group's name: ``torch.optim.Muon``'s groups are ``muon``), an
+    :class:`OptimizerSet` or any object with ``parts`` (a mapping) or ``optimizers`` (a list)
+    of them, or a wrapper holding one as ``.optimizer`` (accelerate's, Lightning's). None for
+    anything else: unknown, not guessed."""
+    if optimizer is None:
+        return None
+    parts = getattr(optimizer, "parts", None)
+    if isinstance(parts, Mapping):
+        found = [observed_groups(part) for part in parts.values()]
+        return None if any(f is None for f in found) else tuple(g for f in found for g in f)
+    many = getattr(optimizer, "optimizers", None)
+    if isinstance(many, (list, tuple)) and many:
+        found = [observed_groups(part) for part in many]
+        return None if any(f is None for f in found) else tuple(g for f in found for g in f)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        inner = getattr(optimizer, "optimizer", None)
+        return observed_groups(inner) if inner is not None and inner is not optimizer else None
+    name = type(optimizer).__name__.lower()
+
+    def number(value: Any) -> float | None:
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    out = []
+    for group in optimizer.param_groups:
+        betas = group.get("betas")
+        out.append(OptimizerGroup(
+            name=name, lr=number(group.get("initial_lr", group.get("lr"))),
+            betas=(float(betas[0]), float(betas[1])) if isinstance(betas, (tuple, list)) and len(betas) == 2 else None,
+            momentum=number(group.get("momentum")), weight_decay=number(group.get("weight_decay")),
+            tensors=len(group["params"])))
+    return tuple(out)

@@ -50,6 +50,20 @@ SCENARIO_CLIP: Any = object()
 CHECKPOINT_CACHE_SIZE = 8
 
 
+def _check_probe(resolved: Scenario, at_step: int) -> None:
+    """What a probe can replay, checked before anything trains (one line otherwise)."""
+    if not 2 <= at_step <= resolved.steps:
+        raise ConfigError(f"at_step must be between 2 and the scenario's {resolved.steps} steps, was {at_step}")
+    # Both decide step S from the run's history (an EMA, the last 50 norms) that lives
+    # inside the engine's loop; a probe that guessed it would not be step S.
+    if resolved.optimizer.clip.kind == "adaptive":
+        raise ConfigError("the probe cannot replay an adaptive clip (its limit is the run's EMA state); "
+                          "probe the scenario with a fixed grad_clip")
+    if resolved.optimizer.skip_spike_ratio is not None:
+        raise ConfigError("the probe cannot replay SkipSpikes (its verdict depends on the run's last 50 norms); "
+                          "probe the scenario without it")
+
+
 @dataclass(frozen=True)
 class TokenLoss:
     """The loss of one target token of a probed batch."""
@@ -120,16 +134,7 @@ class Probe:
         from pytest_spikecheck.training.launch import train
 
         resolved = scenario.resolved()
-        if not 2 <= at_step <= resolved.steps:
-            raise ConfigError(f"at_step must be between 2 and the scenario's {resolved.steps} steps, was {at_step}")
-        # Both decide step S from the run's history (an EMA, the last 50 norms) that lives
-        # inside the engine's loop; a probe that guessed it would not be step S.
-        if resolved.optimizer.clip_mode == "adaptive":
-            raise ConfigError("the probe cannot replay an adaptive clip (its limit is the run's EMA state); "
-                              "probe the scenario with a fixed grad_clip")
-        if resolved.optimizer.skip_spike_ratio is not None:
-            raise ConfigError("the probe cannot replay SkipSpikes (its verdict depends on the run's last 50 norms); "
-                              "probe the scenario without it")
+        _check_probe(resolved, at_step)
         device = _resolve_device(device)
         self.scenario = resolved
         self.at_step = at_step
@@ -159,7 +164,7 @@ class Probe:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self._precision = captured["precision"]
         self._trainer = TrainingStep(self.model, self.optimizer, SingleProcess(self.params), backend=self.backend,
-                                     clip_mode=resolved.optimizer.clip_mode, accumulation=resolved.sampler.accumulation,
+                                     clip=resolved.optimizer.clip, accumulation=resolved.sampler.accumulation,
                                      accumulate=resolved.sampler.accumulate, precision=self._precision)
         self._saved_scaler = self._precision.state_dict() if self._precision is not None else None
         self._saved_params = [p.detach().clone() for p in self.params]

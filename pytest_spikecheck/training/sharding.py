@@ -111,8 +111,8 @@ class SingleProcess:
         self.params = params if params is not None else []
 
     def check(self, resolved: Scenario) -> None:
-        if resolved.optimizer.clip_mode == "shard_local":
-            raise ConfigError("ShardLocalNorm (clip_mode shard_local) needs nproc >= 2: on one process the shard is "
+        if resolved.optimizer.clip.kind == "shard_local":
+            raise ConfigError("ShardLocalNorm (clip_kind shard_local) needs nproc >= 2: on one process the shard is "
                               "the whole gradient, so there is no per-rank norm to get wrong")
 
     def build_optimizer(self, model: torch.nn.Module, scenario: Scenario) -> torch.optim.Optimizer:

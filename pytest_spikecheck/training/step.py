@@ -33,6 +33,7 @@ import torch
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.judge.baseline import spike_baseline
 from pytest_spikecheck.models.config import HEAD_LOGITS_KEY, IGNORE_INDEX
+from pytest_spikecheck.scenario.sections import ClipSpec
 from pytest_spikecheck.training.optimizers import set_learning_rate
 from pytest_spikecheck.training.precision import Precision
 from pytest_spikecheck.training.sharding import Sharding
@@ -81,14 +82,14 @@ class TrainingStep:
     ``optimizer`` is any object with ``param_groups`` and ``step`` (and ``zero_grad``)."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sharding: Sharding, *,
-                 backend: str, clip_mode: str, accumulation: int = 1, accumulate: str = "mean",
+                 backend: str, clip: ClipSpec, accumulation: int = 1, accumulate: str = "mean",
                  precision: Precision | None = None) -> None:
         self.model, self.optimizer, self.sharding = model, optimizer, sharding
         self.backend = backend
         # adaptive clipping is a global clip at a moving limit (the policy supplies the limit);
-        # the two accumulation/precision bugs are global clips at the wrong moment
-        self.clip_order = clip_mode if clip_mode in ("before_unscale", "each_microbatch") else "after_unscale"
-        self.clip_mode = "global" if clip_mode in ("adaptive", "before_unscale", "each_microbatch") else clip_mode
+        # the two accumulation/precision bugs are clips at the wrong moment (clip.when)
+        self.clip_order = clip.when
+        self.clip_scope = clip.scope  # global | per_tensor | shard_local (the sharding's, on several ranks)
         self.accumulation, self.accumulate = accumulation, accumulate
         self.precision = precision if precision is not None else Precision.float32()
         self._head_logits: list[torch.Tensor] = []
@@ -96,20 +97,20 @@ class TrainingStep:
     def forward_backward_clip(self, step: int, batch: list[int], x: torch.Tensor, y: torch.Tensor, *,
                               lr: float, max_norm: float) -> StepOutcome:
         set_learning_rate(self.optimizer, lr)
-        each_micro = _EachMicrobatchClip(self.sharding, max_norm, self.backend) if self.clip_order == "each_microbatch" else None
+        each_micro = _EachMicrobatchClip(self.sharding, max_norm, self.backend) if self.clip_order == "per_microbatch" else None
         self._head_logits = []  # each micro-batch's per-head attention logits (the model's stats hook)
         logits, loss, stats = self._forward_backward(x, y, each_micro)
         precision = self.precision
         scale = precision.current_scale()
         if self.clip_order == "before_unscale":  # the bug: the clip sees the scaled gradients
-            clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_mode, grad_scale=scale)
+            clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_scope, grad_scale=scale)
             overflow = precision.unscale(self.optimizer)
         elif each_micro is not None:  # the bug: every micro-batch was clipped on its own already
             clip = each_micro.finish()
             overflow = False
         else:
             overflow = precision.unscale(self.optimizer)
-            clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_mode)
+            clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_scope)
         post = self.sharding.grad_norm()
         # The loss column is the cross-entropy: an auxiliary z-loss the model added is reported apart.
         cross_entropy = float(loss) - stats["z_loss"] if "z_loss" in stats else float(loss)

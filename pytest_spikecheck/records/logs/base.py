@@ -165,6 +165,9 @@ class Table:
     #: the rules' own step column choice is overridden by the reader (Lightning's "step")
     default_step_column: str | None = None
     rows: int | None = None  # the number of rows, where neither steps nor a column tells it
+    #: What the log states about how the run was trained, as RunFacts fields (an argument dump,
+    #: logged parameters): the record's facts, source "log". Empty: it says nothing.
+    facts: dict[str, Any] = field(default_factory=dict)
 
     @property
     def size(self) -> int:

@@ -3,17 +3,22 @@ files hold one line per logged value, ``<timestamp ms> <value> <step>`` (a name 
 a nested path: ``metrics/train/loss``). Every metric of the run is read, rows in the order they
 were logged (by timestamp), so a resumed run reads as a restart like any other log. A single
 metric file reads as that one series. ``params/`` says whether the run was fp16 (HF's
-``MLflowCallback`` logs every training argument there). numpy only: MLflow is not needed."""
+``MLflowCallback`` logs every training argument there), and what the record's facts say:
+the clip (``max_grad_norm``), the accumulation, the seed, the optimizer (``optim``), the lr, the
+precision. numpy only: MLflow is not needed."""
 
 from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records.facts import OptimizerGroup
 from pytest_spikecheck.records.logs.base import Column, Reader, Table, read_text
+from pytest_spikecheck.scenario.sections import ClipSpec
 
 DESCRIPTION = "an MLflow run folder (mlruns/<experiment>/<run>/ with metrics/ files of 'timestamp value step' lines)"
 _LINE = re.compile(rb"^\d{9,14} \S+( -?\d+)?$")
@@ -53,16 +58,48 @@ def _fp16(run: Path) -> bool | None:
     return None
 
 
+def _facts(run: Path) -> dict[str, Any]:
+    """RunFacts fields the run's params state (HF's TrainingArguments names); {} when none do."""
+    params = run / "params"
+    if not params.is_dir():
+        return {}
+    raw = {p.name: p.read_text(errors="replace").strip() for p in params.iterdir() if p.is_file()}
+
+    def number(name: str, kind: type = float) -> Any:
+        try:
+            return kind(float(raw[name])) if kind is int else float(raw[name])
+        except (KeyError, ValueError):
+            return None
+
+    facts: dict[str, Any] = {}
+    clip = number("max_grad_norm")
+    if clip is not None and clip >= 0:  # 0: the Trainer's "no clip"
+        facts["clip"] = ClipSpec("global", clip) if clip > 0 else ClipSpec("none", None)
+    for field_name, name in (("accumulation", "gradient_accumulation_steps"), ("seed", "seed")):
+        if number(name, int) is not None:
+            facts[field_name] = number(name, int)
+    optim, lr = raw.get("optim"), number("learning_rate")
+    if optim is not None or lr is not None:
+        word = optim.lower() if optim else None
+        word = "adamw" if word and word.startswith("adamw") else word
+        facts["optimizers"] = (OptimizerGroup(name=word, lr=lr, weight_decay=number("weight_decay")),)
+    if raw.get("bf16", "").lower() == "true":
+        facts["amp_dtype"] = "bfloat16"
+    elif raw.get("fp16", "").lower() == "true":
+        facts["amp_dtype"] = "float16"
+    return facts
+
+
 def read(path: Path) -> Table:
     if path.is_dir():
         files = _metric_files(path)
         if not files:
             raise ConfigError(f"{path}: an MLflow run with no metrics (metrics/ is empty); expected {DESCRIPTION}")
-        fp16 = _fp16(path)
+        fp16, facts = _fp16(path), _facts(path)
     else:
         metrics = next((p for p in path.parents if p.name == "metrics"), None)
         files = [(path.relative_to(metrics).as_posix() if metrics else path.name, path)]
-        fp16 = _fp16(metrics.parent) if metrics else None
+        fp16, facts = (_fp16(metrics.parent), _facts(metrics.parent)) if metrics else (None, {})
     names, times, steps, values, wheres = [], [], [], [], []
     for k, (name, file) in enumerate(files):
         for n, line in enumerate(read_text(file, DESCRIPTION).splitlines(), 1):
@@ -92,7 +129,7 @@ def read(path: Path) -> Table:
         mine = metric_of == k
         columns[name] = Column(np.where(mine, value_of, np.nan), ~mine)
     where = [wheres[i] for i in order]
-    return Table(np.asarray(steps, dtype=np.int64)[order], columns, where.__getitem__, fp16=fp16)
+    return Table(np.asarray(steps, dtype=np.int64)[order], columns, where.__getitem__, fp16=fp16, facts=facts)
 
 
 READER = Reader("mlflow", DESCRIPTION, detect, read, steps_own="an MLflow value carries its own step", folder=True)

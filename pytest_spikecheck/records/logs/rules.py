@@ -28,6 +28,7 @@ import numpy as np
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.logs import names, skips
 from pytest_spikecheck.records.logs.base import Column, Table
+from pytest_spikecheck.records.facts import RunFacts
 from pytest_spikecheck.records.series import Record
 
 def assemble(path: Path, fmt: str, expected: str, table: Table, mapping: Mapping[str, str]) -> list[Record]:
@@ -196,7 +197,9 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
     skipped = {int(steps[r]): why for r, why in sorted(skip_rows.items())}
     skipped, skip_notes = skips.infer(metrics, missing, skipped, table.fp16)
     notes += skip_notes
-    return Record(metrics, None, source, missing=missing, log_format=fmt, notes=tuple(notes), skipped=skipped)
+    facts = RunFacts(source="log", **table.facts) if table.facts else None
+    return Record(metrics, None, source, missing=missing, log_format=fmt, notes=tuple(notes), skipped=skipped,
+                  facts=facts)
 
 
 def _last_per_step(column: Column, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,186 @@
+"""The record describes itself: ClipSpec, the facts block of run.json (format 2), format 1
+upgraded in memory, the published JSON Schema, and a hand-written minimal run folder judged
+like any other. No training here: the session's short runs (tests/short_runs.py) are reused."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+from run_schema import validate_run_folder
+
+from pytest_spikecheck import Scenario, assert_clip_contains, diagnose
+from pytest_spikecheck.cli import main
+from pytest_spikecheck.errors import ConfigError, SpikeCheckError
+from pytest_spikecheck.records import Run
+from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts
+from pytest_spikecheck.scenario import AdaptiveClip, ClipAt, ClipBeforeUnscale, ClipSpec, NoClip
+
+
+# -- ClipSpec ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("mode", "kind", "when"), [
+    ("global", "global", "after_unscale"), ("per_tensor", "per_tensor", "after_unscale"),
+    ("adaptive", "adaptive", "after_unscale"), ("shard_local", "shard_local", "after_unscale"),
+    ("before_unscale", "global", "before_unscale"), ("each_microbatch", "global", "per_microbatch"),
+])
+def test_the_old_clip_mode_spelling_is_an_alias(mode, kind, when):
+    extra = {"amp": {"dtype": "float16", "loss_scale": "dynamic"}} if mode == "before_unscale" else (
+        {"sampler": {"accumulation": 2}} if mode == "each_microbatch" else {})
+    s = Scenario.from_dict({"preset": "phase-19", "optimizer": {"clip_mode": mode}, **extra})
+    assert (s.optimizer.clip_kind, s.optimizer.clip_when) == (kind, when)
+    assert "clip_mode" not in s.to_yaml()  # written in the new spelling
+    assert Scenario.from_dict({"preset": "phase-19", "optimizer": {"clip_kind": kind, "clip_when": when}, **extra}) == s
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"clip_mode": "norm"}, "optimizer.clip_mode must be one of global, per_tensor, adaptive, shard_local"),
+    ({"clip_mode": "global", "clip_kind": "global"}, "old spelling of clip_kind and clip_when: give one"),
+    ({"clip_kind": "value"}, "optimizer.clip_kind must be one of global, per_tensor, shard_local, adaptive, was 'value'"),
+    ({"clip_when": "later"}, "optimizer.clip_when must be one of after_unscale, before_unscale, per_microbatch"),
+])
+def test_an_unknown_clip_is_one_line_naming_the_known_ones(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        Scenario.from_dict({"preset": "phase-19", "optimizer": raw})
+
+
+def test_the_scenario_declares_one_clip_value():
+    base = Scenario.preset("phase-19")
+    assert base.optimizer.clip == ClipSpec("global", 1.0, "after_unscale")
+    assert base.with_breaks(NoClip()).resolved().optimizer.clip == ClipSpec("none", None)
+    assert base.with_breaks(ClipAt(0.5, "per_tensor")).resolved().optimizer.clip == ClipSpec("per_tensor", 0.5)
+    assert base.with_breaks(AdaptiveClip(z=3.0)).resolved().optimizer.clip == ClipSpec("adaptive", 1.0, z=3.0, alpha=0.97)
+    assert base.with_breaks(ClipBeforeUnscale()).resolved().optimizer.clip.when == "before_unscale"
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, "1"])
+def test_one_rule_for_a_max_norm_everywhere(bad):
+    """> 0, or inf/None for no clip: the spec, ClipAt, ClipSpec and the assertion say the same."""
+    for make in (lambda: Scenario.preset("phase-19").replace(optimizer__grad_clip=bad),
+                 lambda: ClipAt(bad), lambda: ClipSpec("global", bad)):
+        with pytest.raises(ConfigError, match="must be"):
+            make()
+    with pytest.raises(ConfigError, match="assert_clip_contains.max_norm=.... must be"):
+        assert_clip_contains({"grad_norm_post": [1.0]}, max_norm=bad)
+
+
+def test_a_clip_spec_refuses_contradictions():
+    with pytest.raises(ConfigError, match="clip kind none with max_norm 1.0"):
+        ClipSpec("none", 1.0)
+    with pytest.raises(ConfigError, match="clip kind global needs a max_norm"):
+        ClipSpec("global", None)
+    with pytest.raises(ConfigError, match="an adaptive clip needs z > 0"):
+        ClipSpec("adaptive", None)
+
+
+# -- run.json format 2 ----------------------------------------------------------------------------
+
+def test_an_engine_run_writes_its_facts_and_every_step_its_clip_limit(short_runs, tmp_path):
+    run = short_runs[0]
+    folder = run.save(tmp_path / "run")
+    meta = json.loads((folder / "run.json").read_text())
+    assert meta["format_version"] == FORMAT_VERSION == 2
+    facts = meta["facts"]
+    assert facts["source"] == "engine" and facts["clip"] == {"kind": "global", "max_norm": 1.0, "when": "after_unscale",
+                                                             "z": None, "alpha": None}
+    assert [g["name"] for g in facts["optimizers"]] == ["adamw", "adamw"]  # decayed and undecayed groups
+    assert facts["model"]["arch"] == "gpt" and facts["model"]["parameters"] == meta["parameters"]
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["clip_limit"] == 1.0 for r in rows)
+    loaded = Run.load(folder)
+    assert loaded.facts == run.facts and "facts" not in loaded.meta
+
+
+def test_a_no_clip_run_writes_null_clip_limits(short_runs, tmp_path):
+    run = short_runs[1]
+    folder = run.save(tmp_path / "run")
+    assert {json.loads(line)["clip_limit"] for line in (folder / "metrics.jsonl").read_text().splitlines()} == {None}
+    with pytest.raises(ConfigError, match="the record says it had no clip"):
+        assert_clip_contains(Run.load(folder))
+
+
+def _as_format_1(folder: Path) -> None:
+    """The folder as the released code wrote it: no format_version, no facts, clip_limit only
+    for adaptive clips."""
+    meta = json.loads((folder / "run.json").read_text())
+    meta.pop("format_version"), meta.pop("facts")
+    (folder / "run.json").write_text(json.dumps(meta))
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "clip_limit"}) + "\n"
+                                                  for r in rows))
+
+
+def test_a_format_1_folder_is_upgraded_in_memory_and_judged_the_same(short_runs, tmp_path):
+    run = short_runs[0]
+    new = run.save(tmp_path / "new")
+    old = Path(shutil.copytree(new, tmp_path / "old"))
+    _as_format_1(old)
+    a, b = Run.load(new), Run.load(old)
+    assert b.facts.clip == a.facts.clip and b.facts.source == "engine" and b.facts.optimizers is None  # never written
+    assert diagnose(b).text() == diagnose(a).text()
+    assert_clip_contains(b)  # the limit from the upgraded facts (no clip_limit column in format 1)
+
+
+def test_a_future_format_is_one_line(short_runs, tmp_path):
+    folder = short_runs[0].save(tmp_path / "run")
+    meta = json.loads((folder / "run.json").read_text())
+    (folder / "run.json").write_text(json.dumps({**meta, "format_version": 3}))
+    with pytest.raises(ConfigError, match=r"format_version 3 is not one this pytest-spikecheck reads \(1 or 2\)"):
+        Run.load(folder)
+
+
+def test_an_unknown_facts_field_is_one_line_naming_the_known_ones():
+    with pytest.raises(ConfigError, match="unknown field 'optimiser'; known: source, model, optimizers, clip"):
+        RunFacts.from_json({"source": "log", "optimiser": "adamw"})
+    with pytest.raises(ConfigError, match="facts.clip: unknown field 'limit'"):
+        RunFacts.from_json({"source": "log", "clip": {"kind": "global", "limit": 1.0}})
+    with pytest.raises(ConfigError, match="run facts source must be one of engine, recorder, hf, lightning, log"):
+        RunFacts.from_json({"source": "mine"})
+
+
+# -- the published schema, and a run folder written by hand ---------------------------------------
+
+def test_every_run_the_suite_writes_validates_against_the_schema(short_runs, tmp_path):
+    for i, run in enumerate(short_runs):
+        validate_run_folder(run.save(tmp_path / f"run{i}"))
+
+
+def _minimal_folder(tmp_path: Path, post: list[float], facts: dict | None = None) -> Path:
+    """run.json with the schema's required fields only (format_version, facts.source), and a
+    metrics.jsonl of step (required) and the norms the judgement reads."""
+    folder = tmp_path / "by-hand"
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"format_version": 2, "facts": {"source": "log", **(facts or {})}}))
+    pre = [1.0] * 40 + [30.0] + [1.0] * 9
+    (folder / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "loss": 2.0, "grad_norm_pre": pre[i], "grad_norm_post": p}) + "\n"
+        for i, p in enumerate(post)))
+    return folder
+
+
+def test_a_hand_written_minimal_run_folder_is_judged(tmp_path, capsys):
+    held = _minimal_folder(tmp_path, [1.0] * 50)
+    validate_run_folder(held)
+    assert_clip_contains(held, max_norm=1.0)
+    with pytest.raises(ConfigError, match="does not say what the clip limit was"):
+        assert_clip_contains(held)  # nothing says the limit: one line, not a guess
+    assert main(["diagnose", str(held)]) == 0
+    out = capsys.readouterr().out
+    assert "diagnosis at step 41" in out and "clipped to 1" in out
+    leaked = _minimal_folder(tmp_path / "b", [1.0] * 40 + [30.0] + [1.0] * 9)
+    with pytest.raises(SpikeCheckError, match="post-clip norm 30 > max_norm 1 at step 41"):
+        assert_clip_contains(leaked, max_norm=1.0)
+
+
+def test_a_hand_written_folder_that_says_its_clip_is_judged_against_it(tmp_path, capsys):
+    clip = {"clip": {"kind": "global", "max_norm": 1.0, "when": "after_unscale"}}
+    held = _minimal_folder(tmp_path, [1.0] * 50, clip)
+    validate_run_folder(held)
+    assert_clip_contains(held)  # the limit from the facts: no max_norm=
+    assert main(["diagnose", str(held)]) == 0
+    assert "within max_norm 1" in capsys.readouterr().out
+    with pytest.raises(SpikeCheckError, match="post-clip norm 30 > max_norm 1 at step 41"):
+        assert_clip_contains(_minimal_folder(tmp_path / "b", [1.0] * 40 + [30.0] + [1.0] * 9, clip))
