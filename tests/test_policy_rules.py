@@ -107,3 +107,45 @@ def test_a_zero_std_share_of_one_marks_a_degenerate_step():
     assert np.flatnonzero(mask).tolist() == [5, 17] and why == "frac_reward_zero_std = 1 at 2"
     # a unimodal RL norm has no degenerate steps
     assert not degenerate_steps(rl_record(np.full(40, 0.5)), np.arange(1, 41), np.full(40, 0.5))[0].any()
+
+
+# Issue 35: the shapes a new-user trial and public logs showed, rebuilt with their numbers.
+# A 40-step fine-tune whose loss falls 3.5 -> 2.05 with per-batch noise, then one step at 5.15 (+2.2
+# nats over the median before it): the descent's spread around the median (6 x 1.4826 MAD = 2.7
+# nats) hid it; its point-to-point changes vary by 0.1.
+def descent_with_a_jump() -> tuple[np.ndarray, np.ndarray]:
+    noise = np.tile([0.06, -0.05, 0.02, -0.07, 0.04], 8)
+    loss = 3.5 - 0.05 * np.arange(40) + noise
+    loss[30] = 5.15
+    return np.arange(1, 41), loss
+
+
+def test_a_jump_of_nats_on_a_falling_loss_is_found_whatever_the_descent_says():
+    steps, loss = descent_with_a_jump()
+    assert flagged([LossJump()], steps, loss) == [31]
+    hit = LossJump().detect(steps, loss)[0]
+    assert hit.score == pytest.approx(5.15 - hit.baseline) and hit.score > 2
+    # the same descent without the jump stays quiet
+    quiet = loss.copy()
+    quiet[30] = (quiet[29] + quiet[31]) / 2
+    assert flagged([LossJump(), SustainedLoss()], steps, quiet) == []
+
+
+def test_sabotage_the_spread_around_the_median_misses_the_jump():
+    assert flagged([LossJump(detrend=False)], *descent_with_a_jump()) == []
+
+
+# An LR sweep point logged every 200 steps, five points: the loss rises at the third and stays up.
+# On five points the log's own noise is the rise itself (two of its three second differences).
+SHORT_SWEEP = np.r_[10.8, 7.2, 9.1, 9.3, 9.6]
+
+
+def test_a_sustained_rise_on_a_five_point_log_is_found():
+    assert flagged([SustainedLoss()], np.arange(1, 6) * 200, SHORT_SWEEP) == [600]
+    assert flagged([SustainedLoss(noise_min_points=0)], np.arange(1, 6) * 200, SHORT_SWEEP) == []  # sabotage
+    # healthy five- and seven-point descents with 0.2 nats of noise: none flagged
+    for n in (5, 7):
+        for seed in range(50):
+            rng = np.random.default_rng(seed)
+            v = 3 + 4 * np.exp(-np.arange(n) / 1.5) + 0.2 * rng.standard_normal(n)
+            assert flagged([LossJump(), SustainedLoss()], np.arange(1, n + 1) * 200, v) == []

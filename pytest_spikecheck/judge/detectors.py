@@ -399,6 +399,7 @@ class LossJump(Detector):
     window: int = BASELINE_WINDOW
     min_history: int = 5
     noise_sigmas: float = 4.0
+    detrend: bool = True  # the sigmas measure the history's noise, not its descent (False: as before issue 35)
 
     @property
     def threshold_name(self) -> str:
@@ -406,9 +407,14 @@ class LossJump(Detector):
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        med, mad = rolling.median_and_spread(rolling.histories(steps, values, self.window, self.min_history))
+        h = rolling.histories(steps, values, self.window, self.min_history)
+        med, mad = rolling.median_and_spread(h)
         has = ok & ~np.isnan(med)
         jump = values - med
+        if self.detrend:
+            # The spread of a falling history around its median is mostly the slope: the noise
+            # is what its point-to-point changes vary by (never more than the plain spread).
+            mad = np.fmin(mad, rolling.step_spread(h))
         bar = np.maximum(self.nats, self.sigmas * (MAD_TO_SIGMA * mad))
         if self.noise_sigmas:
             bar = np.maximum(bar, self.noise_sigmas * log_noise(values))
@@ -443,6 +449,7 @@ class SustainedLoss(Detector):
     min_history: int = 1
     history_points: int = 5  # the baseline's usual size; a log's first points have fewer
     early: str = "lowest"  # before history_points: "lowest" (lowest loss so far, the log's noise) or "median"
+    noise_min_points: int = 8  # fewer finite values: the log's noise is not measured (0: always, as before issue 35)
 
     def __post_init__(self) -> None:
         if self.early not in ("lowest", "median"):
@@ -469,7 +476,9 @@ class SustainedLoss(Detector):
             early_med, early_mad = rolling.median_and_spread(at)
             med, spread = np.where(early, early_med, med), np.where(early, MAD_TO_SIGMA * early_mad, spread)
         if self.early == "lowest":
-            noise = log_noise(values)
+            # On a log of a handful of points the second differences are the event's own (a rise
+            # at the third of five points makes two of the three): no noise can be read there.
+            noise = log_noise(values) if np.isfinite(values).sum() >= self.noise_min_points else 0.0
             spread = np.where(early, noise, np.maximum(spread, noise))  # never below the log's own noise
             if early.any():
                 lowest = np.minimum.accumulate(h.finite)
