@@ -20,6 +20,7 @@ under a second.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
@@ -34,7 +35,7 @@ def assemble(path: Path, fmt: str, expected: str, table: Table, mapping: Mapping
     """The runs of a log, each as a Record (a log with one run gives one)."""
     mapping = dict(mapping)
     step_mapped = mapping.pop("step", None)
-    steps, columns = _steps(path, fmt, expected, table, step_mapped)
+    steps, columns, table = _steps(path, fmt, expected, table, step_mapped)
     if steps.size == 0:
         raise ConfigError(f"{path}: no logged steps; expected {expected}")
     skip_rows = dict(table.skipped)
@@ -59,10 +60,10 @@ def assemble(path: Path, fmt: str, expected: str, table: Table, mapping: Mapping
 # -- steps -------------------------------------------------------------------------------------
 
 def _steps(path: Path, fmt: str, expected: str, table: Table,
-           step_mapped: str | None) -> tuple[np.ndarray, dict[str, Column]]:
+           step_mapped: str | None) -> tuple[np.ndarray, dict[str, Column], Table]:
     columns = dict(table.columns)
     if table.steps is not None:
-        return np.asarray(table.steps, dtype=np.int64), columns
+        return np.asarray(table.steps, dtype=np.int64), columns, table
     chosen = step_mapped or table.default_step_column
     if chosen is not None and chosen not in columns:
         what = expected if step_mapped is None else "a step column"
@@ -70,8 +71,12 @@ def _steps(path: Path, fmt: str, expected: str, table: Table,
     chosen = chosen or names.step_column(columns)
     if chosen is None:
         table.notes.append("no step column: rows are numbered 1, 2, 3, ... (name one with --map step=COLUMN)")
-        return np.arange(1, table.size + 1, dtype=np.int64), columns
+        return np.arange(1, table.size + 1, dtype=np.int64), columns, table
     column = columns.pop(chosen)
+    if column.first_text is None and column.missing.any() and not column.missing.all():
+        # Rows that log no step (a JSONL's first line holding the run's config, a CSV's rows with an
+        # empty global_step cell) are no training step: left out, the rest read as they are.
+        table, columns, column = _without_stepless_rows(table, columns, column, chosen)
     v = column.values
     bad = np.flatnonzero(column.missing | ~np.isfinite(v) | (v < 0) | (v != np.floor(v)))
     if bad.size:
@@ -81,7 +86,30 @@ def _steps(path: Path, fmt: str, expected: str, table: Table,
                  else column.shown(i))
         raise ConfigError(f"{path}: {table.where(i)}: {chosen!r} holds {shown}, "
                           f"expected a step number (a whole number >= 0)")
-    return v.astype(np.int64), columns
+    return v.astype(np.int64), columns, table
+
+
+def _without_stepless_rows(table: Table, columns: dict[str, Column], column: Column,
+                           name: str) -> tuple[Table, dict[str, Column], Column]:
+    keep = ~column.missing
+    rows = np.flatnonzero(keep)
+    dropped = np.flatnonzero(~keep)
+    where = table.where
+    first = where(int(dropped[0]))
+    kept_where = lambda i: where(int(rows[i]))  # noqa: E731 - the kept rows keep their own line numbers
+    position = {int(r): i for i, r in enumerate(rows.tolist())}
+    note = (f"{dropped.size} row{'s' if dropped.size != 1 else ''} with no {name!r} (first at {first}) left out: "
+            f"a row that logs no step is no training step (a config line, an evaluation row)")
+    new = replace(table, where=kept_where, notes=[*table.notes, note],
+                  skipped={position[r]: why for r, why in table.skipped.items() if r in position},
+                  rows=int(rows.size), default_step_column=table.default_step_column)
+    def kept(c: Column) -> Column:
+        out = c.take(keep)
+        if out.first_text is not None:  # named by its row among the kept ones, as `where` reads them
+            out.first_text = (position[out.first_text[0]], out.first_text[1])
+        return out
+
+    return new, {n: kept(c) for n, c in columns.items()}, kept(column)
 
 
 def _runs(steps: np.ndarray, columns: dict[str, Column],

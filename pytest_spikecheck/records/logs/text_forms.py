@@ -25,7 +25,7 @@ def number(text: str) -> float | None:
     m = _NUMBER.match(text)
     if m is None:
         return None
-    n = m.group("n")
+    n = m.group("n").rstrip(",")  # "12," in "Step: 12, Rank: 0": the comma separates the fields
     if "," in n:
         if not _THOUSANDS.match(n):
             return None
@@ -213,11 +213,24 @@ def continuation(line: str) -> tuple[str, float | None] | None:
     return (m.group(1), number(m.group(2))) if m else None
 
 
+# -- an evaluation line with no step ----------------------------------------------------------------
+
+_STEPLESS_EVAL = re.compile(rf"^\s*(?:validation|val|eval)(?: set)? (loss|bpb)\s*[:=]?\s*({_NUM})\s*$", re.I)
+
+
+def stepless_eval(segment: str) -> dict[str, float | None] | None:
+    """``validation loss: 3.2`` (build-nanogpt's train_gpt2.py prints it after the step line it
+    follows): {"eval_loss": 3.2}; the text reader puts it at the step of the line before."""
+    m = _STEPLESS_EVAL.match(segment)
+    return {f"eval_{m.group(1).lower()}": number(m.group(2))} if m else None
+
+
 # -- generic key=value / key: value ------------------------------------------------------------------
 
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "it", "steps", "global step", "train/global_step")
 _PAIR = re.compile(rf"(?<![\w./])([A-Za-z_][\w./\-]*(?: [A-Za-z_][\w./\-]*){{0,2}}?)\s*[:=]\s*({_NUM}|'[^']*'|\"[^\"]*\")"
                    rf"(?![\w.])", re.I)
+_WORD_STEP = re.compile(r"\b(?:global[ _](?:batch|step)|step|iteration)\s+(\d+)\s*(?:[,|;]|$)", re.I)
 _LEADING_STEP = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*(step|iter|iteration)\s+(\d+)(?:\s*/\s*\d+)?\s*[|,:]", re.I)
 
 
@@ -240,6 +253,9 @@ def _generic(segment: str) -> Parsed | None:
             values.pop(key)
     m = re.search(r"\b(?:step|iter|iteration)\s*[:=]?\s*(\d+)\s*/\s*\d+", segment, re.I)
     if step is None and m is not None:
+        step = int(m.group(1))
+    m = _WORD_STEP.search(segment)
+    if step is None and m is not None:  # Python logging: "Epoch 1, Global Batch 120, Training Loss: 3.2"
         step = int(m.group(1))
     if step is None or not any(v is not None for v in values.values()):
         return None
