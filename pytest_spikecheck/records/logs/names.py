@@ -55,7 +55,7 @@ def step_column(names: Iterable[str]) -> str | None:
 _BOOKKEEPING_SUFFIXES = ("_runtime", "_per_second", "per_second")
 _BOOKKEEPING_WORDS = ("elapsed time", "throughput", "tokens per", "samples per", "consumed samples", "consumed tokens",
                       "tflops", "mfu", "memory", "tok/s", "batches_per_second", "time per iteration", "batch size",
-                      "elapsed", "eta", "steps/s", "it/s")
+                      "elapsed", "eta", "steps/s", "it/s", "iteration time", "mem allocated")
 
 
 #: The bookkeeping words as runs of whole words ("eta" is no part of "theta", "it/s" none of "split/score").

@@ -118,7 +118,12 @@ def _runs(steps: np.ndarray, columns: dict[str, Column],
     back = np.flatnonzero(steps[1:] < steps[:-1]) + 1  # rows whose step is below the previous row's
     starts = [0]
     for r in back:
-        if steps[r] <= steps[starts[-1]]:  # back to the run's first step, or below: a new run
+        # Back to the run's first step or below, or, after 10 rows or more, to within one logged
+        # interval of it (nanochat's mid-training counts from 1 after its base training counted from
+        # 0): a new run or phase. A resume goes back to a checkpoint, not to the run's first step.
+        gaps = np.diff(steps[starts[-1]:r])
+        near = int(np.median(gaps)) if gaps.size >= 9 else 0
+        if steps[r] <= steps[starts[-1]] + near:
             starts.append(int(r))
     if len(starts) == 1:
         return [(0, steps.size)], None

@@ -230,7 +230,7 @@ def stepless_eval(segment: str) -> dict[str, float | None] | None:
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "it", "steps", "global step", "train/global_step")
 _PAIR = re.compile(rf"(?<![\w./])([A-Za-z_][\w./\-]*(?: [A-Za-z_][\w./\-]*){{0,2}}?)\s*[:=]\s*({_NUM}|'[^']*'|\"[^\"]*\")"
                    rf"(?![\w.])", re.I)
-_WORD_STEP = re.compile(r"\b(?:global[ _](?:batch|step)|step|iteration)\s+(\d+)\s*(?:[,|;]|$)", re.I)
+_WORD_STEP = re.compile(r"\b(?:global[ _](?:batch|step)|step|iteration)\s+(\d+)\s*(?:\([^)]*\)\s*)?(?:[,|;]|$)", re.I)
 _LEADING_STEP = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*(step|iter|iteration)\s+(\d+)(?:\s*/\s*\d+)?\s*[|,:]", re.I)
 
 
