@@ -3,7 +3,7 @@ ship, on the held-out split of the labelled real-log corpus (tests/data/reallogs
 tests/reallogs.py scores it), and on the whole corpus beside it. Writes the league section of
 docs/detectors.md.
 
-    python scripts/detector_league.py            # ~1 min on 2 cores: rewrite the section
+    python scripts/detector_league.py            # ~5 min on 2 cores (the engine runs ~3): rewrite the section
     python scripts/detector_league.py --print    # print it instead
 
 Entrants, each on the series its framework watches (a named rule also sees every non-finite value
@@ -31,8 +31,8 @@ of that series as a flag, as our detectors do):
 
 Columns: *events found* (a labelled onset with a flag within +-2 logged intervals), *healthy logs flagged*
 (negative logs with any flag), *false alarms per 10,000 healthy steps* (flags on negative logs per 10,000
-of their logged points), *latency* (median steps from a found onset to the first flag at or after
-onset - 2 intervals). Engine runs with known event steps are not part of this table yet.
+of their logged points), *latency* (median and largest, over the found events, of the steps from the onset
+to the first flag within the window, 0 for a flag up to 2 intervals early). Engine runs with known event steps are not part of this table yet.
 """
 
 from __future__ import annotations
@@ -175,11 +175,94 @@ def score(entrant: str, entries: list[dict]) -> dict:
             healthy_points += points
     return {"found": found, "onsets": onsets, "negatives": negatives, "flagged": flagged,
             "per_10k": 10_000 * false_alarms / healthy_points if healthy_points else math.nan,
-            "latency": float(np.median(latencies)) if latencies else math.nan}
+            "latency": float(np.median(latencies)) if latencies else math.nan,
+            "worst": float(np.max(latencies)) if latencies else math.nan}
+
+
+#: Engine runs (the project's own experiments/, trained by `spikecheck train`): (name, folder or None for
+#: a plain Phase-19 run of 150 steps, event step (0: the break acts from the first step, so any flag
+#: finds it, the latency counted from step 1), None for a clean run).
+ENGINE = (
+    ("Seed-42 greek burst, no clip (19-break-no-clip)", "19-break-no-clip", 312),
+    ("Seed-42 greek burst, clipped (19-control: the batch is still the burst)", "19-control", 312),
+    ("high LR 0.1 (high-lr-break)", "high-lr-break", 0),
+    ("fp16 burst, the scaler skips the step (fp16-accumulation)", "fp16-accumulation", 24),
+    ("high LR 0.1 + QK-LayerNorm (high-lr-qk-layernorm), clean", "high-lr-qk-layernorm", None),
+    ("Phase-19, seed 42, 150 steps, no break, clean", None, None),
+)
+
+
+def engine_runs(out: Path) -> list[tuple[str, Path, int | None]]:
+    """Train (or reuse) the engine runs under ``out``; (name, metrics.jsonl, event step)."""
+    from pytest_spikecheck.cli.commands import main as spikecheck
+
+    runs = []
+    for name, folder, event in ENGINE:
+        target = out / (folder or "phase19-clean")
+        metrics = target / "metrics.jsonl"
+        if not metrics.exists():
+            source = ROOT / "experiments" / folder if folder else None
+            if source is None:
+                source = out / "phase19-clean-config"
+                source.mkdir(parents=True, exist_ok=True)
+                (source / "config.yaml").write_text("preset: phase-19\nseed: 42\nsteps: 150\n")
+            spikecheck(["train", str(source), "--out", str(target), "--quiet"])
+        runs.append((name, metrics, event))
+    return runs
+
+
+def engine_flags(path: Path, entrant: str) -> tuple[list[int], int]:
+    record = read_runs(path)[0]
+    if entrant == "ours":
+        report = judge_log(record)
+        flags = [h["step"] for s in report["series"] for h in s["spikes"]]
+        if report["nonfinite"] is not None:
+            flags.append(report["nonfinite"]["step"])
+        return flags, int(record.metrics["step"].size)
+    flags = []
+    loss_rule, grad_rule = ENTRANTS[entrant]
+    for rule, metric in ((loss_rule, "loss"), (grad_rule, "grad_norm_pre")):
+        data = _series(record, metric) if rule is not None else None
+        if data is not None and data[0].size:
+            flags += rule(*data)
+    return flags, int(record.metrics["step"].size)
+
+
+def engine_score(entrant: str, runs) -> dict:
+    found = onsets = negatives = flagged = false_alarms = healthy = 0
+    latencies = []
+    for _, path, event in runs:
+        flags, steps = engine_flags(path, entrant)
+        if event is None:
+            negatives += 1
+            flagged += bool(flags)
+            false_alarms += len(flags)
+            healthy += steps
+            continue
+        onsets += 1
+        start = max(event, 1)
+        near = sorted(f - start for f in flags if (event == 0 or abs(f - event) <= TOLERANCE_INTERVALS))
+        if near:
+            found += 1
+            latencies.append(max(0, near[0]))
+    return {"found": found, "onsets": onsets, "negatives": negatives, "flagged": flagged,
+            "per_10k": 10_000 * false_alarms / healthy if healthy else math.nan,
+            "latency": float(np.median(latencies)) if latencies else math.nan,
+            "worst": float(np.max(latencies)) if latencies else math.nan}
+
+
+def engine_table(out: Path) -> str:
+    runs = engine_runs(out)
+    listing = "; ".join(f"{name} (event {'from step 1' if e == 0 else e if e else 'none'})" for name, _, e in runs)
+    return "\n".join([f"**engine runs** ({listing}; trained by `spikecheck train`, CPU, seed 42):", "",
+                      "| entrant | events found | clean runs flagged | false alarms / 10,000 clean steps | latency, steps: median (max) |",
+                      "|---|---|---|---|---|",
+                      _row("**ours** (default policy)", engine_score("ours", runs)),
+                      *[_row(name, engine_score(name, runs)) for name in ENTRANTS], ""])
 
 
 def _row(name: str, s: dict) -> str:
-    lat = "—" if math.isnan(s["latency"]) else f"{s['latency']:g}"
+    lat = "—" if math.isnan(s["latency"]) else f"{s['latency']:g} (max {s['worst']:g})"
     return (f"| {name} | {s['found']}/{s['onsets']} | {s['flagged']}/{s['negatives']} | {s['per_10k']:.1f} | {lat} |")
 
 
@@ -190,7 +273,7 @@ def table(splits: tuple[str, ...] = ("heldout", "all")) -> str:
         chosen = entries if split == "all" else [e for e in entries if e["split"] == split]
         title = "held-out split (never tuned on)" if split == "heldout" else "whole corpus (tune + held-out)"
         lines += [f"**{title}**, {len(chosen)} files:", "",
-                  "| entrant | events found | healthy logs flagged | false alarms / 10,000 healthy steps | latency (steps) |",
+                  "| entrant | events found | healthy logs flagged | false alarms / 10,000 healthy steps | latency, steps: median (max) |",
                   "|---|---|---|---|---|",
                   _row("**ours** (default policy)", score("ours", chosen)),
                   *[_row(name, score(name, chosen)) for name in ENTRANTS], ""]
@@ -213,8 +296,10 @@ def committed_body(text: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", action="store_true", help="print the section instead of writing it")
+    parser.add_argument("--runs", type=Path, default=ROOT / ".cache" / "detector_league",
+                        help="where the engine runs are trained (reused when there)")
     args = parser.parse_args()
-    text = section(table())
+    text = section(table() + "\n" + engine_table(args.runs))
     if args.print:
         print(text)
         return 0

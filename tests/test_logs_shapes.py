@@ -136,3 +136,20 @@ def test_golden_values_a_nan_string_in_a_timing_series_fails_nothing():
     from pytest_spikecheck.records.logs import golden_values
     timing = golden_values.read(path).columns["iteration-time"]
     assert np.isnan(timing.values[0]) and not timing.missing[0] and timing.values[1] == 3.30126  # "nan": a value
+
+
+def test_seeds_concatenated_with_echoed_last_lines_are_separate_runs(tmp_path, capsys):
+    # Three seeds printed into one file, "step N | loss X" lines (no colon), each block ending with its
+    # last three lines printed again: three runs, the echoes read once, nothing flagged.
+    lines = []
+    for seed in range(3):
+        block = [f"step {s} | loss {2 + 3 * np.exp(-s / 15) + 0.3 * seed + 0.02 * (-1) ** s:.4f}" for s in range(1, 61)]
+        lines += [f"=== seed {seed} ===", *block, "final:", *block[-3:]]
+    path = tmp_path / "seeds.log"
+    path.write_text("\n".join(lines) + "\n")
+    runs = read_runs(path)
+    assert [r.metrics["step"].tolist() for r in runs] == [list(range(1, 61))] * 3
+    assert any(n.startswith("3 rows repeat earlier rows exactly (first at line 63, step 58)") for n in runs[0].notes)
+    assert not any("restart from a checkpoint" in n for n in runs[0].notes)
+    assert main(["check", str(path)]) == 0
+    assert capsys.readouterr().out.startswith(f"{path}: 3 runs in one file")

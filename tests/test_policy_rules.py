@@ -149,3 +149,22 @@ def test_a_sustained_rise_on_a_five_point_log_is_found():
             rng = np.random.default_rng(seed)
             v = 3 + 4 * np.exp(-np.arange(n) / 1.5) + 0.2 * rng.standard_normal(n)
             assert flagged([LossJump(), SustainedLoss()], np.arange(1, n + 1) * 200, v) == []
+
+
+def test_a_preference_loss_that_starts_at_ln2_is_no_likelihood():
+    # The real DPO loss of jsonl/dpo-360-llamafactory (tests/data/reallogs, provenance in corpus.yaml)
+    # with only its loss kept, as a log that names no reward or accuracy column: it wanders around
+    # ln 2 (0.65, 0.65, 1.11, 0.26, 0.94, ...), so the loss rules step aside.
+    from pytest_spikecheck.judge.policy import detect_kind
+    from pytest_spikecheck.records.logs import read_log
+    from reallogs import ROOT
+    full = read_log(ROOT / "jsonl" / "dpo-360-llamafactory" / "trainer_log.jsonl")
+    steps, loss = full.series("loss")
+    rec = Record({"step": steps, "loss": loss}, None, "dpo", log_format="jsonl")
+    kind, why = detect_kind(rec)
+    assert kind == "rl" and "about ln 2" in why
+    report = judge_log(rec)
+    assert report["ok"] and report["series"][0]["status"] == "skipped"
+    # an SFT loss starting at 1.04 (metamath-dense's) is judged as a likelihood
+    sft = Record({"step": steps, "loss": loss + 0.4}, None, "sft", log_format="jsonl")
+    assert detect_kind(sft)[0] is None

@@ -20,7 +20,7 @@ and the rules of the default CI policy (:mod:`pytest_spikecheck.judge.policy`), 
 on real public training logs (``tests/data/reallogs``, ``docs/detectors.md``):
 
 ============== ===========================================================================
-loss-jump       loss >= median + max(ln 2 nats, 6 x 1.4826 MAD) of the previous points
+loss-jump       loss >= median + max(ln 2 nats, 6 x 1.4826 MAD) of the previous points (MAD of their changes if less)
 loss-sustained  the loss rises ln 2 nats (and 3 robust sigmas) above its median and stays there
 grad-ratio      norm >= 10 x the median of the previous points and 6 robust sigmas above it
 ============== ===========================================================================

@@ -48,6 +48,9 @@ EVAL_METRICS = ("eval_loss", "eval_bpb")
 #: Keys an RL or preference trainer logs (TRL GRPO/PPO/DPO/KTO, OpenRLHF, LLaMA-Factory DPO).
 _RL_KEYS = ("reward", "reward_std", "kl", "frac_reward_zero_std", "entropy", "clip_ratio", "cri_loss")
 _RL_PREFIXES = ("rewards/", "objective/", "logps/", "logits/", "policy/", "val/", "clip_ratio/")
+#: A DPO loss starts at ln 2 (policy = reference) and wanders around it: a first logged loss this close
+#: to ln 2 is read as one (a language-model loss starts at ~ln(vocabulary), an SFT loss at 1-3 nats).
+_DPO_START = 0.05
 #: A surrogate loss: more than this share of the logged losses exactly 0, or any negative.
 _ZERO_LOSS_SHARE = 0.2
 #: An RL gradient norm is bimodal when its log10 splits (Otsu's threshold) into two groups this many
@@ -83,6 +86,9 @@ def detect_kind(rec: Record) -> tuple[str | None, str]:
         loss = loss[np.isfinite(loss)]
         if loss.size and (np.any(loss < 0) or np.mean(loss == 0) > _ZERO_LOSS_SHARE):
             return "rl", "its loss is a surrogate (negative or mostly exactly 0), as RL objectives are"
+        if loss.size >= 2 and abs(loss[0] - math.log(2)) <= _DPO_START:
+            return "rl", (f"its loss starts at {loss[0]:.4g}, about ln 2 = 0.693: a preference (DPO) loss, whose value "
+                          f"is ln 2 while the policy equals its reference")
     return None, ""
 
 

@@ -198,6 +198,22 @@ def _checkpoint_restarts(steps: np.ndarray, where, offset: int) -> tuple[np.ndar
 def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray, columns: dict[str, Column],
              offset: int, table: Table, mapping: Mapping[str, str], notes: list[str],
              skip_rows: dict[int, str]) -> Record:
+    echoed = _echoes(steps, columns)
+    if echoed.any():
+        # A log that prints its last lines again (a summary at the end of a seed's block) goes back
+        # in steps with the very rows it had: read once, not as a restart from a checkpoint.
+        first = int(np.flatnonzero(echoed)[0])
+        notes.append(f"{int(echoed.sum())} row{'s' if echoed.sum() != 1 else ''} repeat earlier rows exactly (first at "
+                     f"{table.where(offset + first)}, step {int(steps[first])}): an echo of lines already read, read once")
+        kept_rows = np.flatnonzero(~echoed)
+        skip_rows = {int(np.searchsorted(kept_rows, r)): why for r, why in skip_rows.items() if not echoed[r]}
+        steps = steps[~echoed]
+        where_kept = table.where
+        columns = {n: c.take(~echoed, offset) for n, c in columns.items()}
+        for c in columns.values():
+            if c.first_text is not None:  # named by its place among the kept rows, as `where` now reads
+                c.first_text = (offset + int(np.searchsorted(kept_rows, c.first_text[0] - offset)), c.first_text[1])
+        table = replace(table, where=lambda i: where_kept(offset + int(kept_rows[i - offset])) if i >= offset else where_kept(i))
     keep, restart_notes = _checkpoint_restarts(steps, table.where, offset)
     notes += restart_notes
     if not keep.all():
@@ -230,6 +246,25 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
     skipped, skip_notes = skips.infer(metrics, missing, skipped, table.fp16)
     notes += skip_notes
     return Record(metrics, None, source, missing=missing, log_format=fmt, notes=tuple(notes), skipped=skipped)
+
+
+def _echoes(steps: np.ndarray, columns: dict[str, Column]) -> np.ndarray:
+    """The run's last rows when they go back in steps (at or below an earlier row's step) and each
+    equal an earlier row in its step and every value (missing and NaN alike): a log that prints its
+    last lines again."""
+    back = steps <= np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(steps)[:-1]])
+    if not back.any():
+        return back
+    cells = [steps.astype(np.float64)]
+    for c in columns.values():
+        cells.append(np.where(c.missing, -np.inf, np.where(np.isnan(c.values), np.inf, c.values)))
+    rows = np.ascontiguousarray(np.stack(cells, axis=1))
+    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+    echo = back & (first[inverse.reshape(-1)] < np.arange(steps.size))
+    # Only the run's last rows: a row the run logs again after a restart, with more rows after it,
+    # is the resumed run's (the restart rule replaces the earlier one).
+    other = np.flatnonzero(~echo)
+    return echo & (np.arange(steps.size) > (other[-1] if other.size else -1))
 
 
 def _last_per_step(column: Column, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:

@@ -241,7 +241,8 @@ def _generic(segment: str) -> Parsed | None:
     if lead is not None:
         step = int(lead.group(2))
         rest = segment[lead.end():]
-        values.update(_pipe_fields(rest) if "|" in rest else {})
+        # "step 12 | loss 2.31 | norm 0.9": fields after a "|", "name value" ones too
+        values.update(_pipe_fields(rest) if "|" in rest or segment[lead.end() - 1] == "|" else {})
     for name, value in _PAIR.findall(segment):
         values.setdefault(name, number(value))
     for key in list(values):
