@@ -168,3 +168,26 @@ def test_a_preference_loss_that_starts_at_ln2_is_no_likelihood():
     # an SFT loss starting at 1.04 (metamath-dense's) is judged as a likelihood
     sft = Record({"step": steps, "loss": loss + 0.4}, None, "sft", log_format="jsonl")
     assert detect_kind(sft)[0] is None
+
+
+def five_jumps() -> np.ndarray:
+    rng = np.random.default_rng(0)
+    loss = 3.0 - np.linspace(0, 0.8, 30) + 0.05 * rng.standard_normal(30)
+    loss[[7, 12, 17, 22, 27]] += 1.4
+    return loss
+
+
+def test_a_log_of_row_means_with_five_jumps_that_recover_is_found():
+    # Issue 35's trial log, rebuilt: each row the mean of 10 steps, five jumps of 1.4 nats that recover
+    # on the next row. Three second differences a jump: at their median the log read its jumps as its
+    # noise (0.75 nats, a bar of 3); it reads more than twice their 40th percentile, so that is the noise.
+    loss = five_jumps()
+    assert flagged([LossJump(), SustainedLoss()], np.arange(1, 31) * 10, loss) == [80, 130, 180, 230, 280]
+    assert log_noise(loss, quantile=0.5) > 0.7 > 0.2 > log_noise(loss)
+
+
+def test_sabotage_the_median_noise_misses_the_five_jumps(monkeypatch):
+    import pytest_spikecheck.judge.detectors as detectors
+    median_noise = detectors.log_noise
+    monkeypatch.setattr(detectors, "log_noise", lambda v: median_noise(v, quantile=0.5))
+    assert flagged([LossJump(), SustainedLoss()], np.arange(1, 31) * 10, five_jumps()) == []
