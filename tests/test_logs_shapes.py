@@ -153,3 +153,15 @@ def test_seeds_concatenated_with_echoed_last_lines_are_separate_runs(tmp_path, c
     assert not any("restart from a checkpoint" in n for n in runs[0].notes)
     assert main(["check", str(path)]) == 0
     assert capsys.readouterr().out.startswith(f"{path}: 3 runs in one file")
+
+
+def test_pytorch_word_language_model_lines():
+    # pytorch/examples' word_language_model stdout (corpus files, provenance in corpus.yaml): the batch
+    # counts within its epoch, so the step is (epoch - 1) x 2983 + the count; the end-of-epoch
+    # validation sits at the epoch's last line.
+    rec = read_log(REAL / "text" / "wlm-lstm-wikitext2" / "train.log")
+    steps = rec.metrics["step"]
+    assert steps[:2].tolist() == [200, 400] and steps[14] == 2983 + 200 and steps.size == 84
+    assert rec.metrics["loss"][0] == 7.49 and rec.metrics["eval_loss"][13] == 5.48
+    nan = judge_log(read_log(REAL / "text" / "wlm-rnn-relu-nan" / "train.log"))
+    assert not nan["ok"] and nan["nonfinite"] == {"step": 200, "metric": "loss", "value": nan["nonfinite"]["value"]}
