@@ -103,10 +103,10 @@ def table() -> str:
         "**The two splits.** The 51 logs collected for issue 12 are the *tune* split: the policy's rules and "
         "constants were calibrated on them (issue 24's new rules too). The 9 logs issue 24 added from repositories "
         "not used before (stdout logs of nanoGPT, llm.c, Megatron-LM, OLMo, build-nanogpt and two `key: value` "
-        "loggers, an MLflow file store, a real Git LFS pointer) and the Megatron-LM golden-values JSON issue 35 "
-        "added are the *held-out* split: labelled before the rules changed, and never tuned on. Held-out is small: "
-        "one labelled event (a NaN divergence) and 8 healthy logs, no RL log; read its percentages with that in "
-        "mind. Issue 35's other classes (a jump on a falling loss, a five-point sweep, the line forms and shapes) "
+        "loggers, an MLflow file store, a real Git LFS pointer) and the three issue 35 added (a Megatron-LM "
+        "golden-values JSON; two pytorch/examples word_language_model stdout logs, one NaN from its first line) "
+        "are the *held-out* split: never tuned on. Held-out is small: two labelled events (both NaN divergences) "
+        "and 9 healthy logs, no RL log; read its percentages with that in mind. Issue 35's other classes (a jump on a falling loss, a five-point sweep, the line forms and shapes) "
         "are tested on lines quoted from public files or rebuilt from the issue's numbers "
         "(tests/test_logs_shapes.py, tests/test_policy_rules.py), not on corpus files.",
         "",
