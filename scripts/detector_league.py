@@ -80,7 +80,6 @@ def flagscale(steps: np.ndarray, values: np.ndarray, threshold: float = 0.2) -> 
 
 def lightning(steps: np.ndarray, values: np.ndarray) -> list[int]:
     import torch
-    from lightning.fabric.utilities.exceptions import MisconfigurationException  # noqa: F401 (import check)
     from lightning.fabric.utilities.spike import SpikeDetection, TrainingSpikeException
 
     strategy = SimpleNamespace(root_device=torch.device("cpu"), barrier=lambda: None,

@@ -102,7 +102,7 @@ def _without_stepless_rows(table: Table, columns: dict[str, Column], column: Col
             f"a row that logs no step is no training step (a config line, an evaluation row)")
     new = replace(table, where=kept_where, notes=[*table.notes, note],
                   skipped={position[r]: why for r, why in table.skipped.items() if r in position},
-                  rows=int(rows.size), default_step_column=table.default_step_column)
+                  rows=int(rows.size))
     def kept(c: Column) -> Column:
         out = c.take(keep)
         if out.first_text is not None:  # named by its row among the kept ones, as `where` reads them
