@@ -251,20 +251,22 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
 def _echoes(steps: np.ndarray, columns: dict[str, Column]) -> np.ndarray:
     """The run's last rows when they go back in steps (at or below an earlier row's step) and each
     equal an earlier row in its step and every value (missing and NaN alike): a log that prints its
-    last lines again."""
+    last lines again. Only that tail is compared, against the earlier rows of its steps."""
+    n = steps.size
+    echo = np.zeros(n, dtype=bool)
     back = steps <= np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(steps)[:-1]])
-    if not back.any():
-        return back
-    cells = [steps.astype(np.float64)]
-    for c in columns.values():
-        cells.append(np.where(c.missing, -np.inf, np.where(np.isnan(c.values), np.inf, c.values)))
-    rows = np.ascontiguousarray(np.stack(cells, axis=1))
-    _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
-    echo = back & (first[inverse.reshape(-1)] < np.arange(steps.size))
-    # Only the run's last rows: a row the run logs again after a restart, with more rows after it,
-    # is the resumed run's (the restart rule replaces the earlier one).
-    other = np.flatnonzero(~echo)
-    return echo & (np.arange(steps.size) > (other[-1] if other.size else -1))
+    if n == 0 or not back[-1]:
+        return echo
+    start = n - int(np.argmin(back[::-1])) if not back.all() else 1  # the suffix of rows that go back
+    cells = [steps.astype(np.float64)] + [np.where(c.missing, -np.inf, np.where(np.isnan(c.values), np.inf, c.values))
+                                          for c in columns.values()]
+    rows = np.stack(cells, axis=1)
+    earlier = np.flatnonzero(np.isin(steps[:start], steps[start:]))
+    seen = {rows[i].tobytes() for i in earlier.tolist()}
+    tail = np.array([rows[i].tobytes() in seen for i in range(start, n)], dtype=bool)
+    if tail.all():  # every row of the tail repeats an earlier one: an echo (any other row: a restart)
+        echo[start:] = True
+    return echo
 
 
 def _last_per_step(column: Column, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
