@@ -191,3 +191,23 @@ def test_sabotage_the_median_noise_misses_the_five_jumps(monkeypatch):
     median_noise = detectors.log_noise
     monkeypatch.setattr(detectors, "log_noise", lambda v: median_noise(v, quantile=0.5))
     assert flagged([LossJump(), SustainedLoss()], np.arange(1, 31) * 10, five_jumps()) == []
+
+
+def test_a_loss_spike_at_an_fp16_overflow_step_is_still_a_loss_spike(tmp_path):
+    # Issue 35: an HF trainer_state.json of an fp16 fine-tune whose loss jumps +1.6 nats at the step its
+    # grad norm is Infinity (the scaler skipped that update): the skip excuses the grad norm, not the loss.
+    import json
+    from pytest_spikecheck.records.logs import read_log
+    loss = 3.2 - 0.04 * np.arange(40) + np.tile([0.05, -0.04, 0.02, -0.06, 0.03], 8)
+    loss[24] += 1.6
+    history = [{"step": s + 1, "loss": round(float(v), 4), "grad_norm": math.inf if s == 24 else 1.0 + 0.1 * (s % 3)}
+               for s, v in enumerate(loss)]
+    path = tmp_path / "trainer_state.json"
+    path.write_text(json.dumps({"log_history": history}))  # json writes inf as Infinity, as HF does
+    rec = read_log(path)
+    assert rec.skipped[25].startswith("overflow")
+    report = judge_log(rec)
+    assert not report["ok"] and report["nonfinite"] is None
+    assert [h["step"] for s in report["series"] if s["metric"] == "loss" for h in s["spikes"]] == [25]
+    steps, values = rec.series("loss")
+    assert flagged([LossJump(detrend=False)], steps, values) == []  # sabotage: the descent's spread hid it
