@@ -20,8 +20,8 @@ from pytest_spikecheck.records.logs import read_runs
 from reallogs import ROOT, corpus
 
 # The vectorised rules at the settings the loop implementation had (issue 24 added the log's own
-# noise to the loss rules; those settings are judged by tests/test_detectors.py, not by this oracle).
-TODAY = {"loss-jump": dict(noise_sigmas=0.0), "loss-sustained": dict(early="median"), "grad-ratio": {}}
+# noise to the loss rules, issue 35 the detrended spread to loss-jump; those settings are judged by tests/test_detectors.py, not by this oracle).
+TODAY = {"loss-jump": dict(noise_sigmas=0.0, detrend=False), "loss-sustained": dict(early="median"), "grad-ratio": {}}
 PAIRS = {"loss-jump": (lambda **p: detectors.LossJump(**TODAY["loss-jump"], **p), oracle.LossJump),
          "loss-sustained": (lambda **p: detectors.SustainedLoss(**TODAY["loss-sustained"], **p), oracle.SustainedLoss),
          "grad-ratio": (detectors.GradRatio, oracle.GradRatio)}
@@ -106,6 +106,18 @@ def test_vectorised_rules_judge_the_real_corpus_as_the_loop_did(name):
     new, old = PAIRS[name]
     for label, (steps, values) in CORPUS:
         assert_same_judgement(new(), old(), steps, values)
+
+
+@given(series())
+def test_step_spread_is_the_mad_of_each_historys_changes(data):
+    # loss-jump's detrended spread (issue 35), point by point with numpy's median.
+    steps, values = data
+    h = rolling.histories(steps, values, 50, 5)
+    got = rolling.step_spread(h)
+    for i in range(values.size):
+        d = np.diff(h.finite[h.start[i]:h.stop[i]])
+        want = np.median(np.abs(d - np.median(d))) / math.sqrt(2) if d.size >= 2 else math.nan
+        assert same(float(got[i]), float(want)) or got[i] == pytest.approx(want, rel=1e-12, abs=1e-300), (i, got[i], want)
 
 
 @pytest.mark.parametrize("counts", [[1, 2, 3, 10, 11, 200], list(range(1, 3001))])

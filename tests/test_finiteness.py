@@ -184,3 +184,14 @@ def test_a_skip_column_names_the_reason(tmp_path):
 ])
 def test_column_roles(name, role):
     assert column_role(name) == role
+
+
+def test_an_fp16_runs_first_skipped_steps_are_skips_not_not_yet_computed():
+    # Issue 35's new-user trial: an fp16 loop whose scaler skips its first two steps (NaN norms, the
+    # log's skipped column says overflow) read them as "not yet computed".
+    from pytest_spikecheck.judge.finiteness import SKIPPED_STEP, judge_finite
+    from pytest_spikecheck.records import Record
+    metrics = {"step": np.arange(1, 7), "loss": np.full(6, 2.0), "grad_norm_pre": np.r_[np.nan, np.nan, 1.0, 1.1, 0.9, 1.0]}
+    rec = Record(metrics, None, "fp16", log_format="jsonl", skipped={1: "overflow", 2: "overflow"})
+    decisions = [(g.metric, g.decision, g.count) for g in judge_finite(rec).groups]
+    assert decisions == [("grad_norm_pre", SKIPPED_STEP, 2)]

@@ -498,7 +498,7 @@ _THIRTEEN = ",".join(f"c{i}" for i in range(13))
      "cannot map loss=zz: the log has no 'zz' column (it has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, ... (1 more))"),
     ("log.csv", f"{_THIRTEEN[:-4]}\n{','.join('1' * 12)}\n", {"mapping": {"loss": "zz"}},
      "cannot map loss=zz: the log has no 'zz' column (it has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11)"),
-    ("log.csv", "step,loss\n1,2\n,3\n", {}, "line 3: 'step' holds nothing, expected a step number (a whole number >= 0)"),
+    ("log.csv", "step,loss\n,2\n,3\n", {}, "line 2: 'step' holds nothing, expected a step number (a whole number >= 0)"),  # empty in every row
     ("log.csv", "it,loss\n1,2\n1.5,3\n", {"mapping": {"step": "it"}},
      "line 3: 'it' holds '1.5', expected a step number (a whole number >= 0)"),
     ("log.csv", 'step,note,loss\n1,"two\nlines",2.0\nx,y,1.5\n', {},  # a quoted newline is inside the cell

@@ -20,7 +20,7 @@ and the rules of the default CI policy (:mod:`pytest_spikecheck.judge.policy`), 
 on real public training logs (``tests/data/reallogs``, ``docs/detectors.md``):
 
 ============== ===========================================================================
-loss-jump       loss >= median + max(ln 2 nats, 6 x 1.4826 MAD) of the previous points
+loss-jump       loss >= median + max(ln 2 nats, 6 x 1.4826 MAD) of the previous points (MAD of their changes if less)
 loss-sustained  the loss rises ln 2 nats (and 3 robust sigmas) above its median and stays there
 grad-ratio      norm >= 10 x the median of the previous points and 6 robust sigmas above it
 ============== ===========================================================================
@@ -371,15 +371,38 @@ class Megatron(Detector):
 MAD_TO_SIGMA = 1.4826
 
 
-def log_noise(values: np.ndarray) -> float:
-    """The log's own point-to-point noise, as a standard deviation: 1.4826 x the median absolute
-    second difference of its finite values, over sqrt(6) (the second difference of independent
-    noise has variance 6 sigma^2, and a straight descent has none, so a falling loss does not
-    count as noise the way its spread around a median does). 0 below three finite values."""
+def log_noise(values: np.ndarray, quantile: float = 0.4) -> float:
+    """The log's own point-to-point noise, as a standard deviation, from the absolute second
+    differences of its finite values, over sqrt(6) (the second difference of independent noise has
+    variance 6 sigma^2, and a straight descent has none, so a falling loss does not count as noise
+    the way its spread around a median does). Read at their 40th percentile (``quantile`` 0.4, scaled
+    to sigma) where their median reads more than twice that: an isolated spike makes three large
+    second differences, so a log with a spike every few points (five 1.4-nat jumps in 30 rows)
+    would read its own spikes as its noise at the median; elsewhere the median's reading, the
+    steadier one. 0.5: the median alone, as before issue 35. 0 below three finite values."""
     v = values[np.isfinite(values)]
     if v.size < 3:
         return 0.0
-    return float(MAD_TO_SIGMA * np.median(np.abs(v[2:] - 2 * v[1:-1] + v[:-2])) / math.sqrt(6))
+    d2 = np.abs(v[2:] - 2 * v[1:-1] + v[:-2])
+    at_median = MAD_TO_SIGMA * np.median(d2)
+    if quantile == 0.5:
+        return float(at_median / math.sqrt(6))
+    # Where the two readings of a normal noise would agree (within 2x), the median's, the steadier; where
+    # the median reads more than twice the lower percentile, the largest differences are the log's own
+    # spikes, not its noise: the percentile's.
+    low = _quantile_scale(quantile) * np.quantile(d2, quantile)
+    return float((low if at_median > _CONTAMINATED * low else at_median) / math.sqrt(6))
+
+
+#: The median's reading of the noise over the lower percentile's above which the median is read as
+#: contaminated by the log's own spikes (on normal noise of 28 points the two agree within 2x).
+_CONTAMINATED = 2.0
+
+
+def _quantile_scale(quantile: float) -> float:
+    """1 / the ``quantile`` of |x| for a standard normal x (1.4826 at the median)."""
+    from statistics import NormalDist
+    return 1 / NormalDist().inv_cdf(0.5 + quantile / 2)
 
 
 @dataclass(frozen=True)
@@ -399,6 +422,7 @@ class LossJump(Detector):
     window: int = BASELINE_WINDOW
     min_history: int = 5
     noise_sigmas: float = 4.0
+    detrend: bool = True  # the sigmas measure the history's noise, not its descent (False: as before issue 35)
 
     @property
     def threshold_name(self) -> str:
@@ -406,9 +430,14 @@ class LossJump(Detector):
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
-        med, mad = rolling.median_and_spread(rolling.histories(steps, values, self.window, self.min_history))
+        h = rolling.histories(steps, values, self.window, self.min_history)
+        med, mad = rolling.median_and_spread(h)
         has = ok & ~np.isnan(med)
         jump = values - med
+        if self.detrend:
+            # The spread of a falling history around its median is mostly the slope: the noise
+            # is what its point-to-point changes vary by (never more than the plain spread).
+            mad = np.fmin(mad, rolling.step_spread(h))
         bar = np.maximum(self.nats, self.sigmas * (MAD_TO_SIGMA * mad))
         if self.noise_sigmas:
             bar = np.maximum(bar, self.noise_sigmas * log_noise(values))
@@ -443,6 +472,7 @@ class SustainedLoss(Detector):
     min_history: int = 1
     history_points: int = 5  # the baseline's usual size; a log's first points have fewer
     early: str = "lowest"  # before history_points: "lowest" (lowest loss so far, the log's noise) or "median"
+    noise_min_points: int = 8  # fewer finite values: the log's noise is not measured (0: always, as before issue 35)
 
     def __post_init__(self) -> None:
         if self.early not in ("lowest", "median"):
@@ -469,7 +499,9 @@ class SustainedLoss(Detector):
             early_med, early_mad = rolling.median_and_spread(at)
             med, spread = np.where(early, early_med, med), np.where(early, MAD_TO_SIGMA * early_mad, spread)
         if self.early == "lowest":
-            noise = log_noise(values)
+            # On a log of a handful of points the second differences are the event's own (a rise
+            # at the third of five points makes two of the three): no noise can be read there.
+            noise = log_noise(values) if np.isfinite(values).sum() >= self.noise_min_points else 0.0
             spread = np.where(early, noise, np.maximum(spread, noise))  # never below the log's own noise
             if early.any():
                 lowest = np.minimum.accumulate(h.finite)

@@ -146,13 +146,8 @@ def judge_finite(rec: Record, names: list[str] | None = None, strict: bool = Fal
             group(name, NOT_TRAINING, bad, values, "neither a training loss nor a gradient norm: not a failure")
             continue
         fails = bad
-        finite = np.flatnonzero(np.isfinite(values) & logged)
-        if finite.size:
-            early = bad & np.isnan(values) & (np.arange(values.size) < finite[0])
-            if early.any():
-                group(name, NOT_YET_COMPUTED, early, values,
-                      f"before the column's first value (step {int(steps[finite[0]])}): not yet computed, not a failure")
-                fails = fails & ~early
+        # A step the log says was skipped is that, first: an fp16 run's first steps are often the
+        # scaler finding its scale (inf norms, skipped), not a column "not yet computed".
         if at_skipped is not None and role == "gradient norm":
             skip = fails & at_skipped
             if skip.any():
@@ -160,6 +155,13 @@ def judge_finite(rec: Record, names: list[str] | None = None, strict: bool = Fal
                 group(name, SKIPPED_STEP, skip, values,
                       f"a skipped step ({'; '.join(reasons)}): the update was not applied, not a failure")
                 fails = fails & ~skip
+        finite = np.flatnonzero(np.isfinite(values) & logged)
+        if finite.size:
+            early = fails & np.isnan(values) & (np.arange(values.size) < finite[0])
+            if early.any():
+                group(name, NOT_YET_COMPUTED, early, values,
+                      f"before the column's first value (step {int(steps[finite[0]])}): not yet computed, not a failure")
+                fails = fails & ~early
         if fails.any():
             group(name, FAILS, fails, values, "fails the run")
     return Finiteness(strict, tuple(groups), len(skipped), excused)

@@ -41,10 +41,16 @@ POLICY: dict[str, tuple[str, ...]] = {"loss": ("loss-jump", "loss-sustained"), "
 KINDS = ("sft", "pretrain", "rl")
 #: Series checked unless others are named: the pre-clip gradient norm, then the loss.
 DEFAULT_METRICS = ("grad_norm_pre", "loss")
+#: Where a log has neither (nanochat's and build-nanogpt's evaluation-only logs): its validation
+#: loss or bits per byte, judged as what it is.
+EVAL_METRICS = ("eval_loss", "eval_bpb")
 
 #: Keys an RL or preference trainer logs (TRL GRPO/PPO/DPO/KTO, OpenRLHF, LLaMA-Factory DPO).
-_RL_KEYS = ("reward", "reward_std", "kl", "frac_reward_zero_std", "entropy", "clip_ratio")
+_RL_KEYS = ("reward", "reward_std", "kl", "frac_reward_zero_std", "entropy", "clip_ratio", "cri_loss")
 _RL_PREFIXES = ("rewards/", "objective/", "logps/", "logits/", "policy/", "val/", "clip_ratio/")
+#: A DPO loss starts at ln 2 (policy = reference) and wanders around it: a first logged loss this close
+#: to ln 2 is read as one (a language-model loss starts at ~ln(vocabulary), an SFT loss at 1-3 nats).
+_DPO_START = 0.05
 #: A surrogate loss: more than this share of the logged losses exactly 0, or any negative.
 _ZERO_LOSS_SHARE = 0.2
 #: An RL gradient norm is bimodal when its log10 splits (Otsu's threshold) into two groups this many
@@ -80,6 +86,9 @@ def detect_kind(rec: Record) -> tuple[str | None, str]:
         loss = loss[np.isfinite(loss)]
         if loss.size and (np.any(loss < 0) or np.mean(loss == 0) > _ZERO_LOSS_SHARE):
             return "rl", "its loss is a surrogate (negative or mostly exactly 0), as RL objectives are"
+        if loss.size >= 2 and abs(loss[0] - math.log(2)) <= _DPO_START:
+            return "rl", (f"its loss starts at {loss[0]:.4g}, about ln 2 = 0.693: a preference (DPO) loss, whose value "
+                          f"is ln 2 while the policy equals its reference")
     return None, ""
 
 
@@ -135,7 +144,7 @@ def degenerate_steps(rec: Record, steps: np.ndarray, norms: np.ndarray) -> tuple
 
 
 def _role(metric: str) -> str:
-    return "loss" if "loss" in metric else "grad_norm"
+    return "loss" if "loss" in metric or "bpb" in metric else "grad_norm"
 
 
 def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Sequence[str] = (),
@@ -162,6 +171,9 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
             return None
 
     names = list(dict.fromkeys(n for n in (resolve(m) for m in (metrics or DEFAULT_METRICS)) if n is not None))
+    evaluation_only = not names and not metrics and any(m in rec.metrics for m in EVAL_METRICS)
+    if evaluation_only:
+        names = [m for m in EVAL_METRICS if m in rec.metrics]
     if not names:
         have = ", ".join(k for k in rec.metrics if k != "step")
         raise ConfigError(f"{rec.source}: no loss or gradient-norm series (it has {have}); "
@@ -173,6 +185,9 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
     if kind is None and found_kind == "rl":
         notes.append(f"{why}: its loss is no likelihood, so the loss rules step aside; "
                      f"the gradient-norm rule still runs (--kind sft to judge the loss anyway)")
+    if evaluation_only:
+        notes.append(f"no training loss or gradient norm: the validation series ({', '.join(names)}) judged by the "
+                     f"loss rules, as a validation curve (a bar of ln 2 reads bits per byte as they are: 1.6x its perplexity)")
     finite = judge_finite(rec, strict=strict_finite)
     if finite.skipped_steps:
         notes.append(f"{finite.skipped_steps} step{'s' if finite.skipped_steps != 1 else ''} skipped by the "

@@ -135,6 +135,25 @@ def _median_and_spread(h: Histories, spread: bool) -> tuple[np.ndarray, np.ndarr
     return med, mad
 
 
+def step_spread(h: Histories) -> np.ndarray:
+    """Per point: the median absolute deviation of its history's point-to-point changes around
+    their median, over sqrt(2) (unscaled, like the MAD). A history that falls steadily has a wide
+    spread around its median (the slope) but changes that barely vary: this is the noise without
+    the trend. NaN below three points of history."""
+    n = h.start.size
+    out = np.full(n, np.nan)
+    if h.finite.size < 3:
+        return out
+    d = np.diff(h.finite)  # history finite[a:b] has the changes d[a:b-1]
+    sizes = h.size - 1
+    for k in np.unique(sizes[sizes >= 2]):
+        at = np.flatnonzero(sizes == k)
+        starts = h.start[at]
+        med = _windows_median(d, starts, int(k))
+        out[at] = _windows_median(d, starts, int(k), center=med) / np.sqrt(2)
+    return out
+
+
 def forward_median(values: np.ndarray, hold: int) -> tuple[np.ndarray, np.ndarray]:
     """(median of ``values[i:i+hold]``, whether that window exists and is all finite) per point."""
     n = values.size

@@ -203,12 +203,27 @@ class Reader:
     folder: bool = False
 
 
+#: The byte-order marks of UTF-16 text: Windows PowerShell's ``>`` and ``Tee-Object`` write a
+#: training run's stdout as UTF-16 LE with CRLF line ends, which has a NUL in every other byte.
+UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+
+
+def text_encoding(head: bytes) -> str:
+    """The encoding a text log is read in: UTF-16 where it starts with its BOM, else UTF-8 (a
+    UTF-8 BOM dropped)."""
+    return "utf-16" if head.startswith(UTF16_BOMS) else "utf-8-sig"
+
+
 def read_text(path: Path, expected: str, keep_carriage_returns: bool = False) -> str:
-    """The file's text (a BOM dropped). ``keep_carriage_returns``: a lone ``\r`` (tqdm redrawing a
-    bar) stays a ``\r`` instead of becoming a line break, so line numbers are the file's own."""
+    """The file's text (a BOM dropped; UTF-16 where a BOM says so). ``keep_carriage_returns``: a
+    lone ``\r`` (tqdm redrawing a bar) stays a ``\r`` instead of becoming a line break, so line
+    numbers are the file's own; a Windows ``\r\n`` is one line end either way."""
+    with open(path, "rb") as f:
+        encoding = text_encoding(f.read(2))
     try:
-        with open(path, encoding="utf-8-sig", newline="" if keep_carriage_returns else None) as f:
-            return f.read()
-    except UnicodeDecodeError:
+        with open(path, encoding=encoding, newline="" if keep_carriage_returns else None) as f:
+            text = f.read()
+    except UnicodeError:
         raise ConfigError(f"{path}: not UTF-8 text; expected {expected}") from None
+    return text.replace("\r\n", "\n") if keep_carriage_returns and "\r\n" in text else text
 

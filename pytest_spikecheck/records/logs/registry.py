@@ -12,13 +12,13 @@ from typing import Mapping
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.logs import (
-    csv_log, hf_trainer, jsonl, lightning, mlflow, rules, tensorboard, text,
+    csv_log, golden_values, hf_trainer, jsonl, lightning, mlflow, rules, tensorboard, text,
 )
-from pytest_spikecheck.records.logs.base import LFS_POINTER, Reader, lfs_pointer_error
+from pytest_spikecheck.records.logs.base import LFS_POINTER, UTF16_BOMS, Reader, lfs_pointer_error
 from pytest_spikecheck.records.series import Record
 
 #: Every format, in recognition order: binary first, text (anything else readable) last.
-READERS: tuple[Reader, ...] = (tensorboard.READER, mlflow.READER, hf_trainer.READER, jsonl.READER,
+READERS: tuple[Reader, ...] = (tensorboard.READER, mlflow.READER, golden_values.READER, hf_trainer.READER, jsonl.READER,
                                lightning.READER, csv_log.READER, text.READER)
 BY_NAME: dict[str, Reader] = {r.name: r for r in READERS}
 #: format name -> what a file of that format is (the words of every "expected ..." error)
@@ -45,6 +45,8 @@ def detect(path: str | Path) -> str:
     head = _head(path)
     if tensorboard.is_event_file(head):
         return "tensorboard"
+    if head.startswith(UTF16_BOMS):  # PowerShell's redirected stdout: the text, in UTF-16
+        head = head[: len(head) // 2 * 2].decode("utf-16", errors="ignore").encode("utf-8")
     if b"\0" in head:
         raise ConfigError(f"{path}: a binary file that is not a TensorBoard event file; expected {ANY_FORMAT}")
     text_head = head.removeprefix(b"\xef\xbb\xbf")  # a BOM, as Excel writes CSV

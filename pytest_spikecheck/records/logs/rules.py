@@ -20,6 +20,7 @@ under a second.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Mapping
 
@@ -35,7 +36,7 @@ def assemble(path: Path, fmt: str, expected: str, table: Table, mapping: Mapping
     """The runs of a log, each as a Record (a log with one run gives one)."""
     mapping = dict(mapping)
     step_mapped = mapping.pop("step", None)
-    steps, columns = _steps(path, fmt, expected, table, step_mapped)
+    steps, columns, table = _steps(path, fmt, expected, table, step_mapped)
     if steps.size == 0:
         raise ConfigError(f"{path}: no logged steps; expected {expected}")
     skip_rows = dict(table.skipped)
@@ -60,10 +61,10 @@ def assemble(path: Path, fmt: str, expected: str, table: Table, mapping: Mapping
 # -- steps -------------------------------------------------------------------------------------
 
 def _steps(path: Path, fmt: str, expected: str, table: Table,
-           step_mapped: str | None) -> tuple[np.ndarray, dict[str, Column]]:
+           step_mapped: str | None) -> tuple[np.ndarray, dict[str, Column], Table]:
     columns = dict(table.columns)
     if table.steps is not None:
-        return np.asarray(table.steps, dtype=np.int64), columns
+        return np.asarray(table.steps, dtype=np.int64), columns, table
     chosen = step_mapped or table.default_step_column
     if chosen is not None and chosen not in columns:
         what = expected if step_mapped is None else "a step column"
@@ -71,8 +72,12 @@ def _steps(path: Path, fmt: str, expected: str, table: Table,
     chosen = chosen or names.step_column(columns)
     if chosen is None:
         table.notes.append("no step column: rows are numbered 1, 2, 3, ... (name one with --map step=COLUMN)")
-        return np.arange(1, table.size + 1, dtype=np.int64), columns
+        return np.arange(1, table.size + 1, dtype=np.int64), columns, table
     column = columns.pop(chosen)
+    if column.first_text is None and column.missing.any() and not column.missing.all():
+        # Rows that log no step (a JSONL's first line holding the run's config, a CSV's rows with an
+        # empty global_step cell) are no training step: left out, the rest read as they are.
+        table, columns, column = _without_stepless_rows(table, columns, column, chosen)
     v = column.values
     bad = np.flatnonzero(column.missing | ~np.isfinite(v) | (v < 0) | (v != np.floor(v)))
     if bad.size:
@@ -82,7 +87,30 @@ def _steps(path: Path, fmt: str, expected: str, table: Table,
                  else column.shown(i))
         raise ConfigError(f"{path}: {table.where(i)}: {chosen!r} holds {shown}, "
                           f"expected a step number (a whole number >= 0)")
-    return v.astype(np.int64), columns
+    return v.astype(np.int64), columns, table
+
+
+def _without_stepless_rows(table: Table, columns: dict[str, Column], column: Column,
+                           name: str) -> tuple[Table, dict[str, Column], Column]:
+    keep = ~column.missing
+    rows = np.flatnonzero(keep)
+    dropped = np.flatnonzero(~keep)
+    where = table.where
+    first = where(int(dropped[0]))
+    kept_where = lambda i: where(int(rows[i]))  # noqa: E731 - the kept rows keep their own line numbers
+    position = {int(r): i for i, r in enumerate(rows.tolist())}
+    note = (f"{dropped.size} row{'s' if dropped.size != 1 else ''} with no {name!r} (first at {first}) left out: "
+            f"a row that logs no step is no training step (a config line, an evaluation row)")
+    new = replace(table, where=kept_where, notes=[*table.notes, note],
+                  skipped={position[r]: why for r, why in table.skipped.items() if r in position},
+                  rows=int(rows.size))
+    def kept(c: Column) -> Column:
+        out = c.take(keep)
+        if out.first_text is not None:  # named by its row among the kept ones, as `where` reads them
+            out.first_text = (position[out.first_text[0]], out.first_text[1])
+        return out
+
+    return new, {n: kept(c) for n, c in columns.items()}, kept(column)
 
 
 def _runs(steps: np.ndarray, columns: dict[str, Column],
@@ -91,7 +119,12 @@ def _runs(steps: np.ndarray, columns: dict[str, Column],
     back = np.flatnonzero(steps[1:] < steps[:-1]) + 1  # rows whose step is below the previous row's
     starts = [0]
     for r in back:
-        if steps[r] <= steps[starts[-1]]:  # back to the run's first step, or below: a new run
+        # Back to the run's first step or below, or, after 10 rows or more, to within one logged
+        # interval of it (nanochat's mid-training counts from 1 after its base training counted from
+        # 0): a new run or phase. A resume goes back to a checkpoint, not to the run's first step.
+        gaps = np.diff(steps[starts[-1]:r])
+        near = int(np.median(gaps)) if gaps.size >= 9 else 0
+        if steps[r] <= steps[starts[-1]] + near:
             starts.append(int(r))
     if len(starts) == 1:
         return [(0, steps.size)], None
@@ -166,6 +199,22 @@ def _checkpoint_restarts(steps: np.ndarray, where, offset: int) -> tuple[np.ndar
 def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray, columns: dict[str, Column],
              offset: int, table: Table, mapping: Mapping[str, str], notes: list[str],
              skip_rows: dict[int, str]) -> Record:
+    echoed = _echoes(steps, columns)
+    if echoed.any():
+        # A log that prints its last lines again (a summary at the end of a seed's block) goes back
+        # in steps with the very rows it had: read once, not as a restart from a checkpoint.
+        first = int(np.flatnonzero(echoed)[0])
+        notes.append(f"{int(echoed.sum())} row{'s' if echoed.sum() != 1 else ''} repeat earlier rows exactly (first at "
+                     f"{table.where(offset + first)}, step {int(steps[first])}): an echo of lines already read, read once")
+        kept_rows = np.flatnonzero(~echoed)
+        skip_rows = {int(np.searchsorted(kept_rows, r)): why for r, why in skip_rows.items() if not echoed[r]}
+        steps = steps[~echoed]
+        where_kept = table.where
+        columns = {n: c.take(~echoed, offset) for n, c in columns.items()}
+        for c in columns.values():
+            if c.first_text is not None:  # named by its place among the kept rows, as `where` now reads
+                c.first_text = (offset + int(np.searchsorted(kept_rows, c.first_text[0] - offset)), c.first_text[1])
+        table = replace(table, where=lambda i: where_kept(offset + int(kept_rows[i - offset])) if i >= offset else where_kept(i))
     keep, restart_notes = _checkpoint_restarts(steps, table.where, offset)
     notes += restart_notes
     if not keep.all():
@@ -200,6 +249,27 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
     facts = RunFacts(source="log", **table.facts) if table.facts else None
     return Record(metrics, None, source, missing=missing, log_format=fmt, notes=tuple(notes), skipped=skipped,
                   facts=facts)
+
+
+def _echoes(steps: np.ndarray, columns: dict[str, Column]) -> np.ndarray:
+    """The run's last rows when they go back in steps (at or below an earlier row's step) and each
+    equal an earlier row in its step and every value (missing and NaN alike): a log that prints its
+    last lines again. Only that tail is compared, against the earlier rows of its steps."""
+    n = steps.size
+    echo = np.zeros(n, dtype=bool)
+    back = steps <= np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(steps)[:-1]])
+    if n == 0 or not back[-1]:
+        return echo
+    start = n - int(np.argmin(back[::-1])) if not back.all() else 1  # the suffix of rows that go back
+    cells = [steps.astype(np.float64)] + [np.where(c.missing, -np.inf, np.where(np.isnan(c.values), np.inf, c.values))
+                                          for c in columns.values()]
+    rows = np.stack(cells, axis=1)
+    earlier = np.flatnonzero(np.isin(steps[:start], steps[start:]))
+    seen = {rows[i].tobytes() for i in earlier.tolist()}
+    tail = np.array([rows[i].tobytes() in seen for i in range(start, n)], dtype=bool)
+    if tail.all():  # every row of the tail repeats an earlier one: an echo (any other row: a restart)
+        echo[start:] = True
+    return echo
 
 
 def _last_per_step(column: Column, group: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:

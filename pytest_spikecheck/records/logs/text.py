@@ -132,6 +132,10 @@ def read(path: Path) -> Table:
                     add(parsed[0], parsed[1], n, form.name)
                     block = len(rows) - 1 if form.name == "OLMo" else None
                     break
+            else:
+                found = text_forms.stepless_eval(segment)
+                if found is not None and steps:  # build-nanogpt's "validation loss: 3.2": at the step before
+                    add(steps[-1], found, n, "stepless validation")
     if not rows:
         tried = ", ".join(f.name for f in (*text_forms.FORMS, *text_forms.OTHER_FORMS))
         raise ConfigError(f"{path}: no line of a known training-log form (tried {tried}); expected a trainer_state.json, "

@@ -25,7 +25,7 @@ def number(text: str) -> float | None:
     m = _NUMBER.match(text)
     if m is None:
         return None
-    n = m.group("n")
+    n = m.group("n").rstrip(",")  # "12," in "Step: 12, Rank: 0": the comma separates the fields
     if "," in n:
         if not _THOUSANDS.match(n):
             return None
@@ -150,6 +150,22 @@ def _build_nanogpt(segment: str) -> Parsed | None:
     return (int(m.group(1)), {_BUILD_NANOGPT_NAMES[m.group(2).lower()]: number(m.group(3))}) if m else None
 
 
+# -- PyTorch examples' word_language_model ----------------------------------------------------------
+
+_WLM = re.compile(rf"^\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches\s*\|(.*)$", re.I)
+def _word_language_model(segment: str) -> Parsed | None:
+    """pytorch/examples' word_language_model/main.py: ``| epoch   1 |   200/ 2983 batches | lr 20.00 |
+    ms/batch 11.61 | loss  5.21 | ppl   183.1``, the batch counting within its epoch: read at the run's
+    batch, (epoch - 1) x batches + the count. (Its ``| end of epoch 1 | ... | valid loss 5.1 |`` line is
+    a validation with no step: :func:`stepless_eval`.)"""
+    m = _WLM.match(segment)
+    if m is None:
+        return None
+    epoch, batch, total = int(m.group(1)), int(m.group(2)), int(m.group(3))
+    fields = {k: v for k, v in _pipe_fields(m.group(4)).items() if k in ("lr", "loss")}
+    return (epoch - 1) * total + batch, {**fields, "epoch": float(epoch)}
+
+
 # -- Hugging Face Trainer's printed dicts ---------------------------------------------------------
 
 _HF_DICT = re.compile(r"\{'[^{}]*\}")
@@ -213,11 +229,26 @@ def continuation(line: str) -> tuple[str, float | None] | None:
     return (m.group(1), number(m.group(2))) if m else None
 
 
+# -- an evaluation line with no step ----------------------------------------------------------------
+
+_STEPLESS_EVAL = re.compile(rf"^\s*(?:validation|val|eval)(?: set)? (loss|bpb)\s*[:=]?\s*({_NUM})\s*$", re.I)
+_EPOCH_END = re.compile(rf"^\|\s*end of epoch\s+\d+\s*\|.*?\bvalid (loss)\s+({_NUM})", re.I)
+
+
+def stepless_eval(segment: str) -> dict[str, float | None] | None:
+    """``validation loss: 3.2`` (build-nanogpt's train_gpt2.py prints it after the step line it
+    follows), ``| end of epoch 1 | time: 35.58s | valid loss 5.10 | ...`` (word_language_model):
+    {"eval_loss": 3.2}; the text reader puts it at the step of the line before."""
+    m = _STEPLESS_EVAL.match(segment) or _EPOCH_END.match(segment)
+    return {f"eval_{m.group(1).lower()}": number(m.group(2))} if m else None
+
+
 # -- generic key=value / key: value ------------------------------------------------------------------
 
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "it", "steps", "global step", "train/global_step")
 _PAIR = re.compile(rf"(?<![\w./])([A-Za-z_][\w./\-]*(?: [A-Za-z_][\w./\-]*){{0,2}}?)\s*[:=]\s*({_NUM}|'[^']*'|\"[^\"]*\")"
                    rf"(?![\w.])", re.I)
+_WORD_STEP = re.compile(r"\b(?:global[ _](?:batch|step)|step|iteration)\s+(\d+)\s*(?:\([^)]*\)\s*)?(?:[,|;]|$)", re.I)
 _LEADING_STEP = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*(step|iter|iteration)\s+(\d+)(?:\s*/\s*\d+)?\s*[|,:]", re.I)
 
 
@@ -228,7 +259,8 @@ def _generic(segment: str) -> Parsed | None:
     if lead is not None:
         step = int(lead.group(2))
         rest = segment[lead.end():]
-        values.update(_pipe_fields(rest) if "|" in rest else {})
+        # "step 12 | loss 2.31 | norm 0.9": fields after a "|", "name value" ones too
+        values.update(_pipe_fields(rest) if "|" in rest or segment[lead.end() - 1] == "|" else {})
     for name, value in _PAIR.findall(segment):
         values.setdefault(name, number(value))
     for key in list(values):
@@ -240,6 +272,9 @@ def _generic(segment: str) -> Parsed | None:
             values.pop(key)
     m = re.search(r"\b(?:step|iter|iteration)\s*[:=]?\s*(\d+)\s*/\s*\d+", segment, re.I)
     if step is None and m is not None:
+        step = int(m.group(1))
+    m = _WORD_STEP.search(segment)
+    if step is None and m is not None:  # Python logging: "Epoch 1, Global Batch 120, Training Loss: 3.2"
         step = int(m.group(1))
     if step is None or not any(v is not None for v in values.values()):
         return None
@@ -255,6 +290,8 @@ FORMS: tuple[LineForm, ...] = (
     LineForm("llm.c", "step    1/19560 | loss 11.0095 (+nanz)| norm 15.4 (+nanz)| lr 1.00e-06 | ...", _llmc),
     LineForm("OLMo", "[step=100/15000,epoch=0] followed by indented name=value lines", _olmo),
     LineForm("build-nanogpt log.txt", "12 train 9.782434", _build_nanogpt),
+    LineForm("word_language_model", "| epoch   1 |   200/ 2983 batches | lr 20.00 | ms/batch 11.61 | loss  5.21 | ppl 183.1",
+             _word_language_model),
     LineForm("key=value / key: value", "step=100 loss=2.31 grad_norm=0.42", _generic),
 )
 #: Forms the reader tries around a line rather than on it (named in the "forms tried" error).
