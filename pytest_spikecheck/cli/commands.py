@@ -79,6 +79,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_run_dir(config)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is an existing file; the run is a folder: give a folder path")
+    source = config / "config.yaml" if config.is_dir() else config
+    if (out / "config.yaml").exists() and (out / "config.yaml").resolve() == source.resolve():
+        raise ConfigError(f"--out {out} is the folder of the config it trains ({source}); the run would replace that "
+                          f"file: give another folder (the default is {default_run_dir(config)})")
 
     from pytest_spikecheck.training.launch import train  # refuses an unusable device or backend first
 

@@ -92,7 +92,16 @@ class SpikecheckSession:
             root = self.shared_dir / "spikecheck-runs"
         else:
             return None
-        return RunStore(root, session=self.session_id, writer=self.worker or "main")
+        return RunStore(root, session=self.session_id, writer=self.worker or "main", warn=self._warn)
+
+    def _warn(self, message: str) -> None:
+        """One line on the terminal (a damaged cache entry), even with -q."""
+        import sys
+
+        stream = self.progress.stream if self.progress is not None else sys.stderr
+        prefix = self.progress.prefix if self.progress is not None else "spikecheck: "
+        stream.write(f"{prefix}{message}\n")
+        stream.flush()
 
     def run(self, scenario: Any, name: str | None = None) -> Any:
         """Train ``scenario`` (or return this session's, another worker's or the disk cache's run of it)."""

@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.progress import Progress
+from pytest_spikecheck.records.integrity import is_whole
 from pytest_spikecheck.report.summary import folder_name
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.sweep.result import SweepResult, row_for
@@ -163,7 +164,7 @@ class _Books:
         self.rows[point.index] = row_for(point, status, measured, where=where)
         if self.out is not None:
             folder = self.out / "runs" / folder_name(point.name)  # as the plugin's report names its folders
-            if status != "cached" or not (folder / "metrics.jsonl").is_file():
+            if status != "cached" or not is_whole(folder):  # a cut or half-written copy is written again
                 run.save(folder)
             self.rows[point.index]["run"] = f"runs/{folder.name}"
         self.task.update(outcome=status)

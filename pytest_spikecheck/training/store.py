@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 import pytest_spikecheck
 from pytest_spikecheck import __version__
+from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.scenario import Scenario
 
@@ -171,6 +172,10 @@ def atomic_dir_write(target: Path, write: Callable[[Path], Any]) -> None:
             raise
 
 
+def _warn_stderr(message: str) -> None:
+    print(f"spikecheck: {message}", file=sys.stderr, flush=True)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -195,11 +200,14 @@ class RunStore:
     :data:`_DEAD_OWNER_GRACE_SECONDS` after that pid is gone (a forked child kept it), or a wait
     longer than ``lock_timeout`` seconds, raises :class:`RunStoreLockError` (one line)."""
 
-    def __init__(self, root: str | Path, *, session: str = "", writer: str = "", lock_timeout: float = 3600.0) -> None:
+    def __init__(self, root: str | Path, *, session: str = "", writer: str = "", lock_timeout: float = 3600.0,
+                 warn: Callable[[str], Any] | None = None) -> None:
         self.root = Path(root)
         self.session = session
         self.writer = writer
         self.lock_timeout = lock_timeout
+        #: where the one line about a damaged entry goes (default: stderr)
+        self.warn = warn if warn is not None else _warn_stderr
 
     def path(self, key: RunKey) -> Path:
         if not key.shareable:
@@ -207,11 +215,18 @@ class RunStore:
         return self.root / key.tag
 
     def get(self, key: RunKey) -> tuple[Run, Provenance] | None:
-        """The stored run of ``key`` and who stored it, or None."""
+        """The stored run of ``key`` and who stored it, or None. An entry that fails its manifest
+        (cut, edited, half-written by an older version) is None too, after one warning line: the
+        caller trains the run again and its put() replaces the entry."""
         entry = self.path(key)
-        if not (entry / "metrics.jsonl").is_file():
+        if not entry.exists():
             return None
-        return Run.load(entry), Provenance.read(entry)
+        try:
+            return Run.load(entry, require_manifest=True), Provenance.read(entry)
+        except ConfigError as exc:  # DamagedRunError, or a file no reader can parse
+            why = getattr(exc, "why", "") or str(exc)
+            self.warn(f"warning: the stored run {entry.name[:16]}… is not whole ({why}): training it again")
+            return None
 
     def put(self, key: RunKey, run: Run) -> Path:
         """Store ``run`` under ``key`` (written aside, then moved into place whole)."""
