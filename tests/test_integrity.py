@@ -215,3 +215,51 @@ def test_train_never_overwrites_the_config_it_was_read_from(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert "is the folder of the config it trains" in err and "\n" not in err
     assert (exp / "config.yaml").read_text() == text
+
+
+# -- no deletion outside what we own ---------------------------------------------------------------
+
+def _session_with_made_runs(monkeypatch, report: Path):
+    from pytest_spikecheck.plugin.session import Settings, SpikecheckSession
+
+    monkeypatch.setattr(SpikecheckSession, "_train", lambda self, scenario: _run(scenario.name, steps=30))
+    monkeypatch.setattr(SpikecheckSession, "backend", property(lambda self: "torch"))
+    return SpikecheckSession(Settings(enabled=True, report_dir=report))
+
+
+@pytest.mark.parametrize("name", ["", "index.html", "INDEX.md"])
+def test_no_scenario_name_deletes_the_report_or_its_page(tmp_path, monkeypatch, name):
+    """A scenario named "" removed the whole --spikecheck-report folder (a user's files in it too);
+    one named index.html ended the session with IsADirectoryError."""
+    from pytest_spikecheck.plugin.outputs import write_index
+
+    report = tmp_path / "report"
+    report.mkdir()
+    (report / "notes.txt").write_text("mine")
+    session = _session_with_made_runs(monkeypatch, report)
+    session.run(Scenario.preset("phase-19").replace(steps=30), name=name)
+    write_index(report, {n: r.to_json() for n, r in session.rows.items()}, {n: "pass" for n in session.rows}, [])
+    assert (report / "notes.txt").read_text() == "mine" and (report / "index.html").is_file()
+    assert (report / "index.md").is_file()
+    (folder,) = [p for p in report.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert (folder / "summary.json").is_file() and folder.name.lower() not in ("index.html", "index.md")
+
+
+def test_a_users_folder_named_like_a_scenario_is_never_replaced(tmp_path, monkeypatch):
+    report = tmp_path / "report"
+    (report / "mine").mkdir(parents=True)
+    (report / "mine" / "data.csv").write_text("1,2")
+    session = _session_with_made_runs(monkeypatch, report)
+    with pytest.raises(ConfigError, match="was not written by spikecheck"):
+        session.run(Scenario.preset("phase-19").replace(steps=30), name="mine")
+    assert (report / "mine" / "data.csv").read_text() == "1,2"
+
+
+def test_atomic_dir_write_refuses_the_root_and_outside_it(tmp_path):
+    from pytest_spikecheck.training.store import atomic_dir_write
+
+    (tmp_path / "keep").write_text("x")
+    for target in (tmp_path / "", tmp_path / "a" / "b", tmp_path / ".."):
+        with pytest.raises(ConfigError, match="not a folder inside"):
+            atomic_dir_write(target, lambda folder: None, within=tmp_path)
+    assert (tmp_path / "keep").read_text() == "x"

@@ -195,4 +195,5 @@ class SpikecheckSession:
             (folder / "summary.json").write_text(json.dumps(row.to_json(), indent=2))
             run.save(folder / "run")
 
-        atomic_dir_write(self.settings.report_dir / folder_name(run.name), write)
+        report_dir = self.settings.report_dir
+        atomic_dir_write(report_dir / folder_name(run.name), write, within=report_dir, owned_by="summary.json")

@@ -138,13 +138,19 @@ def counts_sentences(rows: Mapping[str, Any], counts: Mapping[str, int], verdict
             f"{held} held, {failed} failed{' (see the failures above)' if failed and terminal else ''}."]
 
 
+#: Names in a report folder that are the report's own files, never a scenario's folder.
+RESERVED_NAMES = ("index.html", "index.md")
+
+
 def folder_name(name: str) -> str:
     """A scenario's report folder: its name, unless the name holds a character that is unsafe in a
-    path on some system (``/ \\ : * ? " < > |``, control characters, a leading dot); such a name
-    gets them replaced by ``_`` and 8 hex digits of its sha256 (so two names never share one)."""
+    path on some system (``/ \\ : * ? " < > |``, control characters, a leading dot), is empty, or
+    is one of the report's own files (:data:`RESERVED_NAMES`); such a name gets them replaced by
+    ``_`` and 8 hex digits of its sha256 (so two names never share one, and none is the report's
+    root or its page)."""
     safe = re.sub(r'[\x00-\x1f\x7f/\\:*?"<>|]', "_", name)
     safe = "_" + safe[1:] if safe.startswith(".") else safe
-    if safe == name and len(name) <= 150:
+    if safe == name and 0 < len(name) <= 150 and name.lower() not in RESERVED_NAMES:
         return name
     return f"{safe[:150]}~{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 

@@ -157,8 +157,19 @@ class RunStoreLockError(RuntimeError):
     ran out. The message is one line naming the owner's pid and the lock file."""
 
 
-def atomic_dir_write(target: Path, write: Callable[[Path], Any]) -> None:
-    """Write a folder next to ``target`` and move it into place (parallel writers may race)."""
+def atomic_dir_write(target: Path, write: Callable[[Path], Any], *, within: Path | None = None,
+                     owned_by: str | None = None) -> None:
+    """Write a folder next to ``target`` and move it into place (parallel writers may race).
+
+    ``within``: the folder ``target`` must be a direct child of (the report's root): a target
+    that is that root, or anywhere else, is refused before anything is written. ``owned_by``: the
+    file that marks a folder as ours; an existing ``target`` without it (a user's file or folder
+    of that name) is refused, never deleted."""
+    if within is not None and Path(os.path.abspath(target)).parent != Path(os.path.abspath(within)):
+        raise ConfigError(f"refusing to write {target}: it is not a folder inside {within}")
+    if owned_by is not None and target.exists() and not (target / owned_by).is_file():
+        raise ConfigError(f"{target} exists and was not written by spikecheck (no {owned_by} in it): not replacing "
+                          f"it; move it away or rename the scenario")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
