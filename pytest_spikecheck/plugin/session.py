@@ -169,7 +169,9 @@ class SpikecheckSession:
             run = train(scenario, backend=self.backend, device=s.device, threads=s.threads,
                         callbacks=[task.step_callback()] if task.progress.mode == "bar" else [])
             stopped = f", stopped at step {run.meta['stopped_at']} ({run.meta['stop_reason']})" if run.stopped_early else ""
-            task.finish(f"trained {scenario.name}: {len(run)} steps in {run.meta['seconds']:.1f} s{stopped}")
+            from pytest_spikecheck.judge.escape import terminal_text
+
+            task.finish(terminal_text(f"trained {scenario.name}: {len(run)} steps in {run.meta['seconds']:.1f} s{stopped}"))
         run.meta["reproduce"] = (f"pytest --spikecheck --spikecheck-backend {self.backend}"
                                  + (f" --spikecheck-seed {s.seed}" if s.seed is not None else "")
                                  + f"  # scenario {scenario.name}, content hash {run.meta['content_hash']}")

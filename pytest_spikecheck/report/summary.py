@@ -16,6 +16,8 @@ from urllib.parse import quote
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import CLIP_RTOL, EventSummary, overclipped
+from pytest_spikecheck.judge.diagnosis import diagnosis_markdown
+from pytest_spikecheck.judge.escape import markdown_cell, markdown_text
 from pytest_spikecheck.judge.text import MISSING, fmt, fmt_measure, table
 
 HEADERS = ("scenario", "steps", "spike step", "spike ratio", "clip containment", "recovery", "verdict")
@@ -160,20 +162,6 @@ def href(name: str, *parts: str) -> str:
     return "/".join(quote(p) for p in (folder_name(name), *parts))
 
 
-def markdown_text(text: str) -> str:
-    """Text safe in Markdown that renders HTML (GitHub): ``&`` and ``<`` as entities, so no name
-    or token string can open a tag (``>`` alone cannot, and "|g|/√v̂ > 10" stays readable)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;")
-
-
-def diagnosis_markdown(diagnosis: Mapping[str, Any] | None) -> str:
-    """The diagnosis as Markdown, its table through judge.text.table, which escapes a "|" in a
-    cell (the Adam rung's |g|/√v̂ would otherwise split its row into extra columns)."""
-    if not diagnosis or diagnosis.get("step") is None:
-        return "No spike found in this record.\n"
-    rows = table(["rung", "finding"], [[markdown_text(r), markdown_text(f)] for r, f in diagnosis["lines"]],
-                 markdown=True)
-    return f"**Diagnosis at step {diagnosis['step']}**\n\n{rows}\n\n**Verdict:** {markdown_text(diagnosis['verdict'])}\n"
 
 
 def index_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str]) -> str:
@@ -181,7 +169,7 @@ def index_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str,
     scenario's panels and files."""
     lines = ["# spikecheck report", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for name in sorted(rows):
-        first, *rest = [markdown_text(c).replace("|", "\\|") for c in cells(rows[name], verdicts.get(name, "not run"))]
+        first, *rest = [markdown_cell(c) for c in cells(rows[name], verdicts.get(name, "not run"))]
         lines.append(f"| [{first}]({href(name, 'diagnosis.md')}) | " + " | ".join(rest) + " |")
     lines.append("")
     for name in sorted(rows):
@@ -197,8 +185,7 @@ def job_summary_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mappin
     """The Markdown a GitHub Actions job summary (``$GITHUB_STEP_SUMMARY``) gets: the counts, the
     table (failures first), and each failed scenario's diagnosis in a ``<details>`` block."""
     names = failures_first(rows, verdicts)
-    body = table(HEADERS, [[markdown_text(c) for c in cells(rows[n], verdicts.get(n, "not run"))] for n in names],
-                 markdown=True)
+    body = table(HEADERS, [cells(rows[n], verdicts.get(n, "not run")) for n in names], markdown=True)
     out = ["## spikecheck", "", *(f"{s}  " for s in sentences), "", body, ""]
     for name in names:
         if verdicts.get(name) != "FAIL":
