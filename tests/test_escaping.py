@@ -68,10 +68,10 @@ def test_comparison_md_escapes_names_like_the_page(tmp_path):
 
 def test_check_never_prints_a_control_character_from_a_log(tmp_path, capsys):
     log = tmp_path / "log.jsonl"
-    log.write_text("".join(json.dumps({"step": i, "loss": 2.0 - i / 100, ESCAPES: 1.0}) + "\n" for i in range(1, 40)))
-    main(["check", str(log)])
+    log.write_text("".join(json.dumps({"step": i, "loss" + ESCAPES: 1.0, ESCAPES: 1.0}) + "\n" for i in range(1, 40)))
+    assert main(["check", str(log)]) == 2  # no loss series: the message lists the log's columns
     out = capsys.readouterr()
-    assert "\x1b" not in out.out + out.err and "\r" not in out.out + out.err
+    assert "\\x1b[2J" in out.err and "\x1b" not in out.out + out.err and "\r" not in out.out + out.err
 
 
 def test_the_helpers():
