@@ -87,9 +87,9 @@ def sweep(base: Scenario | Sweep, grid: Mapping[str, Sequence[Any]] | Sequence[M
         raise ConfigError("sweep(): a Sweep carries its own grid and recipes; give grid= and recipes= with a base "
                           "Scenario, or put them in the Sweep")
     plan = base if isinstance(base, Sweep) else _plan(base, grid, recipes, name)
+    points = plan.expand()  # every point checked before anything trains (once: load_sweep's are reused)
     if name is not None:
         plan = dataclasses.replace(plan, name=name)
-    points = plan.expand()  # every point checked before anything trains
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ConfigError(f"threads must be a positive integer, was {threads!r}")
     runner = make_executor(executor, jobs=jobs, address=address, max_retries=max_retries, runtime_env=runtime_env)
