@@ -263,3 +263,88 @@ def test_atomic_dir_write_refuses_the_root_and_outside_it(tmp_path):
         with pytest.raises(ConfigError, match="not a folder inside"):
             atomic_dir_write(target, lambda folder: None, within=tmp_path)
     assert (tmp_path / "keep").read_text() == "x"
+
+
+def test_two_sweeps_on_one_out_train_each_point_once(tmp_path):
+    """Two sweeps on one --out each trained every point (12 trainings for 6 points): a point one
+    sweep has claimed, the other waits for and takes from the store."""
+    import threading
+    import time
+
+    from pytest_spikecheck.sweep import Sweep, sweep
+
+    class Slow(_MadeRuns):
+        def run(self, jobs, deliver):
+            for job in jobs:
+                time.sleep(0.2)
+                super().run([job], deliver)
+
+    plan = Sweep(Scenario.preset("phase-19").replace(steps=30), grid={"seed": [0, 1, 2]})
+    executors, results = [Slow(), Slow()], [None, None]
+
+    def one(i):
+        results[i] = sweep(plan, executor=executors[i], out=tmp_path, progress=False)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+        time.sleep(0.05)
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(executors[0].trained + executors[1].trained) == [0, 1, 2]  # each point trained once
+    assert all(len(r.runs) == 3 and None not in r.runs for r in results)
+    assert not list((tmp_path / ".store" / ".locks").glob("*.claim"))  # every claim released
+
+
+DRIVER = '''
+import sys
+sys.path.insert(0, sys.argv[2])
+from sweep_points import TINY, sleeper
+from pytest_spikecheck.sweep.local import LocalExecutor
+from pytest_spikecheck.sweep.worker import PointJob
+
+if __name__ == "__main__":
+    jobs = [PointJob(i, TINY, "torch", "cpu", 1, f"{sys.argv[1]}/job-{i}") for i in range(4)]
+    LocalExecutor(jobs=2, work=sleeper).run(jobs, lambda outcome: None)
+'''
+
+
+def test_workers_die_with_their_driver(tmp_path):
+    """After kill -9 of a --jobs 2 sweep's driver its two workers lived on, idle, under pid 1."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    driver = subprocess.Popen([sys.executable, str(script), str(tmp_path), str(Path(__file__).parent)])
+    try:
+        deadline = time.monotonic() + 60
+        markers = [tmp_path / "job-0", tmp_path / "job-1"]
+        while not all(m.exists() and m.read_text() for m in markers):
+            assert time.monotonic() < deadline and driver.poll() is None, "the workers never started"
+            time.sleep(0.05)
+        workers = [int(m.read_text()) for m in markers]
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+
+        def alive(pid):
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            status = Path(f"/proc/{pid}/status")  # a zombie nobody reaped yet has ended
+            return not (status.is_file() and "\nState:\tZ" in status.read_text())
+
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [pid for pid in workers if alive(pid)]
+        for pid in left:  # leave nothing behind, even when the test fails
+            os.kill(pid, signal.SIGKILL)
+        assert left == [], f"workers {left} outlived their driver"
+    finally:
+        if driver.poll() is None:
+            driver.kill()

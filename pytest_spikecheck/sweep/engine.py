@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -99,30 +100,75 @@ def sweep(base: Scenario | Sweep, grid: Mapping[str, Sequence[Any]] | Sequence[M
     out = Path(out) if out is not None else None
     if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"out {out} is an existing file; a sweep writes a folder: give a folder path")
-    runs_store = RunStore(store if store is not None else out / STORE_DIR) if (store is not None or out is not None) else None
+    runs_store = (RunStore(store if store is not None else out / STORE_DIR, session=uuid.uuid4().hex, writer="sweep")
+                  if (store is not None or out is not None) else None)
     keys = [run_key(p.scenario, backend=backend, device=device, threads=threads) for p in points]
     books = _Books(plan.name or plan.base.name, plan.axes, points, out, runs_store, keys,
                    _progress(progress), getattr(runner, "describe", lambda: str(runner))())
     started = time.perf_counter()
-    todo = []
+    todo: list[PointJob] = []
+    elsewhere: list[Point] = []  # claimed by another sweep on this store: wait for its run
     with books.task:
-        for point, key in zip(points, keys):
-            found = runs_store.get(key) if runs_store is not None and key.shareable and not fresh else None
-            if found is not None:
-                books.record(point, found[0], "cached")
-            else:
-                todo.append(PointJob(point.index, point.scenario, backend, device, threads, key.tag, key.shareable))
-        todo.sort(key=lambda job: -points[job.index].cost)  # the dearest first: the last to finish is a cheap one
         try:
-            if todo:
-                runner.run(todo, books.deliver)
+            for point, key in zip(points, keys):
+                shared = runs_store is not None and key.shareable and not fresh
+                found = runs_store.get(key) if shared else None
+                if found is not None:
+                    books.record(point, found[0], "cached")
+                elif shared and not runs_store.claim(key):
+                    elsewhere.append(point)
+                else:
+                    todo.append(_job(point, key, backend, device, threads))
+            while todo or elsewhere:
+                todo.sort(key=lambda job: -points[job.index].cost)  # the dearest first: the last to finish is a cheap one
+                if todo:
+                    runner.run(todo, books.deliver)
+                todo = _collect(elsewhere, runs_store, keys, books, backend, device, threads)
         except KeyboardInterrupt:
             result = books.result(time.perf_counter() - started, interrupted=True)
             books.task.finish(f"{result.name}: interrupted after {result.counts_text()}")
             raise SweepInterrupted(result) from None
+        finally:
+            if runs_store is not None:
+                for key in keys:
+                    if key.shareable:
+                        runs_store.release(key)
         result = books.result(time.perf_counter() - started)
         books.task.finish(f"{result.name}: {len(points)} points ({result.counts_text()}) in {result.wall_seconds:.0f} s")
     return result
+
+
+def _job(point: Point, key: Any, backend: str, device: str, threads: int) -> PointJob:
+    return PointJob(point.index, point.scenario, backend, device, threads, key.tag, key.shareable)
+
+
+def _collect(elsewhere: list[Point], store: Any, keys: list, books: "_Books", backend: str, device: str,
+             threads: int) -> list[PointJob]:
+    """Wait for the points another sweep on the same store claimed: each is ``cached`` once its
+    claim is released with the run stored; one whose claim was dropped without a run (that sweep
+    failed or stopped) is claimed here and returned, to train. Empties ``elsewhere``."""
+    todo: list[PointJob] = []
+    waited = time.monotonic()
+    while elsewhere:
+        for point in list(elsewhere):
+            key = keys[point.index]
+            if store.claimed_elsewhere(key):
+                continue
+            found = store.get(key)
+            if found is not None:
+                books.record(point, found[0], "cached")
+                elsewhere.remove(point)
+            elif store.claim(key):
+                todo.append(_job(point, key, backend, device, threads))
+                elsewhere.remove(point)
+        if todo:
+            break
+        if elsewhere:
+            if time.monotonic() - waited > store.lock_timeout:
+                raise ConfigError(f"waited {store.lock_timeout:g} s for another sweep on {store.root} to train "
+                                  f"{len(elsewhere)} of this sweep's points")
+            time.sleep(0.2)
+    return todo
 
 
 def _plan(base: Any, grid: Any, recipes: Any, name: str | None) -> Sweep:
@@ -178,8 +224,11 @@ class _Books:
             key = self.keys[point.index]
             if self.store is not None and key.shareable:
                 self.store.put(key, outcome.run)
+                self.store.release(key)  # another sweep waiting for this point finds it stored
             self.record(point, outcome.run, "done", outcome.where)
             return
+        if self.store is not None and self.keys[point.index].shareable:
+            self.store.release(self.keys[point.index])
         self.rows[point.index] = row_for(point, "failed", {"seconds": outcome.seconds}, error=outcome.error,
                                          where=outcome.where)
         self.task.update(outcome="failed")

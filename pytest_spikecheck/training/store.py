@@ -263,6 +263,47 @@ class RunStore:
             self.put(key, run)
             return run, None
 
+    # -- claims: a sweep's promise to make a run, so another sweep on the same store waits for it ----
+    def _claim_path(self, key: RunKey) -> Path:
+        return self.root / ".locks" / f"{key.tag}.claim"
+
+    def claim(self, key: RunKey) -> bool:
+        """Claim ``key``: this process will make its run (True), unless another live process has
+        claimed it (False). A claim is a file, not an open lock, so a sweep can hold one for each
+        of its 10,000 points; one left by a process that is gone (same host) is taken over."""
+        path = self._claim_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "session": self.session})
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if self.claimed_elsewhere(key):
+                    return False
+                with contextlib.suppress(OSError):
+                    path.unlink()  # its owner is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(mine)
+            return True
+        return False
+
+    def claimed_elsewhere(self, key: RunKey) -> bool:
+        """Whether another process's claim on ``key`` stands (its owner alive, or on another host)."""
+        owner = _read_owner(self._claim_path(key))
+        if owner is None:
+            return self._claim_path(key).exists() and time.time() - self._claim_path(key).stat().st_mtime < 5
+        if owner.get("host") != socket.gethostname():
+            return True
+        return _pid_alive(int(owner["pid"])) and (owner["pid"] != os.getpid() or owner.get("session") != self.session)
+
+    def release(self, key: RunKey) -> None:
+        """Drop this process's claim on ``key`` (if it holds one)."""
+        owner = _read_owner(self._claim_path(key))
+        if owner is not None and owner["pid"] == os.getpid() and owner.get("session") == self.session:
+            with contextlib.suppress(OSError):
+                self._claim_path(key).unlink()
+
     def _lock_paths(self, key: RunKey) -> tuple[Path, Path]:
         folder = self.root / ".locks"
         return folder / f"{key.tag}.lock", folder / f"{key.tag}.owner"
