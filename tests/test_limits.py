@@ -150,3 +150,31 @@ def test_a_sweep_expands_its_points_once(tmp_path, monkeypatch):
     assert len(result.points) == 3 and plan.expand() == result.points
     expanding = len(applied)
     assert expanding == 0, expanding  # the points load_sweep expanded, not a second expansion
+
+
+@pytest.mark.parametrize(("factory", "message"), [
+    ("os:_exit", "is a built-in function, not a model factory"),  # it was called: the process ended silently
+    ("no_such_module_x:make", "cannot import 'no_such_module_x'"),
+    ("os:sep", "is not callable"),
+    ("os:no_such_attr", "has no attribute 'no_such_attr'"),
+])
+def test_a_model_factory_that_is_not_one_is_a_refusal_line(factory, message):
+    from pytest_spikecheck.training.model_contract import resolve_factory
+
+    with pytest.raises(ConfigError, match=message):
+        resolve_factory(factory)
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda p: p.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": ' + b"1" * (3 << 20) + b"}\n"),
+     "line 2 is longer than 1,048,576 bytes"),  # a 200 MB line took 47 s and 4.68 GB
+    (lambda p: p.write_bytes("step,loss\n1,2.0\n2,1.9\n".encode("utf-16")), "UTF-16 text; save the log as UTF-8"),
+    (lambda p: p.write_text('[{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.9}]'), "a JSON array, not one JSON object"),
+    (lambda p: __import__("os").mkfifo(p), "is not a regular file"),  # was "no such log file"
+])
+def test_check_refuses_unbounded_or_mistaken_logs_in_one_line(tmp_path, capsys, make, message):
+    path = tmp_path / "log"
+    make(path)
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err

@@ -47,6 +47,8 @@ def _resolve(path: Path, format: str | None) -> tuple[Path, str]:
         _check_run_folder(path)
         return path, format or found
     if not path.is_file():
+        if path.exists():  # a FIFO, a socket, a device: reading it could block for ever
+            raise ConfigError(f"{path} is not a regular file or folder; give the log file itself")
         raise ConfigError(f"no such log file or folder: {path}")
     _check_run_folder(path)
     return path, format or registry.detect(path)
