@@ -198,11 +198,28 @@ def test_a_sweep_resume_retrains_a_damaged_point_and_rewrites_a_damaged_copy(tmp
     entries = sorted(p for p in (tmp_path / STORE_DIR).iterdir() if not p.name.startswith("."))
     copies = sorted((tmp_path / "runs").iterdir())
     _cut_lines(entries[0] / "metrics.jsonl", 10)  # a store entry cut mid-way: that point trains again
-    (copies[1] / "metrics.jsonl").write_bytes((copies[1] / "metrics.jsonl").read_bytes()[:-5])  # a cut copy
+    (copies[1] / "events.json").unlink()  # a copy missing a file (a cut copy of the store's files)
     again = _MadeRuns()
     result = sweep(plan, executor=again, out=tmp_path, progress=False)
     assert len(again.trained) == 1 and sorted(result.counts.items()) == [("cached", 1), ("done", 1)]
-    assert all(is_whole(c) and len(Run.load(c)) == 30 for c in copies)  # the cut copy was written again
+    assert all(is_whole(c) and len(Run.load(c)) == 30 for c in copies)  # the damaged copy was written again
+
+
+def test_a_sweep_stores_each_run_once_on_disk(tmp_path):
+    """Each run was written twice, to .store/ and to runs/: runs/<point>/ now holds the store
+    entry's files under a second name (hard links)."""
+    from pytest_spikecheck.sweep import Sweep, sweep
+    from pytest_spikecheck.sweep.engine import STORE_DIR
+
+    sweep(Sweep(Scenario.preset("phase-19").replace(steps=30), grid={"seed": [0, 1]}), executor=_MadeRuns(), out=tmp_path,
+          progress=False)
+    entries = {p.name for p in (tmp_path / STORE_DIR).iterdir() if not p.name.startswith(".")}
+    for copy in (tmp_path / "runs").iterdir():
+        store_json = __import__("json").loads((copy / "store.json").read_text())
+        assert store_json["name"] == copy.name
+        (entry,) = [tmp_path / STORE_DIR / e for e in entries
+                    if (tmp_path / STORE_DIR / e / "metrics.jsonl").samefile(copy / "metrics.jsonl")]
+        assert all((copy / f).samefile(entry / f) for f in ("metrics.jsonl", "events.json", "run.json"))
 
 
 def test_train_never_overwrites_the_config_it_was_read_from(tmp_path, capsys):
@@ -348,3 +365,13 @@ def test_workers_die_with_their_driver(tmp_path):
     finally:
         if driver.poll() is None:
             driver.kill()
+
+
+def test_a_recorders_out_is_checked_before_training(tmp_path):
+    """The callbacks check their ``out`` when made (check_target), not when training ends."""
+    from pytest_spikecheck.records.integrity import check_target
+
+    (tmp_path / "checkpoint-10").mkdir()
+    with pytest.raises(ConfigError, match=r"holds files that are not a run's \(checkpoint-10\)"):
+        check_target(tmp_path)
+    check_target(tmp_path / "new")  # a new folder, or one holding a run, is fine

@@ -124,10 +124,10 @@ def is_whole(folder: Path) -> bool:
     return isinstance(meta, dict) and problem(Path(folder), meta, required=True) is None
 
 
-def save_folder(target: Path, write: Callable[[Path], Any]) -> Path:
-    """Write a run folder aside and move it into ``target`` whole. An existing ``target`` is
-    replaced only if it holds nothing but a run's files (:data:`RUN_FILES`); one holding anything
-    else is refused (one line) before anything is written."""
+def check_target(target: Path) -> None:
+    """Refuse (one line) a folder a run cannot be saved to: an existing file, or a folder holding
+    anything but a run's files (a user's files are never replaced). A recorder checks its ``out``
+    with this before training, so the refusal never comes after a run was recorded."""
     target = Path(target)
     if target.exists():
         if not target.is_dir():
@@ -137,6 +137,14 @@ def save_folder(target: Path, write: Callable[[Path], Any]) -> Path:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise ConfigError(f"{target} holds files that are not a run's ({shown}); a run replaces its folder "
                               f"whole, so save it to a new or empty folder")
+
+
+def save_folder(target: Path, write: Callable[[Path], Any]) -> Path:
+    """Write a run folder aside and move it into ``target`` whole. An existing ``target`` is
+    replaced only if it holds nothing but a run's files (:data:`RUN_FILES`); one holding anything
+    else is refused (one line) before anything is written."""
+    target = Path(target)
+    check_target(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     old = None
@@ -155,3 +163,18 @@ def save_folder(target: Path, write: Callable[[Path], Any]) -> Path:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     return target
+
+
+def link_run(source: Path, target: Path) -> Path:
+    """``target`` as a second name of the whole run folder ``source`` (a store entry): each file
+    hard-linked (copied where the file system cannot link), written aside and moved into place, so
+    the run's bytes are on disk once."""
+    def write(folder: Path) -> None:
+        for path in Path(source).iterdir():
+            if path.is_file() and path.name in RUN_FILES:
+                try:
+                    os.link(path, folder / path.name)
+                except OSError:  # another device, or links not supported
+                    shutil.copy2(path, folder / path.name)
+
+    return save_folder(Path(target), write)

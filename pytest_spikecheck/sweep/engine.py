@@ -19,7 +19,7 @@ from typing import Any, Mapping, Sequence
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.progress import Progress
-from pytest_spikecheck.records.integrity import is_whole
+from pytest_spikecheck.records.integrity import is_whole, link_run
 from pytest_spikecheck.report.summary import folder_name
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.sweep.result import SweepResult, row_for
@@ -203,7 +203,8 @@ class _Books:
         self.task = progress.task(name, total=len(points), unit="point")
 
     def record(self, point: Point, run: Any, status: str, where: str = "") -> None:
-        if run.name != point.name:  # the store's copy may carry another name for the same content
+        renamed = run.name != point.name
+        if renamed:  # the store's copy may carry another name for the same content
             run = dataclasses.replace(run, scenario=run.scenario.replace(name=point.name))
         self.runs[point.index] = run
         measured = measure(run)
@@ -211,7 +212,12 @@ class _Books:
         if self.out is not None:
             folder = self.out / "runs" / folder_name(point.name)  # as the plugin's report names its folders
             if status != "cached" or not is_whole(folder):  # a cut or half-written copy is written again
-                run.save(folder)
+                key = self.keys[point.index]
+                entry = self.store.path(key) if self.store is not None and key.shareable else None
+                if entry is not None and not renamed and is_whole(entry):
+                    link_run(entry, folder)  # the store's files under a second name: each run on disk once
+                else:
+                    run.save(folder)
             self.rows[point.index]["run"] = f"runs/{folder.name}"
         self.task.update(outcome=status)
         self.task.line(f"[{self.task.done}/{len(self.points)}] {point.name}: {status}"
