@@ -239,8 +239,12 @@ def test_train_never_overwrites_the_config_it_was_read_from(tmp_path, capsys):
 def _session_with_made_runs(monkeypatch, report: Path):
     from pytest_spikecheck.plugin.session import Settings, SpikecheckSession
 
+    import pytest_spikecheck.report as report_module
+
     monkeypatch.setattr(SpikecheckSession, "_train", lambda self, scenario: _run(scenario.name, steps=30))
     monkeypatch.setattr(SpikecheckSession, "backend", property(lambda self: "torch"))
+    for panel in ("plot_loss", "plot_grad_norm"):  # the folder's writing is tested, not matplotlib
+        monkeypatch.setattr(report_module, panel, lambda runs, path, *a, **k: Path(path).write_bytes(b"png"))
     return SpikecheckSession(Settings(enabled=True, report_dir=report))
 
 
