@@ -3,6 +3,24 @@
 from __future__ import annotations
 
 
+import reprlib
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 80
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 6
+_SHOWN.maxlevel = 3
+_SHOWN.maxlong = 40
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` bounded in length (a huge list, string or integer from a config is shown by
+    its start, never formatted whole into an error message)."""
+    try:
+        return _SHOWN.repr(value)
+    except ValueError:  # an integer too long to convert to text at all
+        return f"<an integer of about {value.bit_length() * 0.30103:.0f} digits>" if isinstance(value, int) else "<?>"
+
+
 class ConfigError(ValueError):
     """A scenario, break or experiment directory is invalid (bad key, unknown name, bad value)."""
 

@@ -156,9 +156,10 @@ def test_every_rung_of_an_engine_record_word_for_word():
         "output log Z 3.3: attention-logit growth; qk-layernorm contains it\n"
         "  => rare tokens concentrated in one batch; the clip contained it (post-clip 2 ≤ max_norm 2); attention "
         "logits grew beyond control (attention-logit growth: qk-layernorm contains it)")
-    assert d.markdown().splitlines()[:5] == [
-        "**Diagnosis at step 81**", "", "| rung | finding |", "|---|---|",
-        "| 1 loss | train loss 2.000 vs median 2.000 over the 50 steps before |"]
+    lines = d.markdown().splitlines()  # the one renderer (diagnosis_markdown): aligned, escaped cells
+    assert lines[:2] == ["**Diagnosis at step 81**", ""] and lines[2].split() == ["|", "rung", "|", "finding", "|"]
+    assert lines[4].startswith("| 1 loss ") and "train loss 2.000 vs median 2.000 over the 50 steps before" in lines[4]
+    assert "have \\|g\\|/√v̂ > 8" in d.markdown()
     assert d.markdown().endswith(f"\n\n**Verdict:** {d.verdict}\n")
     assert {k: d.facts[k] for k in ("rare_samples", "burst_samples", "injected", "rare_loss_share", "novel_loss_share",
                                     "worst_tokens", "top_tensor", "v_jump", "v_fade", "adam_surprise", "max_norm")} == {
@@ -230,7 +231,7 @@ def test_without_a_gradient_norm_the_verdict_says_so():
     d = diagnose({"grad_norm_pre": [1.0] * 80 + [None] + [1.0] * 19}, 81)
     assert d.lines[1][1] == "pre-clip not logged; post-clip norm not logged"
     assert d.verdict == "no grad_norm_pre logged at step 81: whether it spiked cannot be told"
-    assert diagnose({"grad_norm_pre": [1.0] * 3}).markdown() == "No spike found in this record."
+    assert diagnose({"grad_norm_pre": [1.0] * 3}).markdown() == "No spike found in this record.\n"
 
 
 @pytest.mark.parametrize(("run_kwargs", "event_extra", "max_norm", "limit"), [

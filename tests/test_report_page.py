@@ -15,7 +15,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import struct
 import zlib
 from html.parser import HTMLParser
@@ -28,6 +27,7 @@ from pytest_spikecheck import NoClip, RareTokenBurst, Scenario
 from pytest_spikecheck.cli import main
 from pytest_spikecheck.plugin.outputs import write_index
 from pytest_spikecheck.plugin.session import Settings, SpikecheckSession
+from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.report import page as page_module
 from pytest_spikecheck.report.page import scenario_page
 from pytest_spikecheck.report.summary import ScenarioRow, folder_name
@@ -185,10 +185,9 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     write_index(root / "report", rows, verdicts, ["2 scenarios checked (2 trained, 0 from the disk cache).",
                                                    "1 held, 1 failed."])
     edited = root / "edited"
-    shutil.copytree(root / "report" / "tiny_break" / "run", edited)
-    events = json.loads((edited / "events.json").read_text())
-    events[0]["token_losses"]["worst"][0]["token"] = TOKEN
-    (edited / "events.json").write_text(json.dumps(events))
+    run = Run.load(root / "report" / "tiny_break" / "run")  # edited and saved again: its manifest holds
+    run.events[0]["token_losses"]["worst"][0]["token"] = TOKEN
+    run.save(edited)
     assert main(["compare", str(root / "report" / folder_name(MARKUP) / "run"), str(edited), "--out", str(root / "compare")]) == 0
     return {"report": root / "report" / "index.html", "compare": root / "compare" / "index.html"}
 

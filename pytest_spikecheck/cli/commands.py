@@ -10,7 +10,7 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from pytest_spikecheck import __version__
 from pytest_spikecheck.errors import ConfigError
@@ -77,6 +77,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_run_dir(config)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} is an existing file; the run is a folder: give a folder path")
+    source = config / "config.yaml" if config.is_dir() else config
+    if (out / "config.yaml").exists() and (out / "config.yaml").resolve() == source.resolve():
+        raise ConfigError(f"--out {out} is the folder of the config it trains ({source}); the run would replace that "
+                          f"file: give another folder (the default is {default_run_dir(config)})")
 
     from pytest_spikecheck.training.launch import train  # refuses an unusable device or backend first
 
@@ -216,16 +220,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _EscapedStdout:
+    """Standard output with every control character from data shown escaped (a log key, a run's
+    name or a token string that holds a terminal escape sequence never reaches the terminal)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        from pytest_spikecheck.judge.escape import terminal_text
+
+        return self.stream.write(terminal_text(text, lines=True))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    stdout, sys.stdout = sys.stdout, _EscapedStdout(sys.stdout)
     try:
         return args.func(args)
-    except ConfigError as exc:
-        print(f"spikecheck: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except (ValueError, NotImplementedError) as exc:
-        print(f"spikecheck: error: {exc}", file=sys.stderr)
+    except (ConfigError, ValueError, NotImplementedError) as exc:
+        from pytest_spikecheck.judge.escape import terminal_text
+
+        print(f"spikecheck: error: {terminal_text(exc, lines=True)}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("spikecheck: interrupted", file=sys.stderr)
@@ -233,5 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into head/less that closed early
         sys.stderr.close()
         return 0
+    finally:
+        sys.stdout = stdout
 
 

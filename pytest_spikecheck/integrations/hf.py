@@ -53,6 +53,10 @@ class SpikecheckCallback(TrainerCallback):
             raise ConfigError(f"transformers {transformers.__version__} has no {', '.join(missing)} callback hook; "
                               f"SpikecheckCallback needs transformers >= 5.0")
         self.out, self.catalog, self.stream, self.name = out, catalog, stream, name
+        if out is not None:  # refused now, not after training: the run is saved there at the end
+            from pytest_spikecheck.records.integrity import check_target
+
+            check_target(Path(out))
         self.options = recorder_options
         self.recorder: Recorder | None = None
         self._micro: list[dict[str, Any]] = []  # the forward of each micro-batch of the current step

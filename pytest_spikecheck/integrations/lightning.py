@@ -52,6 +52,10 @@ class SpikecheckCallback(Callback):
     def __init__(self, out: str | Path | None = None, *, catalog: SampleCatalog | None = None,
                  stream: BurstStream | None = None, name: str = "lightning", **recorder_options: Any) -> None:
         self.out, self.catalog, self.stream, self.name = out, catalog, stream, name
+        if out is not None:  # refused now, not after training: the run is saved there at the end
+            from pytest_spikecheck.records.integrity import check_target
+
+            check_target(Path(out))
         self.options = recorder_options
         self.recorder: Recorder | None = None
         self._micro: list[dict[str, Any]] = []  # what training_step returned for each micro-batch of the step

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -29,7 +29,8 @@ from pytest_spikecheck.judge.analysis import (
 from pytest_spikecheck.judge.analysis import contained as contained_by
 from pytest_spikecheck.records import Record, as_record
 from pytest_spikecheck.judge.sweeps import QK_CLIP_FACTOR
-from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure, fmt_scale
+from pytest_spikecheck.judge.escape import markdown_text
+from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure, fmt_scale, table
 
 
 #: "Clipped" means the post-clip norm is below the pre-clip norm by more than this (relative):
@@ -57,10 +58,19 @@ class Diagnosis:
         return f"diagnosis at step {self.step}:\n{body}\n  => {self.verdict}"
 
     def markdown(self) -> str:
-        if self.step is None:
-            return "No spike found in this record."
-        rows = "\n".join(f"| {r} | {f} |" for r, f in self.lines)
-        return f"**Diagnosis at step {self.step}**\n\n| rung | finding |\n|---|---|\n{rows}\n\n**Verdict:** {self.verdict}\n"
+        """The diagnosis as Markdown (:func:`diagnosis_markdown`, the one renderer)."""
+        return diagnosis_markdown({"step": self.step, "lines": self.lines, "verdict": self.verdict})
+
+
+def diagnosis_markdown(diagnosis: Mapping[str, Any] | None) -> str:
+    """A diagnosis (:class:`Diagnosis`, or its JSON form in a summary row: step, lines, verdict)
+    as Markdown: the one renderer of ``diagnosis.md``, the job summary and :meth:`Diagnosis.markdown`.
+    Its text is escaped (:mod:`~pytest_spikecheck.judge.escape`): the Adam rung's |g|/√v̂ stays in
+    its cell, a token string opens no tag."""
+    if not diagnosis or diagnosis.get("step") is None:
+        return "No spike found in this record.\n"
+    rows = table(["rung", "finding"], [[str(r), str(f)] for r, f in diagnosis["lines"]], markdown=True)
+    return f"**Diagnosis at step {diagnosis['step']}**\n\n{rows}\n\n**Verdict:** {markdown_text(diagnosis['verdict'])}\n"
 
 
 def _fade_steps(metrics, step: int, name: str = "adam_v_norm", factor: float = 1.10) -> int | None:

@@ -60,9 +60,16 @@ def fmt_measure(value: float | int | None, spec: str = ".3g") -> str:
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False) -> str:
     """A plain-text (or markdown) table with aligned columns."""
-    if markdown:  # a "|" inside a cell (|g|/√v̂) would end the cell: escape it
-        headers = [h.replace("|", "\\|") for h in headers]
-        rows = [[c.replace("|", "\\|") for c in r] for r in rows]
+    if markdown:  # cells are text, never markup: a "|" (|g|/√v̂) would end the cell, a newline the row
+        from pytest_spikecheck.judge.escape import markdown_cell
+
+        headers = [markdown_cell(h) for h in headers]
+        rows = [[markdown_cell(c) for c in r] for r in rows]
+    else:  # nor terminal commands: a control character in a name or a log key is shown, not obeyed
+        from pytest_spikecheck.judge.escape import terminal_text
+
+        headers = [terminal_text(h) for h in headers]
+        rows = [[terminal_text(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     if markdown:
         lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",

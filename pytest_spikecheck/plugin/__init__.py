@@ -333,6 +333,7 @@ class _Recorder:
         rows = self.rows()
         if not rows:
             return
+        from pytest_spikecheck.judge.escape import terminal_text
         from pytest_spikecheck.judge.text import table
         from pytest_spikecheck.report.summary import HEADERS, cells
 
@@ -342,7 +343,7 @@ class _Recorder:
             tr.write_line(line)
         for name, r in sorted(rows.items()):
             if r.get("not_cached_because"):
-                tr.write_line(f"{name}: {r['not_cached_because']}.")
+                tr.write_line(terminal_text(f"{name}: {r['not_cached_because']}."))
         verdicts = self.verdicts()
         tr.write_line(table(HEADERS, [cells(rows[name], verdicts[name]) for name in sorted(rows)]))
         if self.session.settings.report_dir:

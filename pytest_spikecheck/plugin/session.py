@@ -92,7 +92,16 @@ class SpikecheckSession:
             root = self.shared_dir / "spikecheck-runs"
         else:
             return None
-        return RunStore(root, session=self.session_id, writer=self.worker or "main")
+        return RunStore(root, session=self.session_id, writer=self.worker or "main", warn=self._warn)
+
+    def _warn(self, message: str) -> None:
+        """One line on the terminal (a damaged cache entry), even with -q."""
+        import sys
+
+        stream = self.progress.stream if self.progress is not None else sys.stderr
+        prefix = self.progress.prefix if self.progress is not None else "spikecheck: "
+        stream.write(f"{prefix}{message}\n")
+        stream.flush()
 
     def run(self, scenario: Any, name: str | None = None) -> Any:
         """Train ``scenario`` (or return this session's, another worker's or the disk cache's run of it)."""
@@ -160,7 +169,9 @@ class SpikecheckSession:
             run = train(scenario, backend=self.backend, device=s.device, threads=s.threads,
                         callbacks=[task.step_callback()] if task.progress.mode == "bar" else [])
             stopped = f", stopped at step {run.meta['stopped_at']} ({run.meta['stop_reason']})" if run.stopped_early else ""
-            task.finish(f"trained {scenario.name}: {len(run)} steps in {run.meta['seconds']:.1f} s{stopped}")
+            from pytest_spikecheck.judge.escape import terminal_text
+
+            task.finish(terminal_text(f"trained {scenario.name}: {len(run)} steps in {run.meta['seconds']:.1f} s{stopped}"))
         run.meta["reproduce"] = (f"pytest --spikecheck --spikecheck-backend {self.backend}"
                                  + (f" --spikecheck-seed {s.seed}" if s.seed is not None else "")
                                  + f"  # scenario {scenario.name}, content hash {run.meta['content_hash']}")
@@ -186,4 +197,5 @@ class SpikecheckSession:
             (folder / "summary.json").write_text(json.dumps(row.to_json(), indent=2))
             run.save(folder / "run")
 
-        atomic_dir_write(self.settings.report_dir / folder_name(run.name), write)
+        report_dir = self.settings.report_dir
+        atomic_dir_write(report_dir / folder_name(run.name), write, within=report_dir, owned_by="summary.json")

@@ -26,11 +26,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records import integrity
 from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts, facts_from_format_1
 from pytest_spikecheck.records.series import MetricColumns
 from pytest_spikecheck.scenario import Scenario
@@ -174,22 +175,25 @@ class Run:
 
     # -- files ------------------------------------------------------------------------------
     def save(self, directory: str | Path) -> Path:
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        if self.scenario is not None and self.recorded is None:
-            (out / "config.yaml").write_text(self.scenario.to_yaml())
-        elif (out / "config.yaml").is_file():
-            (out / "config.yaml").unlink()  # an earlier run's config would say this run is one we can retrain
-        with open(out / "metrics.jsonl", "w") as f:
-            for row in self.rows():
-                f.write(json.dumps(row) + "\n")
-        with open(out / "batches.jsonl", "w") as f:
-            for b in self.batches:
-                f.write(json.dumps(b) + "\n")
-        (out / "events.json").write_text(json.dumps(self.events, indent=1))
-        meta = {"format_version": FORMAT_VERSION, **self.meta, "facts": self.facts.to_json() if self.facts else None}
-        (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
-        return out
+        """Write the run as a folder, aside and then moved into place whole, its run.json carrying
+        the format version, the facts and the manifest of the other files
+        (:mod:`pytest_spikecheck.records.integrity`)."""
+        def write(out: Path) -> None:
+            if self.scenario is not None and self.recorded is None:
+                # a recorded or hand-written run has no config: ours would say we can retrain it
+                (out / "config.yaml").write_text(self.scenario.to_yaml())
+            with open(out / "metrics.jsonl", "w") as f:
+                for row in self.rows():
+                    f.write(json.dumps(row) + "\n")
+            with open(out / "batches.jsonl", "w") as f:
+                for b in self.batches:
+                    f.write(json.dumps(b) + "\n")
+            (out / "events.json").write_text(json.dumps(self.events, indent=1))
+            meta = {"format_version": FORMAT_VERSION, **self.meta, "facts": self.facts.to_json() if self.facts else None}
+            meta = {**meta, integrity.MANIFEST_KEY: integrity.manifest_of(out, meta, len(self))}
+            (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
+
+        return integrity.save_folder(Path(directory), write)
 
     def rows(self) -> list[dict[str, Any]]:
         cols = [k for k in METRIC_KEYS + MODEL_STAT_KEYS + SETUP_KEYS if k in self.metrics]
@@ -214,17 +218,24 @@ class Run:
         return rows
 
     @classmethod
-    def load(cls, directory: str | Path) -> "Run":
+    def load(cls, directory: str | Path, *, require_manifest: bool = False) -> "Run":
+        """The run saved in ``directory``, checked against its manifest: a damaged folder is one
+        :class:`~pytest_spikecheck.records.integrity.DamagedRunError` line. ``require_manifest``
+        (a cache's entries): a folder without one is damaged too, else it is read as it is."""
         src = Path(directory)
         if not (src / "metrics.jsonl").is_file():
             raise ConfigError(f"not a run directory (no metrics.jsonl): {src}")
+        meta = _read_meta(src / "run.json")
+        why = integrity.problem(src, meta, required=require_manifest)
+        if why is not None:
+            raise integrity.refuse(src, why)
         metrics = read_metrics_jsonl(src / "metrics.jsonl")
         missing = metrics.pop("__missing__")
+        why = integrity.check_steps(src, meta, len(metrics["step"]))
+        if why is not None:
+            raise integrity.refuse(src, why)
         batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
         events = json.loads((src / "events.json").read_text()) if (src / "events.json").is_file() else []
-        meta = json.loads((src / "run.json").read_text()) if (src / "run.json").is_file() else {}
-        if not isinstance(meta, dict):
-            raise ConfigError(f"{src / 'run.json'} must hold a JSON object, was {type(meta).__name__}")
         version = meta.pop("format_version", 1)
         if version not in (1, FORMAT_VERSION):
             raise ConfigError(f"{src / 'run.json'}: format_version {version!r} is not one this pytest-spikecheck reads "
@@ -241,6 +252,18 @@ class Run:
             facts = RunFacts.from_json(raw_facts, where=f"{src / 'run.json'} facts")
         return cls(scenario=scenario, metrics=MetricColumns(metrics, missing), batches=batches, events=events, meta=meta,
                    skipped=_read_skipped(src / "metrics.jsonl"), folder=src, facts=facts)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise integrity.refuse(path.parent, f"run.json is not valid JSON ({exc})") from None
+    if not isinstance(meta, dict):
+        raise integrity.refuse(path.parent, f"run.json holds a JSON {type(meta).__name__}, not an object")
+    return meta
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pytest_spikecheck.judge.analysis import EventSummary
+from pytest_spikecheck.judge.escape import markdown_text
 from pytest_spikecheck.judge.text import fmt, fmt_measure, table
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.report.panels import plot_grad_norm, plot_logits, plot_loss
@@ -31,8 +32,9 @@ class Comparison:
     HEADERS = ("run", "spike step", "ratio", "post-clip norm", "loss jump", "recovery", "final eval loss")
 
     def text(self, markdown: bool = False) -> str:
+        """The table and the final gap; ``markdown``: as Markdown, every name escaped."""
         body = table(self.HEADERS, self.rows(), markdown=markdown)
-        return f"{body}\n\n{self.gap_text()}"
+        return f"{body}\n\n{markdown_text(self.gap_text()) if markdown else self.gap_text()}"
 
     def gap_text(self) -> str:
         """The final-gap sentence; a run that was never evaluated has no eval loss to compare."""
@@ -90,7 +92,7 @@ def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None =
         files.append(plot_logits([run_a, run_b], out / "logits.png"))
         logits = "\n![logits](logits.png)\n"
     md = out / "comparison.md"
-    md.write_text(f"# {run_a.name} vs {run_b.name}\n\n{result.text(markdown=True)}\n\n"
+    md.write_text(f"# {markdown_text(result.names[0])} vs {markdown_text(result.names[1])}\n\n{result.text(markdown=True)}\n\n"
                   f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n{logits}")
     files.append(md)
     page = out / "index.html"

@@ -16,6 +16,8 @@ from urllib.parse import quote
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import EventSummary, clip_limits, contained, overclipped
+from pytest_spikecheck.judge.diagnosis import diagnosis_markdown
+from pytest_spikecheck.judge.escape import markdown_cell, markdown_text
 from pytest_spikecheck.judge.text import MISSING, fmt, fmt_measure, table
 from pytest_spikecheck.records import as_record
 
@@ -146,13 +148,19 @@ def counts_sentences(rows: Mapping[str, Any], counts: Mapping[str, int], verdict
             f"{held} held, {failed} failed{' (see the failures above)' if failed and terminal else ''}."]
 
 
+#: Names in a report folder that are the report's own files, never a scenario's folder.
+RESERVED_NAMES = ("index.html", "index.md")
+
+
 def folder_name(name: str) -> str:
     """A scenario's report folder: its name, unless the name holds a character that is unsafe in a
-    path on some system (``/ \\ : * ? " < > |``, control characters, a leading dot); such a name
-    gets them replaced by ``_`` and 8 hex digits of its sha256 (so two names never share one)."""
+    path on some system (``/ \\ : * ? " < > |``, control characters, a leading dot), is empty, or
+    is one of the report's own files (:data:`RESERVED_NAMES`); such a name gets them replaced by
+    ``_`` and 8 hex digits of its sha256 (so two names never share one, and none is the report's
+    root or its page)."""
     safe = re.sub(r'[\x00-\x1f\x7f/\\:*?"<>|]', "_", name)
     safe = "_" + safe[1:] if safe.startswith(".") else safe
-    if safe == name and len(name) <= 150:
+    if safe == name and 0 < len(name) <= 150 and name.lower() not in RESERVED_NAMES:
         return name
     return f"{safe[:150]}~{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
@@ -162,20 +170,6 @@ def href(name: str, *parts: str) -> str:
     return "/".join(quote(p) for p in (folder_name(name), *parts))
 
 
-def markdown_text(text: str) -> str:
-    """Text safe in Markdown that renders HTML (GitHub): ``&`` and ``<`` as entities, so no name
-    or token string can open a tag (``>`` alone cannot, and "|g|/√v̂ > 10" stays readable)."""
-    return text.replace("&", "&amp;").replace("<", "&lt;")
-
-
-def diagnosis_markdown(diagnosis: Mapping[str, Any] | None) -> str:
-    """The diagnosis as Markdown, its table through judge.text.table, which escapes a "|" in a
-    cell (the Adam rung's |g|/√v̂ would otherwise split its row into extra columns)."""
-    if not diagnosis or diagnosis.get("step") is None:
-        return "No spike found in this record.\n"
-    rows = table(["rung", "finding"], [[markdown_text(r), markdown_text(f)] for r, f in diagnosis["lines"]],
-                 markdown=True)
-    return f"**Diagnosis at step {diagnosis['step']}**\n\n{rows}\n\n**Verdict:** {markdown_text(diagnosis['verdict'])}\n"
 
 
 def index_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str]) -> str:
@@ -183,7 +177,7 @@ def index_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str,
     scenario's panels and files."""
     lines = ["# spikecheck report", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
     for name in sorted(rows):
-        first, *rest = [markdown_text(c).replace("|", "\\|") for c in cells(rows[name], verdicts.get(name, "not run"))]
+        first, *rest = [markdown_cell(c) for c in cells(rows[name], verdicts.get(name, "not run"))]
         lines.append(f"| [{first}]({href(name, 'diagnosis.md')}) | " + " | ".join(rest) + " |")
     lines.append("")
     for name in sorted(rows):
@@ -199,8 +193,7 @@ def job_summary_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mappin
     """The Markdown a GitHub Actions job summary (``$GITHUB_STEP_SUMMARY``) gets: the counts, the
     table (failures first), and each failed scenario's diagnosis in a ``<details>`` block."""
     names = failures_first(rows, verdicts)
-    body = table(HEADERS, [[markdown_text(c) for c in cells(rows[n], verdicts.get(n, "not run"))] for n in names],
-                 markdown=True)
+    body = table(HEADERS, [cells(rows[n], verdicts.get(n, "not run")) for n in names], markdown=True)
     out = ["## spikecheck", "", *(f"{s}  " for s in sentences), "", body, ""]
     for name in names:
         if verdicts.get(name) != "FAIL":

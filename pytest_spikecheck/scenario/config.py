@@ -13,7 +13,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
-from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.errors import ConfigError, shown
 from pytest_spikecheck.models.config import GPTConfig, model_preset
 from pytest_spikecheck.scenario.break_base import break_from_config, break_to_config
 from pytest_spikecheck.scenario.sections import CLIP_MODE_ALIAS, IMPORT_PATH, SCALARS, SECTIONS, BurstSpec, OptimizerSpec
@@ -57,11 +57,11 @@ def apply_config(scenario: "Scenario", raw: Mapping[str, Any], *, where: str = "
         given = "factory" in model
         factory, kwargs = model.pop("factory", None), model.pop("kwargs", None) or {}
         if given and (not isinstance(factory, str) or not IMPORT_PATH.match(factory)):
-            raise ConfigError(f"{where}: model.factory must be an import path 'package.module:function', was {factory!r}")
+            raise ConfigError(f"{where}: model.factory must be an import path 'package.module:function', was {shown(factory)}")
         if not given and scenario.model_factory is None:
             raise ConfigError(f"{where}: model.kwargs needs a model.factory (they are its keyword arguments)")
         if not isinstance(kwargs, Mapping):
-            raise ConfigError(f"{where}: model.kwargs must be a mapping of keyword arguments, was {kwargs!r}")
+            raise ConfigError(f"{where}: model.kwargs must be a mapping of keyword arguments, was {shown(kwargs)}")
         changes["model_factory"] = factory if given else scenario.model_factory
         changes["model_kwargs"] = dict(kwargs) if given else {**scenario.model_kwargs, **kwargs}
         raw["model"] = model
@@ -125,11 +125,17 @@ def read_yaml(path: Path) -> Any:
     import yaml
 
     try:
-        return yaml.load(Path(path).read_text(), Loader=_unique_key_loader())
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); save the config as UTF-8") from None
+    try:
+        return yaml.load(text, Loader=_unique_key_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', None) or exc})") from None
+    except ValueError as exc:  # an integer of more than 4300 digits (Python's limit on reading one)
+        raise ConfigError(f"{path}: a value YAML cannot read ({shown(str(exc))})") from None
 
 
 def scenario_to_dict(scenario: "Scenario") -> dict[str, Any]:
@@ -156,7 +162,13 @@ def _unique_key_loader() -> type:
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
-        """A SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one silently)."""
+        """A SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one
+        silently), and a document whose aliases would expand it beyond :data:`MAX_YAML_VALUES`
+        values (a "billion laughs" of 1 KB reached 3 GB), counted before anything is built."""
+
+        def construct_document(self, node: Any) -> Any:
+            _check_expanded_size(node)
+            return super().construct_document(node)
 
         def construct_mapping(scenario, node: Any, deep: bool = False) -> Any:
             seen: set[Any] = set()
@@ -170,6 +182,40 @@ def _unique_key_loader() -> type:
 
     return UniqueKeyLoader
 
+
+
+#: The most values (scalars, lists, mappings) a YAML document may expand to through its aliases.
+MAX_YAML_VALUES = 100_000
+
+
+def _check_expanded_size(root: Any) -> None:
+    """Count the values the node graph expands to (an alias counts its node again each time it is
+    used), memoised per node, so the count itself is linear in the file; refuse past the limit."""
+    import yaml
+
+    sizes: dict[int, int] = {}
+    visiting: set[int] = set()
+    # iterative post-order: a deep document cannot overflow the stack
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if not done:
+            if id(node) in visiting:
+                raise yaml.YAMLError("an alias refers to a value that holds it (a recursive document)")
+            visiting.add(id(node))
+        children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if done:
+            visiting.discard(id(node))
+            sizes[id(node)] = total = 1 + sum(sizes.get(id(c), 0) for c in children)
+            if total > MAX_YAML_VALUES:
+                raise yaml.YAMLError(f"its aliases expand it to more than {MAX_YAML_VALUES:,} values "
+                                     f"(an alias bomb?): write the values out")
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
 
 
 def _plain(value: Any) -> Any:
@@ -193,7 +239,7 @@ def _number(value: Any, label: str, expected: str) -> float:
         except ValueError:
             pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{label} must be {expected}, was {value!r}")
+        raise ConfigError(f"{label} must be {expected}, was {shown(value)}")
     return float(value)
 
 def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> Any:
@@ -203,7 +249,7 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
         if value is None or (isinstance(value, str) and value.lower() in ("inf", "none", "null")):
             return None
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{label} must be a number, inf or null, was {value!r}")
+            raise ConfigError(f"{label} must be a number, inf or null, was {shown(value)}")
         return float(value)
     if name == "loss_scale":
         if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
@@ -215,28 +261,28 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
                 raise ValueError
             return float(value)  # a static scale (YAML reads 1e4 as a string)
         except (TypeError, ValueError):
-            raise ConfigError(f"{label} must be 'dynamic', a number (a static scale) or null, was {value!r}") from None
+            raise ConfigError(f"{label} must be 'dynamic', a number (a static scale) or null, was {shown(value)}") from None
     if name in ("skip_spike_ratio", "new_source", "qk_clip"):
         if value is None:
             return None
         if name == "new_source":
             if not isinstance(value, str):
-                raise ConfigError(f"{label} must be a source name or null, was {value!r}")
+                raise ConfigError(f"{label} must be a source name or null, was {shown(value)}")
             return value
         return _number(value, label, "a number or null")
     if dataclasses.is_dataclass(current):
         return _section_from_dict(f"{section}.{name}", type(current), current, value, where)
     if name == "bursts":
         if not isinstance(value, list):
-            raise ConfigError(f"{label} must be a list of bursts, was {value!r}")
+            raise ConfigError(f"{label} must be a list of bursts, was {shown(value)}")
         return tuple(_section_from_dict(f"{section}.bursts", BurstSpec, None, b, where) for b in value)
     if isinstance(current, bool):
         if not isinstance(value, bool):
-            raise ConfigError(f"{label} must be true or false, was {value!r}")
+            raise ConfigError(f"{label} must be true or false, was {shown(value)}")
         return value
     if isinstance(current, int):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{label} must be an integer, was {value!r}")
+            raise ConfigError(f"{label} must be an integer, was {shown(value)}")
         return value
     if isinstance(current, float):
         return _number(value, label, "a number")
@@ -246,15 +292,15 @@ def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> An
         return tuple(value)
     if name == "phase_lengths":
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{label} must be a list of integers, was {value!r}")
+            raise ConfigError(f"{label} must be a list of integers, was {shown(value)}")
         return tuple(_coerce(section, name, 0, v, where) for v in value)
     if isinstance(current, tuple):
         if not isinstance(value, (list, tuple)) or len(value) != len(current):
-            raise ConfigError(f"{label} must be a list of {len(current)} numbers, was {value!r}")
+            raise ConfigError(f"{label} must be a list of {len(current)} numbers, was {shown(value)}")
         return tuple(_coerce(section, name, c, v, where) for c, v in zip(current, value))
     if isinstance(current, str):
         if not isinstance(value, str):
-            raise ConfigError(f"{label} must be a string, was {value!r}")
+            raise ConfigError(f"{label} must be a string, was {shown(value)}")
         return value
     return value
 
@@ -272,7 +318,7 @@ def _clip_mode_alias(raw: dict[str, Any], where: str) -> dict[str, str]:
 
 def _section_from_dict(section: str, spec_type: type, base: Any, raw: Any, where: str) -> Any:
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where}: {section} must be a mapping, was {raw!r}")
+        raise ConfigError(f"{where}: {section} must be a mapping, was {shown(raw)}")
     raw = dict(raw)
     if spec_type is GPTConfig and "preset" in raw:
         base = model_preset(str(raw.pop("preset")))

@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
 
-from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.errors import ConfigError, shown
 from pytest_spikecheck.models.config import GPTConfig
 
 if TYPE_CHECKING:
@@ -418,3 +418,95 @@ def check_amp(scenario: "Scenario") -> None:
           "without one there is nothing to unscale")
     check(o.clip_when != "per_microbatch" or a.loss_scale is None,
           "optimizer.clip_when per_microbatch (ClipEachMicrobatch) is declared without loss scaling")
+
+
+# -- ranges and limits: every numeric field, checked at load (docs/limits.md) -----------------
+
+#: The most steps one scenario trains: this harness trains tiny models in seconds, and the batch
+#: plan and the per-step records grow with the steps.
+MAX_STEPS = 1_000_000
+#: The largest vocabulary, width, depth, head count and context the engine builds (a model of
+#: the widest, deepest shape is already far beyond what this CPU harness trains).
+MAX_VOCAB = 1_000_000
+MAX_WIDTH = 16_384
+MAX_LAYERS = 256
+MAX_HEADS = 1_024
+MAX_CONTEXT = 65_536
+#: The largest batch, and the most sentences a corpus section may ask for.
+MAX_BATCH = 65_536
+MAX_SENTENCES = 1_000_000
+#: Seeds go to numpy and torch, whose seeds are 64-bit.
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric field allows: ``low`` to ``high``, each end closed unless marked
+    open; never NaN or infinite."""
+
+    low: float
+    high: float
+    low_open: bool = False
+    high_open: bool = False
+
+    def holds(self, value: float) -> bool:
+        return (math.isfinite(value) and (value > self.low if self.low_open else value >= self.low)
+                and (value < self.high if self.high_open else value <= self.high))
+
+    def text(self) -> str:
+        def number(x: float) -> str:
+            return str(x) if isinstance(x, int) else f"{x:g}"
+        return f"{'(' if self.low_open else '['}{number(self.low)}, {number(self.high)}{')' if self.high_open else ']'}"
+
+
+#: Every numeric field (a tuple's elements each) and its range; the clip's fields are checked by
+#: their own spec (grad_clip, the adaptive clip, skip_spike_ratio: CLIP_FIELDS). A field added to
+#: a section without a range here fails tests/test_limits.py.
+RANGES: dict[str, Range] = {
+    "steps": Range(1, MAX_STEPS), "seed": Range(0, MAX_SEED),
+    "model.n_layer": Range(1, MAX_LAYERS), "model.n_head": Range(1, MAX_HEADS), "model.n_embd": Range(1, MAX_WIDTH),
+    "model.block_size": Range(1, MAX_CONTEXT), "model.vocab_size": Range(0, MAX_VOCAB),
+    "model.n_kv_head": Range(0, MAX_HEADS), "model.layernorm_eps": Range(0, 1), "model.init_std": Range(0, 10, low_open=True),
+    "model.pad_token_id": Range(-1, MAX_VOCAB), "model.z_loss": Range(0, 1e6), "model.logit_softcap": Range(0, 1e6),
+    "data.n_sentences": Range(1, MAX_SENTENCES), "data.eval_sentences": Range(1, MAX_SENTENCES),
+    "data.vocab_size": Range(258, MAX_VOCAB), "data.corpus_seed": Range(0, MAX_SEED),
+    "sampler.batch_size": Range(1, MAX_BATCH), "sampler.rare_cap": Range(0, MAX_BATCH),
+    "sampler.rare_doc_freq": Range(0, MAX_SENTENCES), "sampler.accumulation": Range(1, MAX_BATCH),
+    "sampler.mixture.phase_lengths": Range(1, MAX_STEPS), "sampler.mixture.concentration": Range(0, 1e6, low_open=True),
+    "sampler.mixture.new_source_at": Range(0, MAX_STEPS),
+    "optimizer.lr": Range(0, 1e6, low_open=True), "optimizer.betas": Range(0, 1, high_open=True),
+    "optimizer.eps": Range(0, 1), "optimizer.weight_decay": Range(0, 1e6), "optimizer.momentum": Range(0, 1, high_open=True),
+    "optimizer.adamw_lr": Range(0, 1e6, low_open=True), "optimizer.qk_clip": Range(0, 1e30, low_open=True),
+    "optimizer.qk_clip_alpha": Range(0, 1),
+    "schedule.warmup_steps": Range(0, MAX_STEPS), "schedule.min_lr_ratio": Range(0, 1),
+    "record.eval_every": Range(1, MAX_STEPS), "record.dense_before": Range(0, MAX_STEPS),
+    "record.dense_after": Range(0, MAX_STEPS), "record.spike_ratio": Range(1, 1e30, low_open=True),
+    "record.spike_window": Range(1, MAX_STEPS), "record.top_tokens": Range(0, MAX_VOCAB),
+    "amp.loss_scale": Range(0, 1e30, low_open=True),
+}
+#: The clip's numeric fields, whose checks are the clip spec's own (OptimizerSpec, check_section_values).
+CLIP_FIELDS = ("optimizer.grad_clip", "optimizer.adaptive_z", "optimizer.adaptive_alpha", "optimizer.skip_spike_ratio")
+
+
+def field_value(scenario: "Scenario", path: str) -> Any:
+    """The value of a dotted field path (``sampler.mixture.concentration``) of ``scenario``."""
+    value: Any = scenario
+    for part in path.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def check_ranges(scenario: "Scenario") -> None:
+    """Every numeric field in its :data:`RANGES` (one line naming the field and the range), before
+    anything is built or allocated: a vocabulary of 1e11 aborted the process, 10^12 steps built a
+    batch plan towards out-of-memory, eval_every 0 divided by zero, spike_window 0 turned the
+    online detector off without a word."""
+    for path, allowed in RANGES.items():
+        value = field_value(scenario, path)
+        for v in value if isinstance(value, tuple) else (value,):
+            if v is None or isinstance(v, str):  # null where allowed; a word (loss_scale dynamic) is checked by its spec
+                continue
+            check(is_number(v) and allowed.holds(v),
+                  f"{path} must be {'each ' if isinstance(value, tuple) else ''}in {allowed.text()}, was {shown(v)}" + (" (see docs/limits.md)" if is_number(v) and math.isfinite(v) else ""))
+    check(scenario.model.n_kv_head <= scenario.model.n_head,
+          f"model.n_kv_head ({scenario.model.n_kv_head}) must be <= model.n_head ({scenario.model.n_head})")

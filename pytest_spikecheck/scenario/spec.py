@@ -40,6 +40,7 @@ from pytest_spikecheck.scenario.sections import (
     SamplerSpec,
     ScheduleSpec,
     check,
+    check_ranges,
     check_section_types,
     check_section_values,
     is_int,
@@ -91,6 +92,7 @@ class Scenario:
             if at is not None:
                 check(at <= self.steps, f"{type(b).__name__} at step {at} is after the last step ({self.steps} steps): "
                                         f"move it to a step <= {self.steps} or train more steps")
+        check_ranges(self)
         check_section_values(self)
         if isinstance(self.name, DerivedName):
             object.__setattr__(self, "name", DerivedName(derived_name(self)))

@@ -13,11 +13,13 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.progress import Progress
+from pytest_spikecheck.records.integrity import is_whole, link_run
 from pytest_spikecheck.report.summary import folder_name
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.sweep.result import SweepResult, row_for
@@ -86,9 +88,9 @@ def sweep(base: Scenario | Sweep, grid: Mapping[str, Sequence[Any]] | Sequence[M
         raise ConfigError("sweep(): a Sweep carries its own grid and recipes; give grid= and recipes= with a base "
                           "Scenario, or put them in the Sweep")
     plan = base if isinstance(base, Sweep) else _plan(base, grid, recipes, name)
+    points = plan.expand()  # every point checked before anything trains (once: load_sweep's are reused)
     if name is not None:
         plan = dataclasses.replace(plan, name=name)
-    points = plan.expand()  # every point checked before anything trains
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ConfigError(f"threads must be a positive integer, was {threads!r}")
     runner = make_executor(executor, jobs=jobs, address=address, max_retries=max_retries, runtime_env=runtime_env)
@@ -98,30 +100,75 @@ def sweep(base: Scenario | Sweep, grid: Mapping[str, Sequence[Any]] | Sequence[M
     out = Path(out) if out is not None else None
     if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"out {out} is an existing file; a sweep writes a folder: give a folder path")
-    runs_store = RunStore(store if store is not None else out / STORE_DIR) if (store is not None or out is not None) else None
+    runs_store = (RunStore(store if store is not None else out / STORE_DIR, session=uuid.uuid4().hex, writer="sweep")
+                  if (store is not None or out is not None) else None)
     keys = [run_key(p.scenario, backend=backend, device=device, threads=threads) for p in points]
     books = _Books(plan.name or plan.base.name, plan.axes, points, out, runs_store, keys,
                    _progress(progress), getattr(runner, "describe", lambda: str(runner))())
     started = time.perf_counter()
-    todo = []
+    todo: list[PointJob] = []
+    elsewhere: list[Point] = []  # claimed by another sweep on this store: wait for its run
     with books.task:
-        for point, key in zip(points, keys):
-            found = runs_store.get(key) if runs_store is not None and key.shareable and not fresh else None
-            if found is not None:
-                books.record(point, found[0], "cached")
-            else:
-                todo.append(PointJob(point.index, point.scenario, backend, device, threads, key.tag, key.shareable))
-        todo.sort(key=lambda job: -points[job.index].cost)  # the dearest first: the last to finish is a cheap one
         try:
-            if todo:
-                runner.run(todo, books.deliver)
+            for point, key in zip(points, keys):
+                shared = runs_store is not None and key.shareable and not fresh
+                found = runs_store.get(key) if shared else None
+                if found is not None:
+                    books.record(point, found[0], "cached")
+                elif shared and not runs_store.claim(key):
+                    elsewhere.append(point)
+                else:
+                    todo.append(_job(point, key, backend, device, threads))
+            while todo or elsewhere:
+                todo.sort(key=lambda job: -points[job.index].cost)  # the dearest first: the last to finish is a cheap one
+                if todo:
+                    runner.run(todo, books.deliver)
+                todo = _collect(elsewhere, runs_store, keys, books, backend, device, threads)
         except KeyboardInterrupt:
             result = books.result(time.perf_counter() - started, interrupted=True)
             books.task.finish(f"{result.name}: interrupted after {result.counts_text()}")
             raise SweepInterrupted(result) from None
+        finally:
+            if runs_store is not None:
+                for key in keys:
+                    if key.shareable:
+                        runs_store.release(key)
         result = books.result(time.perf_counter() - started)
         books.task.finish(f"{result.name}: {len(points)} points ({result.counts_text()}) in {result.wall_seconds:.0f} s")
     return result
+
+
+def _job(point: Point, key: Any, backend: str, device: str, threads: int) -> PointJob:
+    return PointJob(point.index, point.scenario, backend, device, threads, key.tag, key.shareable)
+
+
+def _collect(elsewhere: list[Point], store: Any, keys: list, books: "_Books", backend: str, device: str,
+             threads: int) -> list[PointJob]:
+    """Wait for the points another sweep on the same store claimed: each is ``cached`` once its
+    claim is released with the run stored; one whose claim was dropped without a run (that sweep
+    failed or stopped) is claimed here and returned, to train. Empties ``elsewhere``."""
+    todo: list[PointJob] = []
+    waited = time.monotonic()
+    while elsewhere:
+        for point in list(elsewhere):
+            key = keys[point.index]
+            if store.claimed_elsewhere(key):
+                continue
+            found = store.get(key)
+            if found is not None:
+                books.record(point, found[0], "cached")
+                elsewhere.remove(point)
+            elif store.claim(key):
+                todo.append(_job(point, key, backend, device, threads))
+                elsewhere.remove(point)
+        if todo:
+            break
+        if elsewhere:
+            if time.monotonic() - waited > store.lock_timeout:
+                raise ConfigError(f"waited {store.lock_timeout:g} s for another sweep on {store.root} to train "
+                                  f"{len(elsewhere)} of this sweep's points")
+            time.sleep(0.2)
+    return todo
 
 
 def _plan(base: Any, grid: Any, recipes: Any, name: str | None) -> Sweep:
@@ -156,15 +203,21 @@ class _Books:
         self.task = progress.task(name, total=len(points), unit="point")
 
     def record(self, point: Point, run: Any, status: str, where: str = "") -> None:
-        if run.name != point.name:  # the store's copy may carry another name for the same content
+        renamed = run.name != point.name
+        if renamed:  # the store's copy may carry another name for the same content
             run = dataclasses.replace(run, scenario=run.scenario.replace(name=point.name))
         self.runs[point.index] = run
         measured = measure(run)
         self.rows[point.index] = row_for(point, status, measured, where=where)
         if self.out is not None:
             folder = self.out / "runs" / folder_name(point.name)  # as the plugin's report names its folders
-            if status != "cached" or not (folder / "metrics.jsonl").is_file():
-                run.save(folder)
+            if status != "cached" or not is_whole(folder):  # a cut or half-written copy is written again
+                key = self.keys[point.index]
+                entry = self.store.path(key) if self.store is not None and key.shareable else None
+                if entry is not None and not renamed and is_whole(entry):
+                    link_run(entry, folder)  # the store's files under a second name: each run on disk once
+                else:
+                    run.save(folder)
             self.rows[point.index]["run"] = f"runs/{folder.name}"
         self.task.update(outcome=status)
         self.task.line(f"[{self.task.done}/{len(self.points)}] {point.name}: {status}"
@@ -177,8 +230,11 @@ class _Books:
             key = self.keys[point.index]
             if self.store is not None and key.shareable:
                 self.store.put(key, outcome.run)
+                self.store.release(key)  # another sweep waiting for this point finds it stored
             self.record(point, outcome.run, "done", outcome.where)
             return
+        if self.store is not None and self.keys[point.index].shareable:
+            self.store.release(self.keys[point.index])
         self.rows[point.index] = row_for(point, "failed", {"seconds": outcome.seconds}, error=outcome.error,
                                          where=outcome.where)
         self.task.update(outcome="failed")

@@ -6,7 +6,8 @@ re-imports the main module in every worker, so a script that starts a sweep at i
 without ``if __name__ == "__main__":`` kills its own workers at start-up: that is said in one line
 (:class:`WorkersCouldNotStart`), not as a broken pool. A worker lost while training (killed, out of
 memory) is replaced and its point trained again, up to ``max_retries`` times, as Ray does with a
-lost worker. Workers ignore Ctrl-C: the driver stops them and keeps what finished.
+lost worker. Workers ignore Ctrl-C: the driver stops them and keeps what finished. A worker whose
+driver is gone (``kill -9``) ends itself within a second.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from collections import Counter, deque
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -28,10 +30,29 @@ class WorkersCouldNotStart(ConfigError):
     """The spawned worker processes exited before they could take a point (one line: why)."""
 
 
-def _worker_started(started: Any) -> None:
+#: How often a worker checks that its driver is still there.
+_DRIVER_POLL_SECONDS = 0.5
+
+
+def _worker_started(started: Any, driver: int) -> None:
     # Ctrl-C reaches the whole process group: the driver decides what stops, and when.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _watch_driver(driver)
     started.set()
+
+
+def _watch_driver(driver: int) -> None:
+    """End this worker when its driver is gone (killed with -9, it cannot stop its workers: they
+    would sit idle under pid 1, with the resource tracker, for good): a daemon thread that checks
+    the parent pid twice a second."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == driver:
+            time.sleep(_DRIVER_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="spikecheck-driver-watch", daemon=True).start()
 
 
 def _main_module() -> str:
@@ -73,7 +94,8 @@ class LocalExecutor:
         lost: Counter[int] = Counter()
         while pending:
             workers = min(self.jobs, len(pending))
-            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started, initargs=(started,))
+            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started,
+                                       initargs=(started, os.getpid()))
             in_flight: dict[Future, PointJob] = {}
             stopped = False
             try:

@@ -26,6 +26,8 @@ from pytest_spikecheck.scenario.naming import AUTO_NAME
 SWEEP_KEYS = ("base", "grid", "points", "recipes", "name")
 #: The table's name for the recipe column.
 RECIPE = "recipe"
+#: The most points one sweep may have (each is a scenario to train; docs/limits.md).
+MAX_POINTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,8 @@ class Sweep:
     points: Sequence[Mapping[str, Any]] = ()
     name: str = ""
     where: str = "sweep"
+    #: the points, once expanded (expand() builds them once: each point is a checked scenario)
+    _expanded: list[Point] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         w = self.where
@@ -103,6 +107,11 @@ class Sweep:
                 recipes[name] = tuple(b if isinstance(b, Break) else break_from_config(b, where=f"{w}: recipes.{name}")
                                       for b in breaks)
             self.recipes = recipes
+        size = (len(self.recipes) if self.recipes is not None else 1) * max(len(self.points), 1) * math.prod(
+            len(values) for values in self.grid.values())
+        if size > MAX_POINTS:
+            raise ConfigError(f"{w}: {size:,} points (recipes x points x grid), more than the {MAX_POINTS:,} a sweep may "
+                              f"have (docs/limits.md): split it into several sweeps")
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -112,7 +121,13 @@ class Sweep:
 
     def expand(self) -> list[Point]:
         """Every point, in order: recipes outermost, then the explicit points, then the grid
-        (crossed in the order its axes are given). Checked as a whole (see the module docstring)."""
+        (crossed in the order its axes are given). Checked as a whole (see the module docstring),
+        once: a second call returns the same points."""
+        if self._expanded is None:
+            self._expanded = self._expand()
+        return list(self._expanded)
+
+    def _expand(self) -> list[Point]:
         w = self.where
         base = replace(self.base, name=AUTO_NAME)  # each point is named after its own content
         explicit = list(self.points) or [{}]

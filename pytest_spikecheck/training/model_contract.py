@@ -58,6 +58,10 @@ def resolve_factory(factory: Callable[..., Any] | str) -> Callable[..., Any]:
         obj = getattr(obj, part)
     if not callable(obj):
         raise ConfigError(f"model factory {factory!r} is not callable (a {type(obj).__name__})")
+    if inspect.isbuiltin(obj):  # os:_exit, builtins:exec ...: a config file is code, and this is no model factory
+        raise ConfigError(f"model factory {factory!r} is a built-in function, not a model factory (a function or "
+                          f"class returning an nn.Module); model.factory is imported and called: a config file is "
+                          f"code (docs/limits.md)")
     return obj
 
 

@@ -34,6 +34,7 @@ from typing import Any, Callable, Iterator
 
 import pytest_spikecheck
 from pytest_spikecheck import __version__
+from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.scenario import Scenario
 
@@ -156,8 +157,19 @@ class RunStoreLockError(RuntimeError):
     ran out. The message is one line naming the owner's pid and the lock file."""
 
 
-def atomic_dir_write(target: Path, write: Callable[[Path], Any]) -> None:
-    """Write a folder next to ``target`` and move it into place (parallel writers may race)."""
+def atomic_dir_write(target: Path, write: Callable[[Path], Any], *, within: Path | None = None,
+                     owned_by: str | None = None) -> None:
+    """Write a folder next to ``target`` and move it into place (parallel writers may race).
+
+    ``within``: the folder ``target`` must be a direct child of (the report's root): a target
+    that is that root, or anywhere else, is refused before anything is written. ``owned_by``: the
+    file that marks a folder as ours; an existing ``target`` without it (a user's file or folder
+    of that name) is refused, never deleted."""
+    if within is not None and Path(os.path.abspath(target)).parent != Path(os.path.abspath(within)):
+        raise ConfigError(f"refusing to write {target}: it is not a folder inside {within}")
+    if owned_by is not None and target.exists() and not (target / owned_by).is_file():
+        raise ConfigError(f"{target} exists and was not written by spikecheck (no {owned_by} in it): not replacing "
+                          f"it; move it away or rename the scenario")
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
@@ -169,6 +181,10 @@ def atomic_dir_write(target: Path, write: Callable[[Path], Any]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         if not target.exists():
             raise
+
+
+def _warn_stderr(message: str) -> None:
+    print(f"spikecheck: {message}", file=sys.stderr, flush=True)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -195,11 +211,14 @@ class RunStore:
     :data:`_DEAD_OWNER_GRACE_SECONDS` after that pid is gone (a forked child kept it), or a wait
     longer than ``lock_timeout`` seconds, raises :class:`RunStoreLockError` (one line)."""
 
-    def __init__(self, root: str | Path, *, session: str = "", writer: str = "", lock_timeout: float = 3600.0) -> None:
+    def __init__(self, root: str | Path, *, session: str = "", writer: str = "", lock_timeout: float = 3600.0,
+                 warn: Callable[[str], Any] | None = None) -> None:
         self.root = Path(root)
         self.session = session
         self.writer = writer
         self.lock_timeout = lock_timeout
+        #: where the one line about a damaged entry goes (default: stderr)
+        self.warn = warn if warn is not None else _warn_stderr
 
     def path(self, key: RunKey) -> Path:
         if not key.shareable:
@@ -207,11 +226,18 @@ class RunStore:
         return self.root / key.tag
 
     def get(self, key: RunKey) -> tuple[Run, Provenance] | None:
-        """The stored run of ``key`` and who stored it, or None."""
+        """The stored run of ``key`` and who stored it, or None. An entry that fails its manifest
+        (cut, edited, half-written by an older version) is None too, after one warning line: the
+        caller trains the run again and its put() replaces the entry."""
         entry = self.path(key)
-        if not (entry / "metrics.jsonl").is_file():
+        if not entry.exists():
             return None
-        return Run.load(entry), Provenance.read(entry)
+        try:
+            return Run.load(entry, require_manifest=True), Provenance.read(entry)
+        except ConfigError as exc:  # DamagedRunError, or a file no reader can parse
+            why = getattr(exc, "why", "") or str(exc)
+            self.warn(f"warning: the stored run {entry.name[:16]}… is not whole ({why}): training it again")
+            return None
 
     def put(self, key: RunKey, run: Run) -> Path:
         """Store ``run`` under ``key`` (written aside, then moved into place whole)."""
@@ -236,6 +262,47 @@ class RunStore:
             run = make()
             self.put(key, run)
             return run, None
+
+    # -- claims: a sweep's promise to make a run, so another sweep on the same store waits for it ----
+    def _claim_path(self, key: RunKey) -> Path:
+        return self.root / ".locks" / f"{key.tag}.claim"
+
+    def claim(self, key: RunKey) -> bool:
+        """Claim ``key``: this process will make its run (True), unless another live process has
+        claimed it (False). A claim is a file, not an open lock, so a sweep can hold one for each
+        of its 10,000 points; one left by a process that is gone (same host) is taken over."""
+        path = self._claim_path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        mine = json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "session": self.session})
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                if self.claimed_elsewhere(key):
+                    return False
+                with contextlib.suppress(OSError):
+                    path.unlink()  # its owner is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(mine)
+            return True
+        return False
+
+    def claimed_elsewhere(self, key: RunKey) -> bool:
+        """Whether another process's claim on ``key`` stands (its owner alive, or on another host)."""
+        owner = _read_owner(self._claim_path(key))
+        if owner is None:
+            return self._claim_path(key).exists() and time.time() - self._claim_path(key).stat().st_mtime < 5
+        if owner.get("host") != socket.gethostname():
+            return True
+        return _pid_alive(int(owner["pid"])) and (owner["pid"] != os.getpid() or owner.get("session") != self.session)
+
+    def release(self, key: RunKey) -> None:
+        """Drop this process's claim on ``key`` (if it holds one)."""
+        owner = _read_owner(self._claim_path(key))
+        if owner is not None and owner["pid"] == os.getpid() and owner.get("session") == self.session:
+            with contextlib.suppress(OSError):
+                self._claim_path(key).unlink()
 
     def _lock_paths(self, key: RunKey) -> tuple[Path, Path]:
         folder = self.root / ".locks"

@@ -22,6 +22,7 @@ format (:mod:`.rules`; ``docs/logs.md`` explains them with examples). numpy only
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Mapping
 
@@ -43,10 +44,29 @@ def _resolve(path: Path, format: str | None) -> tuple[Path, str]:
         found, path = log_in_folder(path)
         if format is not None and format in registry.BY_NAME and registry.BY_NAME[format].folder != registry.BY_NAME[found].folder:
             raise ConfigError(f"{path}: holds {FORMATS[found]}, not {FORMATS[format]}")
+        _check_run_folder(path)
         return path, format or found
     if not path.is_file():
+        if path.exists():  # a FIFO, a socket, a device: reading it could block for ever
+            raise ConfigError(f"{path} is not a regular file or folder; give the log file itself")
         raise ConfigError(f"no such log file or folder: {path}")
+    _check_run_folder(path)
     return path, format or registry.detect(path)
+
+
+def _check_run_folder(path: Path) -> None:
+    """A run folder's metrics.jsonl is read only if the folder's manifest (when it has one) proves
+    it whole: a cut or half-written run is one line, not a verdict on part of a run."""
+    from pytest_spikecheck.records import integrity
+
+    if path.name == "metrics.jsonl" and (path.parent / "run.json").is_file():
+        try:
+            meta = json.loads((path.parent / "run.json").read_text())
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise integrity.refuse(path.parent, f"run.json is not valid JSON ({exc})") from None
+        why = integrity.problem(path.parent, meta, required=False) if isinstance(meta, dict) else None
+        if why is not None:
+            raise integrity.refuse(path.parent, why)
 
 
 def read_runs(path: str | Path, format: str | None = None, mapping: Mapping[str, str] | None = None) -> list[Record]:

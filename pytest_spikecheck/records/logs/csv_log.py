@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.records.logs.base import Column, Reader, SKIP_COLUMN, Table, columns_of, line_where, read_text
+from pytest_spikecheck.records.logs.base import MAX_LINE, Column, Reader, SKIP_COLUMN, Table, columns_of, line_where, read_text
 
 DESCRIPTION = "a CSV log with a header row"
 _NAME = re.compile(r"^[^\s:=][^:=]{0,127}$")  # a header cell: no "key: value" or "key=value" text
@@ -75,7 +75,7 @@ def unique_header(header: list[str]) -> tuple[list[str], list[str]]:
 
 
 def read_table(path: Path, expected: str) -> Table:
-    text = read_text(path, expected)
+    text = read_text(path, expected, max_line=MAX_LINE)
     reader = csv.reader(io.StringIO(text, newline=""))  # quoted cells may hold newlines
     header = [h.strip() for h in next(reader, [])]
     if not all(header):

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.records.logs.base import Column, Reader, Table, columns_of, line_where, read_text
+from pytest_spikecheck.records.logs.base import MAX_LINE, Column, Reader, Table, columns_of, line_where, read_text
 
 DESCRIPTION = "a JSONL log (one JSON object per line)"
 _CHUNK = 100_000  # lines per json.loads call
@@ -44,7 +44,7 @@ def _parse(path: Path, lines: list[str], numbers: list[int]) -> list[dict]:
 
 
 def read(path: Path) -> Table:
-    lines = read_text(path, DESCRIPTION).splitlines()
+    lines = read_text(path, DESCRIPTION, max_line=MAX_LINE).splitlines()
     blank = np.fromiter(map(len, map(str.strip, lines)), dtype=np.int64, count=len(lines)) == 0
     if blank.any():  # blank lines are skipped; rows keep their line numbers
         kept = np.flatnonzero(~blank)

@@ -7,6 +7,7 @@ into a :class:`~.base.Table`), its place in :data:`READERS`, and a test file.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -47,6 +48,9 @@ def detect(path: str | Path) -> str:
         return "tensorboard"
     if head.startswith(UTF16_BOMS):  # PowerShell's redirected stdout: the text, in UTF-16
         head = head[: len(head) // 2 * 2].decode("utf-16", errors="ignore").encode("utf-8")
+    if re.match(rb"\s*\[\s*\{", head):  # "[{": a JSON array of objects (a text log's "[2024-..." is not)
+        raise ConfigError(f"{path}: a JSON array, not one JSON object per line; write one object per line "
+                          f"(JSONL), or give a trainer_state.json (expected {ANY_FORMAT})")
     if b"\0" in head:
         raise ConfigError(f"{path}: a binary file that is not a TensorBoard event file; expected {ANY_FORMAT}")
     text_head = head.removeprefix(b"\xef\xbb\xbf")  # a BOM, as Excel writes CSV

@@ -21,7 +21,7 @@ import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.logs import text_forms
-from pytest_spikecheck.records.logs.base import Reader, Table, columns_of, line_where, read_text
+from pytest_spikecheck.records.logs.base import MAX_LINE, Reader, Table, columns_of, line_where, read_text
 
 DESCRIPTION = ("a training log printed to stdout (Megatron-LM, torchtitan, nanoGPT, llm.c, OLMo, HF Trainer dicts, "
                "Lightning progress bars, key=value or key: value lines)")
@@ -53,7 +53,7 @@ def fp16_of(text: str) -> bool | None:
 
 
 def read(path: Path) -> Table:
-    text = _ANSI.sub("", read_text(path, DESCRIPTION, keep_carriage_returns=True))
+    text = _ANSI.sub("", read_text(path, DESCRIPTION, keep_carriage_returns=True, max_line=MAX_LINE))
     steps: list[int] = []
     rows: list[dict] = []
     lines: list[int] = []
