@@ -103,10 +103,10 @@ def test_a_no_clip_run_writes_null_clip_limits(short_runs, tmp_path):
 
 
 def _as_format_1(folder: Path) -> None:
-    """The folder as the released code wrote it: no format_version, no facts, clip_limit only
-    for adaptive clips."""
+    """The folder as the released code wrote it: no format_version, no facts, no manifest,
+    clip_limit only for adaptive clips."""
     meta = json.loads((folder / "run.json").read_text())
-    meta.pop("format_version"), meta.pop("facts")
+    meta.pop("format_version"), meta.pop("facts"), meta.pop("manifest")
     (folder / "run.json").write_text(json.dumps(meta))
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     (folder / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "clip_limit"}) + "\n"

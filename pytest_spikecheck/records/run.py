@@ -226,6 +226,11 @@ class Run:
         if not (src / "metrics.jsonl").is_file():
             raise ConfigError(f"not a run directory (no metrics.jsonl): {src}")
         meta = _read_meta(src / "run.json")
+        # the version first: a future format's manifest may not be one this code can check
+        version = meta.get("format_version", 1)
+        if version not in (1, FORMAT_VERSION):
+            raise ConfigError(f"{src / 'run.json'}: format_version {version!r} is not one this pytest-spikecheck reads "
+                              f"(1 or {FORMAT_VERSION}); upgrade pytest-spikecheck to read it")
         why = integrity.problem(src, meta, required=require_manifest)
         if why is not None:
             raise integrity.refuse(src, why)
@@ -236,10 +241,7 @@ class Run:
             raise integrity.refuse(src, why)
         batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
         events = json.loads((src / "events.json").read_text()) if (src / "events.json").is_file() else []
-        version = meta.pop("format_version", 1)
-        if version not in (1, FORMAT_VERSION):
-            raise ConfigError(f"{src / 'run.json'}: format_version {version!r} is not one this pytest-spikecheck reads "
-                              f"(1 or {FORMAT_VERSION}); upgrade pytest-spikecheck to read it")
+        meta.pop("format_version", None)
         raw_facts = meta.pop("facts", None)
         # an engine run's config.yaml retrains it; a recorded or hand-written run has none
         scenario = (Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() and not meta.get("recorded")
