@@ -27,7 +27,7 @@ from pytest_spikecheck.judge.analysis import (
     CLIP_RTOL, baseline, largest_spike, loss_jump, overclipped, recovery_steps, spike_ratio, value_at,
 )
 from pytest_spikecheck.records import Record, as_record
-from pytest_spikecheck.judge.sweeps import QK_CLIP_FACTOR
+from pytest_spikecheck.judge.defences import QK_CLIP_FACTOR
 from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure, fmt_scale
 
 
