@@ -115,7 +115,7 @@ def assert_qk_clip_contains(run: Any, tau: float | None = None, factor: float = 
         fail("assert_qk_clip_contains", f"QK-Clip (tau {tau:g}) first clipped at step {int(steps[first])}, yet the "
              f"largest attention logit is {fmt(logits[over[0]], ',.4g')} > {factor:g} x tau at step {int(steps[over[0]])} "
              f"(largest {fmt(logits[worst], ',.4g')} at step {int(steps[worst])})", rec, int(steps[over[0]]), metric,
-             measured=float(logits[worst]), limit=factor * tau, columns=LOGIT_COLUMNS)
+             measured=float(logits[over[0]]), limit=factor * tau, columns=LOGIT_COLUMNS)
     later = logits[after]
     largest = float(np.max(later)) if later.size else None
     passed("assert_qk_clip_contains", f"QK-Clip (tau {tau:g}) first clipped at step {int(steps[first])} and held the "

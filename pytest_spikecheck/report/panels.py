@@ -142,6 +142,8 @@ def plot_attention(run: Run, path: Path, tau: float | None = None, factor: float
         twin.bar(np.asarray(run.metrics["step"]), clipped, color="#ff7f0e", alpha=0.35, width=1.0, label="heads clipped")
         twin.set_ylabel("heads QK-Clip clipped")
         twin.legend(fontsize=8, loc="lower right")
+        ax.set_zorder(twin.get_zorder() + 1)  # the logits drawn over the bars
+        ax.patch.set_visible(False)
     ax.set(yscale="log", xlabel="step", ylabel="largest |attention logit|", title=title)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8, loc="upper left")
