@@ -29,6 +29,7 @@ import numpy as np
 
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.judge import rolling
+from pytest_spikecheck.judge.verdict import Verdict
 from pytest_spikecheck.judge.analysis import spike_ratio, value_at
 from pytest_spikecheck.judge.detectors import Detector, get_detector, log_interval
 from pytest_spikecheck.judge.finiteness import judge_finite
@@ -238,3 +239,27 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
         "ok": not any(s["spikes"] for s in series) and first is None,
     }
 
+
+
+def log_verdicts(report: dict) -> list[Verdict]:
+    """The verdicts of ``spikecheck check``'s judgement (:func:`judge_log`'s report): one per
+    judged series (its first spike, else how it was judged) and one on finiteness."""
+    out = []
+    for s in report["series"]:
+        if s["spikes"]:
+            first = s["spikes"][0]
+            more = f" (and {len(s['spikes']) - 1} more)" if len(s["spikes"]) > 1 else ""
+            out.append(Verdict("spikecheck check", False, f"the default policy flagged a {s['metric']} spike at step "
+                               f"{first['step']} ({', '.join(first['detectors'])}){more}", metric=s["metric"],
+                               measured=_plain(first["ratio"]), step=int(first["step"])))
+        else:
+            out.append(Verdict("spikecheck check", True, f"{s['metric']}: {s['message']}", metric=s["metric"]))
+    bad = report["nonfinite"]
+    out.append(Verdict("spikecheck check", bad is None, "every value is finite" if bad is None else
+                       f"non-finite {bad['metric']} at step {bad['step']}", metric=None if bad is None else bad["metric"],
+                       measured=None if bad is None else _plain(bad["value"]), step=None if bad is None else int(bad["step"])))
+    return out
+
+
+def _plain(value: Any) -> float | None:
+    return None if value is None else float(value)
