@@ -271,11 +271,11 @@ class SessionRecorder:
             self.config.workeroutput["spikecheck_counts"] = json.dumps(dict(self.session.counts))
             return
         settings = self.session.settings
-        rows = self.rows()
-        if not settings.enabled or not rows:
+        rows, tests = self.rows(), self.test_results()
+        if not settings.enabled or not (rows or tests):
             return
-        verdicts, sentences, tests = self.verdicts(), self.sentences(terminal=False), self.test_results()
-        if settings.report_dir is not None:
+        verdicts, sentences = self.verdicts(), self.sentences(terminal=False) if rows else []
+        if settings.report_dir is not None and rows:
             write_index(settings.report_dir, rows, verdicts, sentences, tests)
         from pytest_spikecheck.report.summary import job_summary_markdown
 
@@ -284,23 +284,23 @@ class SessionRecorder:
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if hasattr(self.config, "workerinput") or not self.session.settings.enabled:
             return
-        rows = self.rows()
-        if not rows:
+        rows, tests = self.rows(), self.test_results()
+        if not rows and not tests:
             return
         from pytest_spikecheck.report.summary import summary_table, tests_lines
 
         tr = terminalreporter
         tr.section("spikecheck")
-        for line in self.sentences():
-            tr.write_line(line)
-        for name, r in sorted(rows.items()):
-            if r.get("not_cached_because"):
-                tr.write_line(f"{name}: {r['not_cached_because']}.")
-        verdicts = self.verdicts()
-        tr.write_line(summary_table(rows, verdicts))
-        tests = self.test_results()
+        if rows:  # the scenarios this session trained (tests may judge runs of their own: tests only)
+            for line in self.sentences():
+                tr.write_line(line)
+            for name, r in sorted(rows.items()):
+                if r.get("not_cached_because"):
+                    tr.write_line(f"{name}: {r['not_cached_because']}.")
+            tr.write_line(summary_table(rows, self.verdicts()))
         if tests:
-            tr.write_line("")
+            if rows:
+                tr.write_line("")
             for line in tests_lines(tests):
                 tr.write_line(line)
         if self.session.settings.report_dir:

@@ -324,7 +324,9 @@ def job_summary_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mappin
     that assertion names) or, for a failed scenario no test result names, per scenario."""
     tests = list(tests)
     names = failures_first(rows, verdicts)
-    out = ["## spikecheck", "", *(f"{s}  " for s in sentences), "", summary_table(rows, verdicts, True, names), ""]
+    out = ["## spikecheck", ""]
+    if rows:
+        out += [*(f"{s}  " for s in sentences), "", summary_table(rows, verdicts, True, names), ""]
     if tests:
         out += [tests_markdown(tests), ""]
     explained: set[str] = set()
