@@ -129,3 +129,16 @@ def test_spikecheck_check_json_lists_its_verdicts(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert [v["assertion"] for v in report["verdicts"]] == ["spikecheck check"] * 3 + ["assert_clip_contains"]
     assert all(v["passed"] for v in report["verdicts"]) and report["verdicts"][-1]["limit"] == 1.0
+
+
+def test_spikecheck_check_json_gives_scores_as_numbers(tmp_path, capsys):
+    from pytest_spikecheck.cli import main
+
+    path = tmp_path / "train.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "grad_norm": 40.0 if s == 30 else 1.0}) + "\n"
+                            for s in range(1, 60)))
+    assert main(["check", str(path), "--json"]) == 1
+    spike = json.loads(capsys.readouterr().out)["series"][0]["spikes"][0]
+    assert spike["scores"] == [40.0] and spike["units"] == ["×"] and spike["score_texts"] == ["40×"]
+    assert main(["check", str(path)]) == 1
+    assert "grad-ratio 40×" in capsys.readouterr().out  # the text as before

@@ -223,7 +223,7 @@ def test_grad_scaler_skips_are_marked_and_are_no_failure(fp16_loop, tmp_path, ca
     assert scales[0] == 2 ** 24 and all(scales[s] == scales[s - 1] / 2 for s in skipped)  # halved after each skip
     assert all(run["grad_norm_post"][s - 1] == 0.0 for s in skipped)  # nothing reached the optimizer
     finite = assert_finite(run)
-    assert finite.skipped_steps == len(skipped)
+    assert finite.skipped_steps == tuple(skipped)  # the steps, not their count
     assert_clip_contains(run, MAX_NORM)  # unscaled before the clip: it holds
     with pytest.raises(SpikeCheckError, match=rf"the loss scaler skipped {len(skipped)} of {STEPS} steps on overflow"):
         assert_overflow_skips(run)  # the 2**24 start costs more than 1% of a 40-step run ...

@@ -103,7 +103,7 @@ def _check_text(report: dict, strict: bool) -> str:
         # A flagged value was logged, so NaN here is a real NaN: printed as such, not as "—".
         rows = [[str(h["step"]), format(h["value"], ".4g"),
                  format(h["baseline"], ".4g") if math.isfinite(h["baseline"]) else "—",
-                 ", ".join(f"{d} {score}" for d, score in zip(h["detectors"], h["scores"]))]
+                 ", ".join(f"{d} {score}" for d, score in zip(h["detectors"], h["score_texts"]))]
                 for h in s["spikes"][:_CHECK_MAX_ROWS]]
         lines += ["  " + line for line in table(["step", "value", "baseline", "flagged by"], rows).splitlines()]
         if len(s["spikes"]) > _CHECK_MAX_ROWS:

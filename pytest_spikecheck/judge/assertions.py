@@ -66,7 +66,7 @@ def _log_policy_failure(rec: Record, report: dict) -> tuple[str, int | None, str
             more = f" (and {len(s['spikes']) - 1} more)" if len(s["spikes"]) > 1 else ""
             return (f"the default policy flagged a {s['metric']} spike at step {first['step']}: "
                     f"{fmt(first['value'], '.4g')} vs baseline {fmt(first['baseline'], '.4g')} "
-                    f"({', '.join(f'{d} {sc}' for d, sc in zip(first['detectors'], first['scores']))}){more}",
+                    f"({', '.join(f'{d} {sc}' for d, sc in zip(first['detectors'], first['score_texts']))}){more}",
                     first["step"], s["metric"])
     bad = report["nonfinite"]
     if bad is not None:
@@ -353,7 +353,7 @@ def assert_finite(run: Any, strict: bool = False) -> Finiteness:
         excused = "".join(f"\n(excused: {g.text()})" for g in finite.excused_groups())
         _fail(f"non-finite {name} at step {step} ({fmt(first.first_value)}){where}{excused}",
               rec, step, name, diagnose_step=False, assertion="assert_finite", measured=first.first_value)
-    skipped = finite.skipped_steps
+    skipped = len(finite.skipped_steps)
     passed("assert_finite", "every recorded value is finite" + (f" (the gradient norm of {skipped} skipped "
            f"step{'s' if skipped != 1 else ''} excused)" if skipped else ""), rec, None)
     return finite

@@ -176,7 +176,8 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
                      f"the gradient-norm rule still runs (--kind sft to judge the loss anyway)")
     finite = judge_finite(rec, strict=strict_finite)
     if finite.skipped_steps:
-        notes.append(f"{finite.skipped_steps} step{'s' if finite.skipped_steps != 1 else ''} skipped by the "
+        skipped = len(finite.skipped_steps)
+        notes.append(f"{skipped} step{'s' if skipped != 1 else ''} skipped by the "
                      f"optimizer (the log says so or the reader inferred it): their gradient norms are not judged")
     series = []
     for name in names:
@@ -206,9 +207,12 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
             entry["rules"].append({"name": rule.name, "rule": rule.describe(), "judged": verdict.judged,
                                    "needs": verdict.needs, "flags": len(verdict.detections)})
             for hit in verdict.detections:
-                found = agreeing.setdefault(hit.step, {"baseline": hit.baseline, "detectors": [], "scores": []})
+                found = agreeing.setdefault(hit.step, {"baseline": hit.baseline, "detectors": [], "scores": [],
+                                                       "units": [], "score_texts": []})
                 found["detectors"].append(rule.name)
-                found["scores"].append(f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}")
+                found["scores"].append(float(hit.score))  # a number in --json; the text is score_texts'
+                found["units"].append(rule.unit)
+                found["score_texts"].append(f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}")
         entry["judged"] = judged
         entry["spikes"] = [{"step": step, "value": value_at(rec.metrics, name, step), **found,
                             "ratio": spike_ratio(rec.metrics, step, name)}
