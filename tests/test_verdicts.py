@@ -142,3 +142,22 @@ def test_spikecheck_check_json_gives_scores_as_numbers(tmp_path, capsys):
     assert spike["scores"] == [40.0] and spike["units"] == ["×"] and spike["score_texts"] == ["40×"]
     assert main(["check", str(path)]) == 1
     assert "grad-ratio 40×" in capsys.readouterr().out  # the text as before
+
+
+def test_a_sweep_panels_title_fits_its_figure():
+    """The sweep plot's subtitle was cut at both edges: a long sweep name, wrapped to the figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pytest_spikecheck.sweep.panels import fit_title
+
+    name = "muon-fidelity+" + "+".join(f"model.n_embd={w}" for w in (64, 128, 256, 512, 1024))
+    fig = plt.figure(figsize=(6.5, 4.2), dpi=110)
+    title = fig.suptitle(fit_title(f"{name}\nfinal eval loss vs peak LR (median over 5 seeds, min–max shaded; a "
+                                   "diverged run at its initial loss)", fig), fontsize=10)
+    fig.canvas.draw()
+    box = title.get_window_extent()
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
+    plt.close(fig)
