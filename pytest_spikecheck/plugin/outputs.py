@@ -301,7 +301,7 @@ class SessionRecorder:
         if tests:
             if rows:
                 tr.write_line("")
-            for line in tests_lines(tests):
+            for line in tests_lines(tests, verbose=self.config.get_verbosity() > 0):
                 tr.write_line(line)
         if self.session.settings.report_dir:
             tr.write_line(f"report: {self.session.settings.report_dir / 'index.html'}")

@@ -208,13 +208,17 @@ def summary_table(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, 
                                      for n in names], markdown=markdown)
 
 
-def tests_lines(tests: Iterable[Mapping[str, Any]]) -> list[str]:
+def tests_lines(tests: Iterable[Mapping[str, Any]], verbose: bool = True) -> list[str]:
     """The terminal's lines per test: ``FAIL tests/test_x.py::test_y (scenario s)``, then each
-    assertion's verdict, and the reproduce line of a failed test."""
+    assertion's verdict, and the reproduce line of a failed test. Not ``verbose``: the tests
+    that did not fail are counted, not listed."""
     tests = list(tests)
     counts = Counter(t["outcome"] for t in tests)
     lines = [f"tests ({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}):"]
+    hidden = [t for t in tests if not verbose and t["outcome"] != "failed"]
     for t in tests:
+        if t in hidden:
+            continue
         outcome = {"failed": "FAIL", "passed": "pass"}.get(t["outcome"], t["outcome"])
         scenarios = f" (scenario {', '.join(t['scenarios'])})" if t["scenarios"] else ""
         lines.append(f"{outcome} {t['nodeid']}{scenarios}")
@@ -224,6 +228,8 @@ def tests_lines(tests: Iterable[Mapping[str, Any]]) -> list[str]:
             lines.append(f"    FAIL {t['failure']}")
         if t["outcome"] == "failed":
             lines.append(f"    reproduce: {t['reproduce']}")
+    if hidden:
+        lines.append(f"({len(hidden)} more that did not fail: -v lists each with its assertions' verdicts)")
     return lines
 
 

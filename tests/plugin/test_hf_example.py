@@ -33,7 +33,7 @@ def test_the_hf_example_passes_with_only_its_extra(tmp_path):
     for name in ("conftest.py", "pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, repo / name)
     cache = ["-o", f"cache_dir={tmp_path / 'cache'}"]  # the runs train once: the second session reuses them
-    command = [sys.executable, "-m", "pytest", "-p", "pytest_spikecheck.plugin", "--spikecheck", *cache]
+    command = [sys.executable, "-m", "pytest", "-p", "pytest_spikecheck.plugin", "--spikecheck", "-v", *cache]
     for cwd, args in ((repo / "examples" / "hf_trainer", []), (repo, ["examples/hf_trainer"])):
         done = subprocess.run([*command, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0 and "3 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-3000:]

@@ -53,7 +53,7 @@ def results(pytester, monkeypatch):
     pytester.makepyfile(test_results_session=TESTS)
     summary = pytester.path / "job-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    result = pytester.runpytest("--spikecheck", "-p", "no:randomly", "--junitxml=junit.xml",
+    result = pytester.runpytest("--spikecheck", "-v", "-p", "no:randomly", "--junitxml=junit.xml",
                                 f"--spikecheck-report={pytester.path / 'report'}")
     result.assert_outcomes(passed=1, failed=1)
     return result, pytester.path
