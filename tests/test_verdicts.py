@@ -161,3 +161,17 @@ def test_a_sweep_panels_title_fits_its_figure():
     box = title.get_window_extent()
     assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
     plt.close(fig)
+
+
+def test_the_sweep_and_set_up_checks_report_verdicts_too():
+    from pytest_spikecheck import LRSweep, assert_lr_sensitivity, assert_overflow_skips, assert_stable_up_to
+
+    sweep = LRSweep("adamw", lrs=(1e-3, 1e-2, 1e-1), final_losses=(2.0, 1.8, math.inf), initial=5.0)
+    with collecting() as got:
+        with pytest.raises(SpikeCheckError) as failure:
+            assert_lr_sensitivity(sweep, max=0.5)
+        assert_stable_up_to(sweep, lr=1e-2)
+        assert_overflow_skips({"step": [1, 2, 3], "loss": [1.0] * 3, "loss_scale": [2.0 ** 16] * 3})
+    assert failure.value.verdict is got[0] and got[0].measured == pytest.approx(sweep.sensitivity) and got[0].limit == 0.5
+    assert [(v.assertion, v.passed) for v in got] == [("assert_lr_sensitivity", False), ("assert_stable_up_to", True),
+                                                      ("assert_overflow_skips", True)]

@@ -19,6 +19,7 @@ import numpy as np
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.records import as_record
 from pytest_spikecheck.judge.text import fmt, table
+from pytest_spikecheck.judge.verdict import Verdict, emit
 
 __all__ = ["LRSweep", "assert_lr_sensitivity", "assert_stable_up_to", "final_loss", "initial_loss", "lr_sensitivity"]
 
@@ -103,8 +104,12 @@ def assert_lr_sensitivity(sweep: LRSweep, max: float) -> float:  # noqa: A002 - 
     __tracebackhide__ = True
     value = lr_sensitivity(sweep)
     if not value <= max:
-        raise SpikeCheckError(f"{sweep.name}: LR sensitivity {value:.3f} nats exceeds {max:g} (initial loss "
-                              f"{sweep.initial:.3f}, best final {sweep.best:.3f})\n\n{sweep.table()}")
+        reason = (f"{sweep.name}: LR sensitivity {value:.3f} nats exceeds {max:g} (initial loss {sweep.initial:.3f}, "
+                  f"best final {sweep.best:.3f})")
+        verdict = emit(Verdict("assert_lr_sensitivity", False, reason, metric="lr_sensitivity", measured=value, limit=max))
+        raise SpikeCheckError(f"{reason}\n\n{sweep.table()}", verdict=verdict)
+    emit(Verdict("assert_lr_sensitivity", True, f"{sweep.name}: LR sensitivity {value:.3f} nats ≤ {max:g}",
+                 metric="lr_sensitivity", measured=value, limit=max))
     return value
 
 
@@ -118,5 +123,11 @@ def assert_stable_up_to(sweep: LRSweep, lr: float, within: float = 0.25) -> None
     bad = [(x, loss) for x, loss in checked if not loss <= sweep.best + within]
     if bad:
         x, loss = bad[0]
-        raise SpikeCheckError(f"{sweep.name}: lr {x:g} ends at {fmt(loss, '.3f')} nats, more than {within:g} above "
-                              f"the sweep's best {sweep.best:.3f}: not stable up to lr {lr:g}\n\n{sweep.table()}")
+        reason = (f"{sweep.name}: lr {x:g} ends at {fmt(loss, '.3f')} nats, more than {within:g} above the sweep's best "
+                  f"{sweep.best:.3f}: not stable up to lr {lr:g}")
+        verdict = emit(Verdict("assert_stable_up_to", False, reason, metric="final_loss", measured=float(loss),
+                               limit=sweep.best + within))
+        raise SpikeCheckError(f"{reason}\n\n{sweep.table()}", verdict=verdict)
+    emit(Verdict("assert_stable_up_to", True, f"{sweep.name}: every lr up to {lr:g} ends within {within:g} nats of the "
+                 f"best {sweep.best:.3f}", metric="final_loss", measured=max(loss for _, loss in checked),
+                 limit=sweep.best + within))
