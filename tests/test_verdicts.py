@@ -12,7 +12,6 @@ import math
 
 import numpy as np
 import pytest
-from short_runs import SHORT_BURST
 
 from pytest_spikecheck import (
     SpikeCheckError, Verdict, assert_clip_contains, assert_diverges, assert_finite, assert_logits_bounded,

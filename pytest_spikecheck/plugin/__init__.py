@@ -8,7 +8,6 @@ pytest-spikecheck pays nothing until a test actually trains a scenario under ``-
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 

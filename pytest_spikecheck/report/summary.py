@@ -19,8 +19,8 @@ import numpy as np
 from pytest_spikecheck.judge.analysis import CLIP_RTOL, EventSummary, largest_spike, overclipped, recovery_steps
 from pytest_spikecheck.judge.defences import QK_CLIP_FACTOR, grad_clip_adaptive, grad_clip_limit, qk_clip_tau
 from pytest_spikecheck.judge.sweeps import final_loss, initial_loss
-from pytest_spikecheck.judge.text import MISSING, fmt, table
-from pytest_spikecheck.report.columns import COLUMNS, SCENARIO_TABLE, logit, ratio_text, table_columns
+from pytest_spikecheck.judge.text import fmt, table
+from pytest_spikecheck.report.columns import COLUMNS, SCENARIO_TABLE, logit, table_columns
 
 #: The headings of the scenario table's columns that every table shows (a metric's columns join
 #: them where a row has the metric: :mod:`pytest_spikecheck.report.columns`).

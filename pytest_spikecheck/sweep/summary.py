@@ -7,7 +7,6 @@ import math
 import statistics
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import numpy as np
 
 from pytest_spikecheck.judge.analysis import RECOVERY_HORIZON
 from pytest_spikecheck.judge.sweeps import LRSweep, lr_sensitivity
