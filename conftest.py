@@ -10,26 +10,41 @@ This is the repository's test configuration, not the plugin's: installing pytest
 registers no Hypothesis profile in anyone else's suite.
 """
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import pytest
-from hypothesis import settings
 
-# Bounded and reproducible: the same examples on every run and machine, no example database
-# to drift between runs, no deadline (CI machines are shared; a slow example is not a bug).
-settings.register_profile("ci", max_examples=100, derandomize=True, database=None, deadline=None, print_blob=True)
-# Ten times the examples, fresh ones every run, failures remembered in .hypothesis/.
-settings.register_profile("dev", max_examples=1000, deadline=None, print_blob=True)
-# For mutation runs (pyproject's [tool.mutmut]): every mutant reruns its tests, so few examples.
-settings.register_profile("mutation", max_examples=25, derandomize=True, database=None, deadline=None)
-settings.load_profile("ci")
+# The dev extra's tools (hypothesis, sybil) are imported only where they are installed: someone
+# who runs an example from this checkout with only that example's extra (`pytest --spikecheck
+# examples/hf_trainer` with `.[hf]`) must not need them (each example also has its own pytest.ini).
+if importlib.util.find_spec("hypothesis") is not None:
+    from hypothesis import settings
 
-# The documentation test: every fenced block of README.md and docs/ runs (docs/testing.md).
-import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
+    # Bounded and reproducible: the same examples on every run and machine, no example database
+    # to drift between runs, no deadline (CI machines are shared; a slow example is not a bug).
+    settings.register_profile("ci", max_examples=100, derandomize=True, database=None, deadline=None, print_blob=True)
+    # Ten times the examples, fresh ones every run, failures remembered in .hypothesis/.
+    settings.register_profile("dev", max_examples=1000, deadline=None, print_blob=True)
+    # For mutation runs (pyproject's [tool.mutmut]): every mutant reruns its tests, so few examples.
+    settings.register_profile("mutation", max_examples=25, derandomize=True, database=None, deadline=None)
+    settings.load_profile("ci")
 
-sys.path.insert(0, str(Path(__file__).parent / "tests" / "docs"))
-from docs_harness import sybil as _docs_sybil  # noqa: E402
+# The documentation test: every fenced block of README.md and docs/ runs (docs/testing.md); only
+# the pages it names (an example's README.md is the example's, not one of ours).
+ROOT = Path(__file__).parent
+if importlib.util.find_spec("sybil") is not None:
+    sys.path.insert(0, str(ROOT / "tests" / "docs"))
+    from docs_harness import PAGES, sybil as _docs_sybil  # noqa: E402
 
-pytest_collect_file = _docs_sybil().pytest()
+    _collect_docs = _docs_sybil().pytest()
+    _DOC_PAGES = {ROOT / page for page in PAGES}
+
+    def pytest_collect_file(file_path, parent):
+        if file_path in _DOC_PAGES:
+            return _collect_docs(file_path, parent)
+        return None
 
 
 @pytest.fixture(autouse=True)

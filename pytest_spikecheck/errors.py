@@ -26,4 +26,17 @@ class ConfigError(ValueError):
 
 
 class SpikeCheckError(AssertionError):
-    """A spikecheck assertion failed; the message carries the evidence and the diagnosis."""
+    """A spikecheck assertion failed; the message carries the evidence and the diagnosis, and
+    ``verdict`` (a :class:`~pytest_spikecheck.judge.verdict.Verdict`, None where no assertion
+    made one) what was measured against what limit at which step."""
+
+    def __init__(self, *args: object, verdict: object = None) -> None:
+        super().__init__(*args)
+        self.verdict = verdict
+
+
+class ClipBeforeUnscaleWarning(UserWarning):
+    """The clip found the gradients still loss-scaled: it acts on scaled gradients. The recorder
+    records the steps in the run (``clip_before_unscale_at``) and ``assert_clip_contains`` fails on
+    them; the warning itself is shown, never raised, so ``filterwarnings = error`` does not stop
+    the training it is reported from."""

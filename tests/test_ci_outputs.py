@@ -192,3 +192,19 @@ def test_spikecheck_train_draws_its_bar_on_a_terminal_only(tmp_path, monkeypatch
         assert main(["train", str(exp), "--out", str(tmp_path / "line"), *quiet]) == 0
         assert terminal.getvalue() == ""
     assert capsys.readouterr().out.count(": 5 steps in ") == 3
+
+
+def test_the_terminal_lists_failed_tests_with_their_verdicts_and_counts_the_rest():
+    from pytest_spikecheck.report.summary import tests_lines
+
+    failed = {"nodeid": "tests/test_a.py::test_qk", "scenarios": ["muon"], "outcome": "failed", "reproduce":
+              "pytest 'tests/test_a.py::test_qk' --spikecheck", "failure": "SpikeCheckError: ...",
+              "verdicts": [{"assertion": "assert_qk_clip_contains", "passed": False, "reason": "QK-Clip (tau 30) ..."}]}
+    passed = {"nodeid": "tests/test_a.py::test_clip", "scenarios": ["control"], "outcome": "passed", "reproduce": "",
+              "failure": None, "verdicts": [{"assertion": "assert_clip_contains", "passed": True, "reason": "held"}]}
+    assert tests_lines([failed, passed], verbose=False) == [
+        "tests (1 failed, 1 passed):", "FAIL tests/test_a.py::test_qk (scenario muon)",
+        "    FAIL assert_qk_clip_contains: QK-Clip (tau 30) ...", "    reproduce: pytest 'tests/test_a.py::test_qk' --spikecheck",
+        "(1 more that did not fail: -v lists each with its assertions' verdicts)"]
+    assert tests_lines([failed, passed])[-2:] == ["pass tests/test_a.py::test_clip (scenario control)",
+                                                  "    pass assert_clip_contains: held"]

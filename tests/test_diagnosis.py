@@ -270,3 +270,14 @@ def test_the_facts_are_the_records_numbers():
     assert d.facts == {"loss": 2.5, "loss_baseline": 2.5, "grad_norm_pre": 40.0, "baseline": 1.0, "ratio": 40.0,
                        "grad_norm_post": 1.0, "clip_factor": 0.025, "max_norm": 1.0, "clipped": True, "contained": True,
                        "overclipped": False, "skipped": None, "nonfinite": []}
+
+
+def test_shares_of_a_non_finite_total_print_as_a_dash_with_the_reason():
+    """Rungs 5-6 at a step whose gradient is not finite printed ``inf (nan% of ‖g‖²)`` and ``nan% of
+    weights``: a percentage of a non-finite total is no number."""
+    record = _ladder_record({"param_grad_norms": {"wte": float("inf"), "h0.attn": 4.0},
+                             "adam_surprise": None})  # as the engine records it at a non-finite step
+    lines = dict(diagnose(record, 81).lines)
+    assert lines["5 tensors"] == ("wte inf (—); h0.attn 4 (—) (no shares: the step's gradient norm is not finite)")
+    assert lines["6 Adam v"].endswith("— of weights have |g|/√v̂ > 10 (not measured: the step's gradient is not finite)")
+    assert "nan%" not in " ".join(lines.values())

@@ -146,6 +146,14 @@ def test_every_claim_matches_the_record(drawn):
         event("verdict: pre-clip not logged")
         assert "cannot be told" in verdict
         return
+    # over-clipped (the optimizer received less than min(pre-clip, max_norm)): the verdict says so,
+    # spike or none, as assert_clip_contains fails on it
+    over = finite(pre) and finite(post) and max_norm is not None and post < min(pre, max_norm) * (1 - CLIP_RTOL) - 1e-6
+    assert ("over-clipped" in verdict) == over
+    if over:
+        event("verdict: over-clipped")
+        assert "OVER-CLIPPED" in grad_line
+        return
     assert verdict.startswith("no clear spike") == (not spike)
     if not spike:
         event("verdict: no clear spike")

@@ -553,7 +553,7 @@ def test_the_default_policy_headlines_on_a_log(tmp_path):
     assert headline(assert_spike, LOGS / "hf" / "trainer_state.json", metric="loss") == (
         "expected a loss spike of ≥ 10× anywhere (largest: step 90), got 3.57× the median of the 50 steps before")
     assert headline(assert_spike, LOGS / "hf" / "trainer_state.json", at=95) == (
-        "expected the default policy to flag a spike at step 95, but it flagged other steps "
+        "expected the default policy to flag a spike at step 95, but it flagged other steps (90) "
         "(grad_norm: judged 14 of 24 points; loss: judged 21 of 24 points)")
     assert headline(assert_spike, LOGS / "hf" / "trainer_state_healthy.json").startswith(
         "expected the default policy to flag a spike anywhere, but it flagged none (")

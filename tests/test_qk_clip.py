@@ -157,7 +157,7 @@ def test_assert_qk_clip_contains_on_arrays():
     assert assert_qk_clip_contains(dict(record, attn_logit_max=[1.0] * 4, qk_clipped_heads=[0] * 4), tau=30) is None
     with pytest.raises(SpikeCheckError, match="is nan > 2 x tau"):
         assert_qk_clip_contains(dict(record, attn_logit_max=[10.0, 40.0, math.nan, 1.0]), tau=30)
-    with pytest.raises(ConfigError, match="no qk_clipped_heads column"):
+    with pytest.raises(SpikeCheckError, match="QK-Clip was not on in this run: no qk_clipped_heads column"):
         assert_qk_clip_contains({"step": [1], "loss": [1.0], "attn_logit_max": [1.0]}, tau=30)
     with pytest.raises(ConfigError, match="pass tau"):
         assert_qk_clip_contains(record)

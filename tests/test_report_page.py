@@ -234,7 +234,7 @@ def test_the_report_page_in_a_browser(browser, pages):
     names = _column(browser, 0)
     assert names == ["tiny_break", MARKUP]  # one row each, the failure first
     widths = browser.evaluate(IMAGES)
-    assert len(widths) == 4 and all(w > 0 for w in widths), widths
+    assert len(widths) == 6 and all(w > 0 for w in widths), widths  # loss, grad norm, attention logits each
     assert browser.evaluate("document.scripts.length") == 1
     assert browser.evaluate("document.querySelector('section h2 .name').textContent") == "tiny_break"
     browser.click("table.sortable th:nth-child(1)")  # by name

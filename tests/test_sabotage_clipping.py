@@ -143,7 +143,7 @@ def test_the_honest_backend_passes_every_check(runs):
     run = runs["torch"]
     assert (run["clip_factor"] < 1).sum() >= 10, "the scenario must make the clip act on many steps"
     assert_clip_contains(run, max_norm=MAX_NORM)
-    assert summarise(run, cached=False).containment.startswith("held")
+    assert summarise(run, cached=False).containment.startswith("gradient norm: held")
 
 
 @pytest.mark.parametrize("name", list(SCALING_SABOTAGE))
@@ -158,7 +158,7 @@ def test_a_broken_clip_fails_assert_clip_contains(runs, name):
 
 @pytest.mark.parametrize("name", list(SCALING_SABOTAGE))
 def test_the_summary_says_the_clip_did_not_hold(runs, name):
-    assert summarise(runs[name], cached=False).containment.startswith("BROKEN")
+    assert summarise(runs[name], cached=False).containment.startswith("gradient norm: BROKEN")
 
 
 def test_nan_let_through_is_caught():

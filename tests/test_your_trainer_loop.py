@@ -232,7 +232,7 @@ def test_grad_scaler_skips_are_marked_and_are_no_failure(fp16_loop, tmp_path, ca
     assert scales[0] == 2 ** 24 and all(scales[s] == scales[s - 1] / 2 for s in skipped)  # halved after each skip
     assert all(run["grad_norm_post"][s - 1] == 0.0 for s in skipped)  # nothing reached the optimizer
     finite = assert_finite(run)
-    assert finite.skipped_steps == len(skipped)
+    assert finite.skipped_steps == tuple(skipped)  # the steps, not their count
     assert_clip_contains(run, MAX_NORM)  # unscaled before the clip: it holds
     with pytest.raises(SpikeCheckError, match=rf"the loss scaler skipped {len(skipped)} of {STEPS} steps on overflow"):
         assert_overflow_skips(run)  # the 2**24 start costs more than 1% of a 40-step run ...
@@ -264,6 +264,29 @@ def test_clip_before_unscale_is_warned_and_fails_clip_containment(fp16_loop):
         assert_clip_contains(buggy, MAX_NORM)
     assert diagnose(buggy, 3).verdict == "clipped before unscaling: the optimizer received ‖g‖ = 1.5e-5 for max_norm 1"
     assert "post-clip when the optimizer's step returned" in buggy.meta["grad_norms"]
+
+
+def test_clip_before_unscale_under_filterwarnings_error_is_recorded_not_raised():
+    """The README's ``filterwarnings = error``: the warning must not stop the user's training at
+    step 1; the run records it, the assertion fails on it, and the diagnosis at its default step
+    names the over-clip and its cause."""
+    import pytest_spikecheck
+
+    assert pytest_spikecheck.ClipBeforeUnscaleWarning is ClipBeforeUnscaleWarning  # exported at the top level
+    with one_thread(), warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("error")
+        buggy = train_loop(dtype=torch.float16, scaler_init=2.0 ** 16, unscale_first=False, steps=3, burst_step=2)
+    assert [type(w.message) for w in shown] == [ClipBeforeUnscaleWarning]  # shown once, not raised
+    assert buggy.meta["clip_before_unscale_at"] == [1, 2, 3]
+    with pytest.raises(SpikeCheckError, match="clipped before unscaling") as failure:
+        assert_clip_contains(buggy, MAX_NORM)
+    d = diagnose(buggy)
+    assert d.step == failure.value.verdict.step  # the diagnosis is where the assertion failed
+    assert "OVER-CLIPPED" in dict(d.lines)["2 grad norm"] and "clipped before unscaling" in dict(d.lines)["2 grad norm"]
+    with one_thread(), warnings.catch_warnings(record=True) as quiet:
+        warnings.simplefilter("ignore", ClipBeforeUnscaleWarning)  # an "ignore" is honoured
+        train_loop(dtype=torch.float16, scaler_init=2.0 ** 16, unscale_first=False, steps=1, burst_step=1)
+    assert quiet == []
 
 
 class _PostClipAtTheEndOfClipping(Recorder):

@@ -53,9 +53,10 @@ def check_record(record: Record, detectors: Sequence[str] = (), metrics: Sequenc
     post-clip norm stayed under it."""
     from pytest_spikecheck.errors import SpikeCheckError
     from pytest_spikecheck.judge.assertions import assert_clip_contains
-    from pytest_spikecheck.judge.policy import judge_log
+    from pytest_spikecheck.judge.policy import judge_log, log_verdicts
 
     report = judge_log(record, detectors, metrics, kind, strict_finite)
+    verdicts = log_verdicts(report)
     clip = None
     if max_norm is not None:
         clip = {"max_norm": max_norm, "checked": "grad_norm_post" in record.metrics, "ok": True,
@@ -64,10 +65,13 @@ def check_record(record: Record, detectors: Sequence[str] = (), metrics: Sequenc
             clip["message"] = "not checked: the log has no grad_norm_post series"
         else:
             try:
-                assert_clip_contains(record, max_norm)
+                verdicts.append(assert_clip_contains(record, max_norm))
             except SpikeCheckError as exc:
                 clip.update(ok=False, message=str(exc).splitlines()[0])
+                verdicts.append(exc.verdict)
     report["clip"] = clip
+    #: what each check measured (pytest_spikecheck.judge.verdict.Verdict), as the assertions report it
+    report["verdicts"] = [dict(v.to_json(), diagnosis=None) for v in verdicts if v is not None]
     report["ok"] = report["ok"] and (clip is None or clip["ok"])
     return report
 
@@ -99,7 +103,7 @@ def _check_text(report: dict, strict: bool) -> str:
         # A flagged value was logged, so NaN here is a real NaN: printed as such, not as "—".
         rows = [[str(h["step"]), format(h["value"], ".4g"),
                  format(h["baseline"], ".4g") if math.isfinite(h["baseline"]) else "—",
-                 ", ".join(f"{d} {score}" for d, score in zip(h["detectors"], h["scores"]))]
+                 ", ".join(f"{d} {score}" for d, score in zip(h["detectors"], h["score_texts"]))]
                 for h in s["spikes"][:_CHECK_MAX_ROWS]]
         lines += ["  " + line for line in table(["step", "value", "baseline", "flagged by"], rows).splitlines()]
         if len(s["spikes"]) > _CHECK_MAX_ROWS:

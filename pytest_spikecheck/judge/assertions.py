@@ -26,52 +26,27 @@ from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
 from pytest_spikecheck.scenario.sections import check_max_norm
-from pytest_spikecheck.judge.text import MISSING, fmt, fmt_compact, fmt_measure, sparkline, table
+from pytest_spikecheck.judge.defences import clip_before_unscale
+from pytest_spikecheck.judge.evidence import MAX_ROWS, fail, passed
+from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure
+from pytest_spikecheck.judge.verdict import Verdict, emit
 
 __all__ = [
     "assert_clip_contains", "assert_diverges", "assert_finite", "assert_no_lockin", "assert_no_spike",
     "assert_recovers", "assert_spike",
 ]
 
-_TABLE_COLUMNS = ("loss", "eval_loss", "grad_norm_pre", "grad_norm_post", "clip_factor", "grad_norm")
-_MAX_ROWS = 11
+_MAX_ROWS = MAX_ROWS
 
 
-def _context(rec: Record, step: int | None, metric: str, *, diagnose_step: bool = True,
-             max_norm: float | None = None) -> str:
-    """Evidence appended to every failure: table around ``step``, sparkline, diagnosis, reproduce."""
-    m = rec.metrics
-    parts = []
-    if step is not None and len(m["step"]):
-        steps = np.asarray(m["step"])
-        centre = int(np.searchsorted(steps, step))
-        lo = max(0, centre - _MAX_ROWS // 2)
-        idx = range(lo, min(len(steps), lo + _MAX_ROWS))
-        cols = [c for c in _TABLE_COLUMNS if c in m]
-        rows = [[("→ " if int(steps[i]) == step else "  ") + str(int(steps[i]))]
-                + [MISSING if c in rec.missing and rec.missing[c][i] else fmt(float(m[c][i]), ".4g") for c in cols]
-                for i in idx]
-        parts.append(table(["step", *cols], rows))
-    if metric in m:
-        _, values = column(m, metric) if np.isfinite(np.asarray(m[metric], dtype=float)).any() else (None, m[metric])
-        parts.append(f"{metric}: {sparkline(values)}")
-    if diagnose_step and step is not None:
-        from pytest_spikecheck.judge.diagnosis import diagnose
-
-        try:
-            parts.append(diagnose(rec, step, max_norm=max_norm).text())
-        except Exception as exc:  # the evidence must never hide the assertion itself
-            parts.append(f"(diagnosis unavailable: {type(exc).__name__}: {exc})")
-    cmd = rec.reproduce_command()
-    if cmd:
-        parts.append(f"reproduce: {cmd}")
-    parts.append(f"record: {rec.source}")
-    return "\n\n".join(parts)
-
-
-def _fail(headline: str, rec: Record, step: int | None, metric: str, **kwargs: Any) -> None:
+def _fail(headline: str, rec: Record, step: int | None, metric: str, *, assertion: str, **kwargs: Any) -> None:
     __tracebackhide__ = True
-    raise SpikeCheckError(f"{headline}\n\n{_context(rec, step, metric, **kwargs)}")
+    fail(assertion, headline, rec, step, metric, **kwargs)
+
+
+def _a(metric: str) -> str:
+    """``a grad_norm_pre``, ``an attn_logit_max``."""
+    return f"{'an' if metric[:1].lower() in 'aeiou' else 'a'} {metric}"
 
 
 _pick_metric = pick_metric  # the one rule for "grad_norm" standing in for the pre-clip norm
@@ -93,7 +68,7 @@ def _log_policy_failure(rec: Record, report: dict) -> tuple[str, int | None, str
             more = f" (and {len(s['spikes']) - 1} more)" if len(s["spikes"]) > 1 else ""
             return (f"the default policy flagged a {s['metric']} spike at step {first['step']}: "
                     f"{fmt(first['value'], '.4g')} vs baseline {fmt(first['baseline'], '.4g')} "
-                    f"({', '.join(f'{d} {sc}' for d, sc in zip(first['detectors'], first['scores']))}){more}",
+                    f"({', '.join(f'{d} {sc}' for d, sc in zip(first['detectors'], first['score_texts']))}){more}",
                     first["step"], s["metric"])
     bad = report["nonfinite"]
     if bad is not None:
@@ -130,10 +105,15 @@ def assert_spike(run: Any, at: int | None = None, min_ratio: float | None = None
         if not hits:
             where = f"at step {at}" if at is not None else "anywhere"
             status = "; ".join(f"{s['metric']}: {s['message']}" for s in report["series"])
-            _fail(f"expected the default policy to flag a spike {where}, but it flagged "
-                  f"{'none' if not any(s['spikes'] for s in report['series']) else 'other steps'} ({status})",
-                  rec, at, _default_metric(rec))
-        return float(hits[0][1])
+            flagged = sorted({h["step"] for s in report["series"] for h in s["spikes"]})
+            others = (f"other steps ({', '.join(map(str, flagged[:6]))}{'…' if len(flagged) > 6 else ''})" if flagged
+                      else "none")
+            _fail(f"expected the default policy to flag a spike {where}, but it flagged {others} ({status})",
+                  rec, at, _default_metric(rec), assertion="assert_spike")
+        step, ratio, metric = hits[0]
+        passed("assert_spike", f"the default policy flagged {_a(metric)} spike at step {step} "
+               f"({fmt_measure(ratio, '.1f')}× its baseline)", rec, metric, measured=ratio, step=step)
+        return float(ratio)
     min_ratio = 10.0 if min_ratio is None else min_ratio
     metric = _pick_metric(rec, metric or "grad_norm_pre")
     if at is None:
@@ -143,15 +123,19 @@ def assert_spike(run: Any, at: int | None = None, min_ratio: float | None = None
         if not np.any(np.asarray(rec.metrics["step"]) == at):
             _fail(f"no spike at step {at}: the record has no step {at} "
                   f"(it covers {int(rec.metrics['step'][0]) if len(rec.metrics['step']) else '-'}"
-                  f"–{int(rec.metrics['step'][-1]) if len(rec.metrics['step']) else '-'})", rec, None, metric)
+                  f"–{int(rec.metrics['step'][-1]) if len(rec.metrics['step']) else '-'})", rec, None, metric,
+                  assertion="assert_spike", limit=min_ratio)
     if step is None and at is None:
-        _fail(f"expected a {metric} spike of ≥ {min_ratio:g}×, but no value has a baseline: "
-              f"{rec.series(metric)[0].size} logged, fewer than the 10 earlier points a baseline needs", rec, None, metric)
+        _fail(f"expected {_a(metric)} spike of ≥ {min_ratio:g}×, but no value has a baseline: "
+              f"{rec.series(metric)[0].size} logged, fewer than the 10 earlier points a baseline needs", rec, None, metric,
+              assertion="assert_spike", limit=min_ratio)
     if step is None or not (ratio >= min_ratio):
         where = f"at step {at}" if at is not None else f"anywhere (largest: step {fmt(step)})"
-        _fail(f"expected a {metric} spike of ≥ {min_ratio:g}× {where}, got {fmt_measure(ratio, '.2f')}× "
+        _fail(f"expected {_a(metric)} spike of ≥ {min_ratio:g}× {where}, got {fmt_measure(ratio, '.2f')}× "
               f"the median of the {window} steps before{_neighbour_hint(rec, at, min_ratio, metric, window)}",
-              rec, step, metric)
+              rec, step, metric, assertion="assert_spike", measured=ratio, limit=min_ratio)
+    passed("assert_spike", f"{_a(metric)} spike of {fmt_measure(ratio, '.1f')}× ≥ {min_ratio:g}× at step {step}",
+           rec, metric, measured=ratio, limit=min_ratio, step=step)
     return ratio
 
 
@@ -173,7 +157,7 @@ def _neighbour_hint(rec: Record, at: int | None, min_ratio: float, metric: str, 
 
 
 def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, strict: bool = False,
-                    kind: str | None = None, strict_finite: bool = False, **params: Any) -> None:
+                    kind: str | None = None, strict_finite: bool = False, **params: Any) -> Verdict:
     """Assert that ``detector`` (a name from :mod:`pytest_spikecheck.judge.detectors` or an
     instance; ``params`` configure it; default ``ratio``) flags no step of ``metric``
     (default: the pre-clip grad norm, else the loss).
@@ -190,19 +174,22 @@ def assert_no_spike(run: Any, detector: Any = None, metric: str | None = None, s
         report = judge_log(rec, kind=kind, strict_finite=strict_finite)
         failure = _log_policy_failure(rec, report)
         if failure is not None:
-            _fail(failure[0], rec, failure[1], failure[2])
+            _fail(failure[0], rec, failure[1], failure[2], assertion="assert_no_spike")
         if strict and (report["not_judged"] or not report["judged"]):
             status = "; ".join(f"{s['metric']}: {s['message']}" for s in report["series"] if s["status"] != "judged")
-            _fail(f"not judged (strict): {status}", rec, None, _default_metric(rec))
-        return
+            _fail(f"not judged (strict): {status}", rec, None, _default_metric(rec), assertion="assert_no_spike")
+        return passed("assert_no_spike", "the default policy flagged no spike and found no non-finite value", rec,
+                      ", ".join(s["metric"] for s in report["series"]) or None)
     metric = _pick_metric(rec, metric) if metric is not None else _default_metric(rec)
     det = get_detector(detector or "ratio", **params)
     hits = det.detect(*rec.series(metric))
     if hits:
         first = hits[0]
         more = f" (and {len(hits) - 1} more: steps {', '.join(str(h.step) for h in hits[1:6])}{'…' if len(hits) > 6 else ''})" if len(hits) > 1 else ""
-        _fail(f"{det.describe()} flagged a {metric} spike at step {first.step}: {fmt(first.value, '.4g')} vs baseline "
-              f"{fmt_measure(first.baseline, '.4g')} (score {fmt_measure(first.score, '.2f')}{det.unit}){more}", rec, first.step, metric)
+        _fail(f"{det.describe()} flagged {_a(metric)} spike at step {first.step}: {fmt(first.value, '.4g')} vs baseline "
+              f"{fmt_measure(first.baseline, '.4g')} (score {fmt_measure(first.score, '.2f')}{det.unit}){more}", rec, first.step, metric,
+              assertion="assert_no_spike", measured=first.score)
+    return passed("assert_no_spike", f"{det.describe()} flagged no {metric} step", rec, metric)
 
 
 #: How far torch's own float32 clip can overshoot on the CPU, where its norm of one large tensor
@@ -211,7 +198,7 @@ FLOAT32_NORM_DRIFT = 1e-3
 
 
 def assert_clip_contains(run: Any, max_norm: float | None = None, rtol: float = CLIP_RTOL,
-                         allow_overclip: bool = False) -> None:
+                         allow_overclip: bool = False) -> Verdict:
     """Assert the clip did its job at every step: the post-clip gradient norm never exceeds the
     limit·(1 + rtol) (and is finite where the pre-clip norm was), and the clip never scaled too
     far: post-clip ≥ min(pre-clip, limit)·(1 − rtol) (less torch's 1e-6 epsilon), the over-clip
@@ -224,7 +211,7 @@ def assert_clip_contains(run: Any, max_norm: float | None = None, rtol: float = 
     norm at all fails: it shows nothing. The default ``rtol`` (1e-5) holds for float32 clips
     whose norm is accurate (our backends, torch on a GPU); torch's CPU clip of a model with
     tensors of millions of elements overshoots by up to ~1e-3 (the failure says so), so pass
-    ``rtol=1e-3`` there."""
+    ``rtol=1e-3`` there. Returns the :class:`~pytest_spikecheck.judge.verdict.Verdict`."""
     __tracebackhide__ = True
     rec = as_record(run)
     metric = _pick_metric(rec, "grad_norm_post")
@@ -246,7 +233,8 @@ def assert_clip_contains(run: Any, max_norm: float | None = None, rtol: float = 
     if not np.isfinite(post).any() and (pre is None or not np.isfinite(pre).any()):
         # Nothing finite before or after the clip: no value shows the clip held (or that it broke).
         _fail(f"no finite {metric} in the record ({post.size} step{'s' if post.size != 1 else ''}), and no finite "
-              f"grad_norm_pre either: nothing shows whether the clip held", rec, None, metric, max_norm=shown)
+              f"grad_norm_pre either: nothing shows whether the clip held", rec, None, metric, max_norm=shown,
+              assertion="assert_clip_contains", limit=shown)
     applied = ~np.isin(steps, np.fromiter(rec.skipped, dtype=np.int64, count=len(rec.skipped)))
     bad = np.flatnonzero(~contained(post, limits, rtol) & ~np.isnan(post) & applied)
     nans = np.flatnonzero(np.isnan(post) & applied)
@@ -263,9 +251,15 @@ def assert_clip_contains(run: Any, max_norm: float | None = None, rtol: float = 
         _fail(f"the clip did not contain the gradient: post-clip norm {fmt(float(post[i]), '.4g')} > max_norm "
               f"{float(limits[i]):g} at step {int(steps[i])} ({bad.size} step{'s' if bad.size > 1 else ''} over; worst "
               f"{fmt(float(post[worst]), '.4g')} at step {int(steps[worst])}){rounding}", rec, int(steps[worst]),
-              metric, max_norm=float(limits[worst]))
+              metric, max_norm=float(limits[worst]), assertion="assert_clip_contains", measured=float(post[worst]),
+              limit=float(limits[worst]))
+    finite_post = post[applied & np.isfinite(post)]
+    largest = float(finite_post.max()) if finite_post.size else None
+    held = passed("assert_clip_contains", f"the gradient-norm clip held: post-clip norm ≤ {shown:g} at every step "
+                  f"(max {fmt(largest, '.4g')})", rec, metric, measured=largest, limit=shown,
+                  step=None if largest is None else int(steps[applied & (post == largest)][0]))
     if allow_overclip or pre is None:
-        return
+        return held
     judged = limits if own is None else np.minimum(own, limits)
     under = np.flatnonzero(overclipped(pre, post, judged, rtol) & applied)
     if under.size:
@@ -275,14 +269,22 @@ def assert_clip_contains(run: Any, max_norm: float | None = None, rtol: float = 
         more = f" ({under.size} steps over-clipped)" if under.size > 1 else ""
         _fail(f"over-clipped at step {int(steps[i])}: the optimizer received {fmt_compact(float(post[i]))} for pre-clip "
               f"{fmt_compact(float(pre[i]))} and max_norm {float(limits[i]):g} (×{fmt_compact(times)} too small){more}: "
-              f"{_overclip_cause(rec, times)}", rec, int(steps[i]), metric, max_norm=float(limits[i]))
+              f"{_overclip_cause(rec, times)}", rec, int(steps[i]), metric, max_norm=float(limits[i]),
+              assertion="assert_clip_contains", measured=float(post[i]), limit=expected)
+    warned = clip_before_unscale(rec)
+    if warned is not None:
+        # The recorder saw the clip act on loss-scaled gradients (ClipBeforeUnscaleWarning), or the
+        # facts declare it: a failure even where no step shows the over-clip yet (a scale of 1,
+        # every step skipped).
+        _fail(f"the clip ran before the loss scaler's unscale at step {warned} (ClipBeforeUnscaleWarning): it saw "
+              f"the loss-scaled gradients; call scaler.unscale_(optimizer) before clipping", rec, warned, metric,
+              max_norm=shown, assertion="assert_clip_contains", limit=shown)
+    return held
 
 
 def _overclip_cause(rec: Record, times: float) -> str:
     """What a too-far clip most likely is: the record's own declaration, else a guess."""
-    run = rec.run
-    clip = getattr(getattr(run, "facts", None), "clip", None)
-    if (clip is not None and clip.when == "before_unscale") or (run is not None and run.meta.get("clip_before_unscale_at")):
+    if clip_before_unscale(rec) is not None:
         return "clipped before unscaling (the clip saw the loss-scaled gradients)"
     if times >= LOSS_SCALE_LIKE:
         return "clipped before unscaling? (a loss scale between the clip and the optimizer shrinks it this much)"
@@ -304,7 +306,8 @@ def assert_recovers(run: Any, within: int = 50, factor: float = RECOVERY_FACTOR,
     spike_metric = _pick_metric(rec, "grad_norm_pre") if ("grad_norm_pre" in rec.metrics or "grad_norm" in rec.metrics) else metric
     step = _event_step(rec, at, spike_metric)
     if step is None:
-        _fail("no event to recover from: no declared burst and no spike in the record", rec, None, metric)
+        _fail("no event to recover from: no declared burst and no spike in the record", rec, None, metric,
+              assertion="assert_recovers", limit=within)
     if reference is not None:
         ref = as_record(reference)
         rsteps, rvalues = column(ref.metrics, metric)
@@ -321,7 +324,9 @@ def assert_recovers(run: Any, within: int = 50, factor: float = RECOVERY_FACTOR,
     if took is None or took > within:
         level_text = "the reference run" if reference is not None else "its pre-event mean"
         _fail(f"{metric} did not recover within {within} steps of step {step}: not back within {factor:g}× "
-              f"{level_text}", rec, step, metric)
+              f"{level_text}", rec, step, metric, assertion="assert_recovers", limit=within)
+    passed("assert_recovers", f"{metric} back within {factor:g}× {'the reference' if reference is not None else 'its pre-event mean'} "
+           f"{took} steps after step {step} (limit {within})", rec, metric, measured=took, limit=within, step=step)
     return int(took)
 
 
@@ -336,12 +341,15 @@ def assert_diverges(run: Any, within: int | None = None, at: int | None = None) 
     metric = "loss" if "loss" in rec.metrics else next(iter(k for k in rec.metrics if k != "step"), "loss")
     if first is None:
         _fail("expected the run to diverge (a NaN or inf loss or gradient norm), but every value is finite",
-              rec, _event_step(rec, at, _pick_metric(rec, "grad_norm_pre")) if "grad_norm_pre" in rec.metrics else None, metric)
+              rec, _event_step(rec, at, _pick_metric(rec, "grad_norm_pre")) if "grad_norm_pre" in rec.metrics else None, metric,
+              assertion="assert_diverges", limit=within)
     if within is not None:
         step = _event_step(rec, at, _pick_metric(rec, "grad_norm_pre"))
         if step is not None and first[0] - step > within:
             _fail(f"the run diverged at step {first[0]}, more than {within} steps after the event at step {step}",
-                  rec, first[0], metric, diagnose_step=False)
+                  rec, first[0], metric, diagnose_step=False, assertion="assert_diverges",
+                  measured=first[0] - step, limit=within)
+    passed("assert_diverges", f"non-finite {first[1]} at step {first[0]}", rec, first[1], step=first[0], limit=within)
     return first[0]
 
 
@@ -363,11 +371,14 @@ def assert_finite(run: Any, strict: bool = False) -> Finiteness:
             where = f"; first non-finite tensor: {info.get('tensor', '?')} in {info.get('module', '?')} at step {info.get('step', step)}"
         excused = "".join(f"\n(excused: {g.text()})" for g in finite.excused_groups())
         _fail(f"non-finite {name} at step {step} ({fmt(first.first_value)}){where}{excused}",
-              rec, step, name, diagnose_step=False)
+              rec, step, name, diagnose_step=False, assertion="assert_finite", measured=first.first_value)
+    skipped = len(finite.skipped_steps)
+    passed("assert_finite", "every recorded value is finite" + (f" (the gradient norm of {skipped} skipped "
+           f"step{'s' if skipped != 1 else ''} excused)" if skipped else ""), rec, None)
     return finite
 
 
-def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float = 0.1) -> None:
+def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float = 0.1) -> Verdict:
     """Assert the trained model is not in repetition lock-in: in its greedy samples (16 eval
     prompts spread over the eval set, recorded by the engine at the end of a run) no single
     token takes more than ``max_top_share`` of the output, and distinct bigrams are at least
@@ -385,14 +396,24 @@ def assert_no_lockin(run: Any, max_top_share: float = 0.5, min_distinct_2: float
                   else f"the engine records greedy samples for the built-in GPT only, and this run trained your own "
                        f"model ({custom}); sample it yourself and check the output" if custom
                   else "it has no greedy samples (only runs trained by the engine do)")
-        raise SpikeCheckError(f"cannot check lock-in on {rec.source}: {reason}")
+        verdict = emit(Verdict("assert_no_lockin", False, f"cannot check lock-in: {reason}", metric="top_token_share",
+                               limit=max_top_share, scenario=getattr(rec.run, "name", None)))
+        raise SpikeCheckError(f"cannot check lock-in on {rec.source}: {reason}", verdict=verdict)
     problems = []
     if stats["top_token_share"] > max_top_share:
         problems.append(f"token {stats['top_token']!r} is {stats['top_token_share']:.0%} of the greedy output "
                         f"(limit {max_top_share:.0%})")
     if stats["distinct_2"] < min_distinct_2:
         problems.append(f"distinct-2 is {stats['distinct_2']:.3f} (limit {min_distinct_2:g})")
+    scenario = getattr(rec.run, "name", None)
     if problems:
         samples = "\n".join(f"  {s!r}" for s in stats["samples"])
+        verdict = emit(Verdict("assert_no_lockin", False, f"repetition lock-in: {'; '.join(problems)}",
+                               metric="top_token_share", measured=float(stats["top_token_share"]), limit=max_top_share,
+                               scenario=scenario))
         raise SpikeCheckError(f"repetition lock-in: {'; '.join(problems)}\n\ngreedy samples:\n{samples}\n\n"
-                              f"record: {rec.source}")
+                              f"record: {rec.source}", verdict=verdict)
+    return emit(Verdict("assert_no_lockin", True, f"no lock-in: top token {stats['top_token_share']:.0%} of the greedy "
+                        f"output (limit {max_top_share:.0%}), distinct-2 {stats['distinct_2']:.3f}",
+                        metric="top_token_share", measured=float(stats["top_token_share"]), limit=max_top_share,
+                        scenario=scenario))

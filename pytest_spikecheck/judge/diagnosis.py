@@ -28,7 +28,7 @@ from pytest_spikecheck.judge.analysis import (
 )
 from pytest_spikecheck.judge.analysis import contained as contained_by
 from pytest_spikecheck.records import Record, as_record
-from pytest_spikecheck.judge.sweeps import QK_CLIP_FACTOR
+from pytest_spikecheck.judge.defences import QK_CLIP_FACTOR
 from pytest_spikecheck.judge.escape import markdown_text
 from pytest_spikecheck.judge.text import fmt, fmt_compact, fmt_measure, fmt_scale, table
 
@@ -151,10 +151,60 @@ def _declared_event(rec: Record, metric: str) -> int | None:
     return max(finite)[1] if finite else declared[0]
 
 
+def _clip_failure_step(rec: Record, max_norm: float | None) -> int | None:
+    """The first applied step at which the clip broke the update (scaled it below min(pre-clip,
+    max_norm): an over-clip, e.g. a clip before unscaling) or let more than max_norm through:
+    the step ``assert_clip_contains`` names. None without both norms or a fixed limit."""
+    m = rec.metrics
+    if "grad_norm_pre" not in m or "grad_norm_post" not in m:
+        return None
+    steps = np.asarray(m["step"])
+    limit = max_norm if max_norm is not None else (_max_norm_of(rec, int(steps[0]), None) if steps.size else None)
+    if limit is None or not math.isfinite(limit):
+        return None
+    pre, post = np.asarray(m["grad_norm_pre"], dtype=np.float64), np.asarray(m["grad_norm_post"], dtype=np.float64)
+    applied = ~np.isin(steps, np.fromiter(rec.skipped, dtype=np.int64, count=len(rec.skipped)))
+    with np.errstate(invalid="ignore"):
+        bad = applied & (overclipped(pre, post, limit) | (np.isfinite(post) & (post > limit * (1 + CLIP_RTOL))))
+    for i in np.flatnonzero(bad):  # each confirmed against its own step's limit (an event records it)
+        own = _max_norm_of(rec, int(steps[i]), max_norm)
+        if own is not None and (overclipped(pre[i], post[i], own) or post[i] > own * (1 + CLIP_RTOL)):
+            return int(steps[i])
+    return None
+
+
+def _largest_applied_spike(rec: Record, metric: str) -> int | None:
+    """The largest spike of ``metric`` among the steps whose update was applied (a step the
+    loss scaler skipped has the overflow's norm, not the data's)."""
+    m = rec.metrics
+    if not rec.skipped or metric not in m:
+        return largest_spike(m, metric)[0]
+    values = np.asarray(m[metric], dtype=np.float64).copy()
+    values[np.isin(np.asarray(m["step"]), np.fromiter(rec.skipped, dtype=np.int64, count=len(rec.skipped)))] = np.nan
+    step, _ = largest_spike({**m, metric: values}, metric)
+    return step if step is not None else largest_spike(m, metric)[0]
+
+
+def default_step(rec: Record, max_norm: float | None = None) -> int | None:
+    """The step the ladder is walked at by default, the worst finding of any kind: a step at
+    which the clip broke the update (over-clipped it, or let more than max_norm through: the step
+    ``assert_clip_contains`` fails at), else the run's declared event (a burst, a new source)
+    with the largest spike ratio, else the largest pre-clip grad-norm spike of an applied step."""
+    m = rec.metrics
+    metric = "grad_norm_pre" if "grad_norm_pre" in m else ("grad_norm" if "grad_norm" in m else "loss")
+    for find in (lambda: _clip_failure_step(rec, max_norm), lambda: _declared_event(rec, metric),
+                 lambda: _largest_applied_spike(rec, metric)):
+        step = find()
+        if step is not None:
+            return step
+    return None
+
+
 def diagnose(record: Any, step: int | None = None, max_norm: float | None = None) -> Diagnosis:
-    """Walk the ladder at ``step`` (default: the run's declared event — a burst, a new source —
-    with the largest spike ratio, since that is the event the scenario is about; without one,
-    the largest pre-clip grad-norm spike).
+    """Walk the ladder at ``step`` (default: :func:`default_step`, the worst finding: a step at
+    which the clip broke the update, else the run's declared event — a burst, a new source —
+    with the largest spike ratio, since that is the event the scenario is about, else the
+    largest pre-clip grad-norm spike of a step whose update was applied).
 
     ``max_norm`` is the clip limit to judge containment against; a Run recorded by the engine
     carries its own. Every claim is computed from the record: what it does not hold is said to
@@ -163,9 +213,7 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     m = rec.metrics
     metric = "grad_norm_pre" if "grad_norm_pre" in m else ("grad_norm" if "grad_norm" in m else "loss")
     if step is None:
-        step = _declared_event(rec, metric)
-    if step is None:
-        step, _ = largest_spike(m, metric)
+        step = default_step(rec, max_norm)
     d = Diagnosis(step)
     if step is None:
         d.verdict = "no spike"
@@ -221,8 +269,11 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     over = (pre is not None and post is not None and limit is not None
             and bool(overclipped(pre, post, limit)) and step not in rec.skipped)
     d.facts.update(overclipped=over)
-    if over:
-        clip_text += f"; OVER-CLIPPED: ×{fmt_compact(min(pre, limit) / post if post > 0 else math.inf)} below min(pre-clip, max_norm {limit:g})"
+    if over:  # rung 2 says what the optimizer received against the limit, as assert_clip_contains does
+        within = f"; within max_norm {limit:g} but" if contained is True else ";"
+        clip_text += (f"{within} OVER-CLIPPED: ×{fmt_compact(min(pre, limit) / post if post > 0 else math.inf)} below "
+                      f"min(pre-clip, max_norm {limit:g})" + ("" if _declared_bug(run) != "before_unscale" else
+                                                             ": the clip saw the loss-scaled gradients (clipped before unscaling)"))
     elif contained is True:
         clip_text += f"; within max_norm {limit:g}"
     elif contained is False:
@@ -265,7 +316,10 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         norms = event["param_grad_norms"]
         total_sq = sum(v * v for v in norms.values()) or math.nan
         top = list(norms.items())[:3]
-        d.lines.append(("5 tensors", "; ".join(f"{n} {v:.3g} ({v * v / total_sq:.0%} of ‖g‖²)" for n, v in top)))
+        finite_total = math.isfinite(total_sq)
+        share = (lambda v: f"{v * v / total_sq:.0%} of ‖g‖²") if finite_total else (lambda v: "—")
+        why = "" if finite_total else " (no shares: the step's gradient norm is not finite)"
+        d.lines.append(("5 tensors", "; ".join(f"{n} {v:.3g} ({share(v)})" for n, v in top) + why))
         d.facts.update(top_tensor=top[0][0] if top else None)
         # 6. Adam memory
         surprise = event.get("adam_surprise") or {}
@@ -276,8 +330,13 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
             v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
             fade = _fade_steps(m, step)
             fade_text = f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
-            d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; "
-                                        f"{surprise.get('share', math.nan):.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"))
+            share = surprise.get("share", math.nan)
+            share = math.nan if share is None else share
+            share_text = (f"{share:.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}" if math.isfinite(share)
+                          else f"— of weights have |g|/√v̂ > {surprise.get('threshold', 10):g} (not measured: "
+                               + ("the step was skipped" if step in rec.skipped else "the step's gradient is not finite")
+                               + ")")
+            d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; {share_text}"))
             d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
 
     logits = attention_logit_rung(m, step, run)

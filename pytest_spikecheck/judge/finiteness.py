@@ -87,7 +87,7 @@ class Finiteness:
 
     strict: bool
     groups: tuple[NonFiniteGroup, ...] = ()
-    skipped_steps: int = 0  # how many steps the record says were skipped
+    skipped_steps: tuple[int, ...] = ()  # the steps the record says were skipped (their updates not applied)
     #: per column, True at the rows whose non-finite value is excused (left out of the judged series)
     excused: dict[str, np.ndarray] = field(default_factory=dict)
 
@@ -104,7 +104,7 @@ class Finiteness:
         return [g for g in self.groups if g.decision != FAILS]
 
     def as_dict(self) -> dict:
-        return {"strict": self.strict, "skipped_steps": self.skipped_steps,
+        return {"strict": self.strict, "skipped_steps": list(self.skipped_steps),
                 "decisions": [{"metric": g.metric, "decision": g.decision, "count": g.count,
                                "first_step": g.first_step, "first_value": g.first_value, "why": g.why}
                               for g in self.groups]}
@@ -164,4 +164,4 @@ def judge_finite(rec: Record, names: list[str] | None = None, strict: bool = Fal
                 fails = fails & ~early
         if fails.any():
             group(name, FAILS, fails, values, "fails the run")
-    return Finiteness(strict, tuple(groups), len(skipped), excused)
+    return Finiteness(strict, tuple(groups), tuple(sorted(int(s) for s in skipped)), excused)

@@ -29,6 +29,7 @@ import numpy as np
 
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.judge import rolling
+from pytest_spikecheck.judge.verdict import Verdict
 from pytest_spikecheck.judge.analysis import spike_ratio, value_at
 from pytest_spikecheck.judge.detectors import Detector, get_detector, log_interval
 from pytest_spikecheck.judge.finiteness import judge_finite
@@ -190,7 +191,8 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
                      f"loss rules, as a validation curve (a bar of ln 2 reads bits per byte as they are: 1.6x its perplexity)")
     finite = judge_finite(rec, strict=strict_finite)
     if finite.skipped_steps:
-        notes.append(f"{finite.skipped_steps} step{'s' if finite.skipped_steps != 1 else ''} skipped by the "
+        skipped = len(finite.skipped_steps)
+        notes.append(f"{skipped} step{'s' if skipped != 1 else ''} skipped by the "
                      f"optimizer (the log says so or the reader inferred it): their gradient norms are not judged")
     series = []
     for name in names:
@@ -220,9 +222,12 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
             entry["rules"].append({"name": rule.name, "rule": rule.describe(), "judged": verdict.judged,
                                    "needs": verdict.needs, "flags": len(verdict.detections)})
             for hit in verdict.detections:
-                found = agreeing.setdefault(hit.step, {"baseline": hit.baseline, "detectors": [], "scores": []})
+                found = agreeing.setdefault(hit.step, {"baseline": hit.baseline, "detectors": [], "scores": [],
+                                                       "units": [], "score_texts": []})
                 found["detectors"].append(rule.name)
-                found["scores"].append(f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}")
+                found["scores"].append(float(hit.score))  # a number in --json; the text is score_texts'
+                found["units"].append(rule.unit)
+                found["score_texts"].append(f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}")
         entry["judged"] = judged
         entry["spikes"] = [{"step": step, "value": value_at(rec.metrics, name, step), **found,
                             "ratio": spike_ratio(rec.metrics, step, name)}
@@ -253,3 +258,27 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
         "ok": not any(s["spikes"] for s in series) and first is None,
     }
 
+
+
+def log_verdicts(report: dict) -> list[Verdict]:
+    """The verdicts of ``spikecheck check``'s judgement (:func:`judge_log`'s report): one per
+    judged series (its first spike, else how it was judged) and one on finiteness."""
+    out = []
+    for s in report["series"]:
+        if s["spikes"]:
+            first = s["spikes"][0]
+            more = f" (and {len(s['spikes']) - 1} more)" if len(s["spikes"]) > 1 else ""
+            out.append(Verdict("spikecheck check", False, f"the default policy flagged a {s['metric']} spike at step "
+                               f"{first['step']} ({', '.join(first['detectors'])}){more}", metric=s["metric"],
+                               measured=_plain(first["ratio"]), step=int(first["step"])))
+        else:
+            out.append(Verdict("spikecheck check", True, f"{s['metric']}: {s['message']}", metric=s["metric"]))
+    bad = report["nonfinite"]
+    out.append(Verdict("spikecheck check", bad is None, "every value is finite" if bad is None else
+                       f"non-finite {bad['metric']} at step {bad['step']}", metric=None if bad is None else bad["metric"],
+                       measured=None if bad is None else _plain(bad["value"]), step=None if bad is None else int(bad["step"])))
+    return out
+
+
+def _plain(value: Any) -> float | None:
+    return None if value is None else float(value)

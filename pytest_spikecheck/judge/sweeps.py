@@ -1,5 +1,5 @@
 """Learning-rate sweeps, judged: Wortsman et al. (2023)'s LR sensitivity and the assertions on a
-sweep and on a run's logits. numpy only; :func:`pytest_spikecheck.sweep.lr_sweep`
+sweep (the assertions on a run's logits and QK-Clip are in :mod:`.qk_clip`). numpy only; :func:`pytest_spikecheck.sweep.lr_sweep`
 trains the sweep.
 
 LR sensitivity (Wortsman et al. 2023, section 3.1): over the learning rates of a sweep, the
@@ -19,9 +19,9 @@ import numpy as np
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.records import as_record
 from pytest_spikecheck.judge.text import fmt, table
+from pytest_spikecheck.judge.verdict import Verdict, emit
 
-__all__ = ["LRSweep", "assert_logits_bounded", "assert_lr_sensitivity", "assert_qk_clip_contains", "assert_stable_up_to",
-           "final_loss", "initial_loss", "lr_sensitivity"]
+__all__ = ["LRSweep", "assert_lr_sensitivity", "assert_stable_up_to", "final_loss", "initial_loss", "lr_sensitivity"]
 
 
 def final_loss(run: Any) -> float:
@@ -104,8 +104,12 @@ def assert_lr_sensitivity(sweep: LRSweep, max: float) -> float:  # noqa: A002 - 
     __tracebackhide__ = True
     value = lr_sensitivity(sweep)
     if not value <= max:
-        raise SpikeCheckError(f"{sweep.name}: LR sensitivity {value:.3f} nats exceeds {max:g} (initial loss "
-                              f"{sweep.initial:.3f}, best final {sweep.best:.3f})\n\n{sweep.table()}")
+        reason = (f"{sweep.name}: LR sensitivity {value:.3f} nats exceeds {max:g} (initial loss {sweep.initial:.3f}, "
+                  f"best final {sweep.best:.3f})")
+        verdict = emit(Verdict("assert_lr_sensitivity", False, reason, metric="lr_sensitivity", measured=value, limit=max))
+        raise SpikeCheckError(f"{reason}\n\n{sweep.table()}", verdict=verdict)
+    emit(Verdict("assert_lr_sensitivity", True, f"{sweep.name}: LR sensitivity {value:.3f} nats ≤ {max:g}",
+                 metric="lr_sensitivity", measured=value, limit=max))
     return value
 
 
@@ -119,74 +123,11 @@ def assert_stable_up_to(sweep: LRSweep, lr: float, within: float = 0.25) -> None
     bad = [(x, loss) for x, loss in checked if not loss <= sweep.best + within]
     if bad:
         x, loss = bad[0]
-        raise SpikeCheckError(f"{sweep.name}: lr {x:g} ends at {fmt(loss, '.3f')} nats, more than {within:g} above "
-                              f"the sweep's best {sweep.best:.3f}: not stable up to lr {lr:g}\n\n{sweep.table()}")
-
-
-def assert_logits_bounded(run: Any, attention: float | None = None, z: float | None = None) -> None:
-    """Assert the largest |attention logit| (``attn_logit_max``) stays <= ``attention`` and the
-    largest |log Z| of the output logits (``logz_absmax``) stays <= ``z`` at every step."""
-    __tracebackhide__ = True
-    rec = as_record(run)
-    if attention is None and z is None:
-        raise ConfigError("assert_logits_bounded needs a bound: attention=..., z=... or both")
-    for column, bound, what in (("attn_logit_max", attention, "attention logit"), ("logz_absmax", z, "|log Z|")):
-        if bound is None:
-            continue
-        if column not in rec.metrics:
-            raise ConfigError(f"{rec.source} has no {column} column (the model reports it through the spikecheck "
-                              f"stats hook: README, 'Attention and output logits')")
-        steps, values = np.asarray(rec.metrics["step"]), np.asarray(rec.metrics[column], dtype=np.float64)
-        over = np.flatnonzero(~(values <= bound))
-        if over.size:
-            first, worst = int(over[0]), int(np.nanargmax(np.where(np.isnan(values), np.inf, values)))
-            raise SpikeCheckError(f"{what} {values[first]:,.4g} exceeds {bound:g} at step {int(steps[first])} "
-                                  f"(largest {fmt(values[worst], '.4g')} at step {int(steps[worst])})\n\n"
-                                  f"record: {rec.source}")
-
-
-#: QK-Clip bounds the largest attention logit to this many times its tau from its first clip on
-#: (a clip acts after its step's update; the next update moves the weights again).
-QK_CLIP_FACTOR = 2.0
-
-
-def assert_qk_clip_contains(run: Any, tau: float | None = None, factor: float = QK_CLIP_FACTOR) -> int | None:
-    """Assert QK-Clip held the attention logits: from the first step at which it had to act (its
-    ``qk_clipped_heads`` column is > 0 there, or the largest attention logit exceeded ``tau``),
-    the largest attention logit of every later step is at most ``factor * tau``. ``tau`` defaults
-    to the run's own (``optimizer.qk_clip``). Returns that first step (None if it never had to act).
-
-    A clip acts after its step's update, on that step's logits, so the next forward is the first
-    it bounds; the weights move again in the next update, hence the ``factor`` (2 by default)."""
-    __tracebackhide__ = True
-    rec = as_record(run)
-    m = rec.metrics
-    if tau is None:
-        qk_clip = getattr(getattr(rec.run, "facts", None), "qk_clip", None)
-        tau = qk_clip.tau if qk_clip is not None else None
-        if tau is None:
-            raise ConfigError(f"{rec.source}: pass tau=... (the run does not say it trained with QK-Clip)")
-    if not (isinstance(tau, (int, float)) and 0 < tau < math.inf) or not (isinstance(factor, (int, float)) and factor >= 1):
-        raise ConfigError(f"assert_qk_clip_contains needs tau > 0 and factor >= 1, was tau={tau!r}, factor={factor!r}")
-    for column in ("attn_logit_max", "qk_clipped_heads"):
-        if column not in m:
-            raise ConfigError(f"{rec.source} has no {column} column (QK-Clip records how many heads it clipped per "
-                              f"step; the model's stats hook the largest attention logit)")
-    steps = np.asarray(m["step"])
-    logits = np.asarray(m["attn_logit_max"], dtype=np.float64)
-    clipped = np.asarray(m["qk_clipped_heads"], dtype=np.float64)
-    acted = np.flatnonzero((np.nan_to_num(clipped) > 0) | ~(logits <= tau))
-    if not acted.size:
-        return None  # the logits never exceeded tau: nothing to contain
-    first = int(acted[0])
-    if not clipped[first] > 0:
-        raise SpikeCheckError(f"the largest attention logit {fmt(logits[first], ',.4g')} exceeded tau {tau:g} at step "
-                              f"{int(steps[first])} and QK-Clip clipped no head there\n\nrecord: {rec.source}")
-    after = np.arange(first + 1, len(steps))
-    over = after[~(logits[after] <= factor * tau)]
-    if over.size:
-        worst = int(after[np.nanargmax(np.where(np.isnan(logits[after]), np.inf, logits[after]))])
-        raise SpikeCheckError(f"QK-Clip (tau {tau:g}) first clipped at step {int(steps[first])}, yet the largest attention "
-                              f"logit is {fmt(logits[over[0]], ',.4g')} > {factor:g} x tau at step {int(steps[over[0]])} "
-                              f"(largest {fmt(logits[worst], ',.4g')} at step {int(steps[worst])})\n\nrecord: {rec.source}")
-    return int(steps[first])
+        reason = (f"{sweep.name}: lr {x:g} ends at {fmt(loss, '.3f')} nats, more than {within:g} above the sweep's best "
+                  f"{sweep.best:.3f}: not stable up to lr {lr:g}")
+        verdict = emit(Verdict("assert_stable_up_to", False, reason, metric="final_loss", measured=float(loss),
+                               limit=sweep.best + within))
+        raise SpikeCheckError(f"{reason}\n\n{sweep.table()}", verdict=verdict)
+    emit(Verdict("assert_stable_up_to", True, f"{sweep.name}: every lr up to {lr:g} ends within {within:g} nats of the "
+                 f"best {sweep.best:.3f}", metric="final_loss", measured=max(loss for _, loss in checked),
+                 limit=sweep.best + within))

@@ -8,20 +8,18 @@ pytest-spikecheck pays nothing until a test actually trains a scenario under ``-
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from pytest_spikecheck.plugin.outputs import TerminalStream, append_job_summary, junit_properties, write_index
+from pytest_spikecheck.plugin.outputs import SCENARIOS_PROPERTY, SessionRecorder, TerminalStream
 from pytest_spikecheck.plugin.session import Settings, SpikecheckSession
 
 BACKEND_CHOICES = ("auto", "torch", "cupy", "emulator")
 SKIP_REASON = "needs --spikecheck"
 _SESSION = pytest.StashKey[SpikecheckSession]()
-_RECORDER = pytest.StashKey["_Recorder"]()
-_SCENARIOS_PROPERTY = "spikecheck_scenarios"
+_RECORDER = pytest.StashKey[SessionRecorder]()
 
 
 def parse_backend(text: str) -> str:
@@ -107,7 +105,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if settings.enabled:
         _refuse_unusable_settings(settings)
     config.stash[_SESSION] = SpikecheckSession(settings, **_worker_identity(config))
-    recorder = _Recorder(config)
+    recorder = SessionRecorder(config, config.stash[_SESSION])
     config.stash[_RECORDER] = recorder
     config.pluginmanager.register(recorder, "spikecheck-recorder")
 
@@ -194,7 +192,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if scenarios:
             # Travels with the test's reports (also from xdist workers to the controller,
             # where collection does not run) and shows in junitxml as a property.
-            item.user_properties.append((_SCENARIOS_PROPERTY, ",".join(scenarios)))
+            item.user_properties.append((SCENARIOS_PROPERTY, ",".join(scenarios)))
         if not enabled:
             item.add_marker(skip)
 
@@ -222,129 +220,3 @@ def spikecheck(request: pytest.FixtureRequest) -> SpikecheckSession:
         # xdist gives each worker basetemp/popen-gwN: the parent is this run's, shared by all workers
         session.shared_dir = request.getfixturevalue("tmp_path_factory").getbasetemp().parent
     return session
-
-
-class _Recorder:
-    """Session-long bookkeeping, registered as a plugin object in pytest_configure so that
-    its hooks see the config: which tests used which scenario, their outcomes, the summary
-    rows and counts (merged from xdist workers on the controller), and the outputs at the end."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-        self.outcomes: dict[str, list[str]] = {}
-        self.worker_rows: dict[str, dict[str, Any]] = {}
-        self.worker_counts: dict[str, int] = {}
-        self.workers = False
-
-    @property
-    def session(self) -> SpikecheckSession:
-        return self.config.stash[_SESSION]
-
-    def rows(self) -> dict[str, dict[str, Any]]:
-        rows = {name: row.to_json() for name, row in self.session.rows.items()}
-        for name, row in self.worker_rows.items():
-            rows.setdefault(name, row)
-        return rows
-
-    def counts(self) -> dict[str, int]:
-        counts = dict(self.session.counts)
-        for source, n in self.worker_counts.items():
-            counts[source] = counts.get(source, 0) + n
-        return counts
-
-    def verdicts(self) -> dict[str, str]:
-        from pytest_spikecheck.report.summary import verdict_of
-
-        return {name: verdict_of(self.outcomes.get(name, [])) for name in self.rows()}
-
-    def sentences(self, terminal: bool = True) -> list[str]:
-        from pytest_spikecheck.report.summary import counts_sentences
-
-        return counts_sentences(self.rows(), self.counts(), self.verdicts(), workers=self.workers, terminal=terminal)
-
-    def pytest_runtest_logstart(self, nodeid: str, location: tuple) -> None:
-        self.session.used_by_current_test.clear()
-
-    @pytest.hookimpl(wrapper=True, tryfirst=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Any:
-        # Link the test to the scenarios it trained through spikecheck.run(...) too, not only to
-        # the @spikecheck_scenario fixtures it names (those are known from collection).
-        used = self.session.used_by_current_test
-        if used:
-            props = dict(item.user_properties)
-            names = set(filter(None, props.get(_SCENARIOS_PROPERTY, "").split(","))) | used
-            item.user_properties[:] = [(k, v) for k, v in item.user_properties if k != _SCENARIOS_PROPERTY]
-            item.user_properties.append((_SCENARIOS_PROPERTY, ",".join(sorted(names))))
-        report = yield
-        if self.session.settings.enabled and (call.when == "call" or (call.when == "setup" and not report.passed)):
-            # JUnit XML takes a test's properties from its teardown report, which copies these.
-            verdict = "FAIL" if report.failed else ("skipped" if report.skipped else "pass")
-            names = dict(item.user_properties).get(_SCENARIOS_PROPERTY, "")
-            for name in filter(None, names.split(",")):
-                row = self.session.rows.get(name)
-                item.user_properties += junit_properties(name, None if row is None else row.to_json(), verdict)
-        return report
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        scenarios = dict(report.user_properties).get(_SCENARIOS_PROPERTY)
-        if not scenarios:
-            return
-        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-            outcome = "failed" if report.failed else ("skipped" if report.skipped else "passed")
-            for name in scenarios.split(","):
-                self.outcomes.setdefault(name, []).append(outcome)
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_configure_node(self, node: Any) -> None:
-        """xdist controller: this session runs on workers (the summary counts their loads)."""
-        self.workers = True
-
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node: Any, error: Any) -> None:
-        """xdist controller: gather the summary rows and counts of each worker."""
-        output = getattr(node, "workeroutput", {})
-        for name, row in json.loads(output.get("spikecheck_rows", "{}")).items():
-            # Prefer the row of the worker that trained it (the cells are the same either way).
-            if name not in self.worker_rows or row.get("source") == "trained":
-                self.worker_rows[name] = row
-        for source, n in json.loads(output.get("spikecheck_counts", "{}")).items():
-            self.worker_counts[source] = self.worker_counts.get(source, 0) + n
-
-    def pytest_sessionfinish(self, session: pytest.Session) -> None:
-        if _is_worker(self.config):
-            self.config.workeroutput["spikecheck_rows"] = json.dumps(
-                {name: row.to_json() for name, row in self.session.rows.items()})
-            self.config.workeroutput["spikecheck_counts"] = json.dumps(dict(self.session.counts))
-            return
-        settings = self.session.settings
-        rows = self.rows()
-        if not settings.enabled or not rows:
-            return
-        verdicts, sentences = self.verdicts(), self.sentences(terminal=False)
-        if settings.report_dir is not None:
-            write_index(settings.report_dir, rows, verdicts, sentences)
-        from pytest_spikecheck.report.summary import job_summary_markdown
-
-        append_job_summary(job_summary_markdown(rows, verdicts, sentences))
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        if _is_worker(self.config) or not self.session.settings.enabled:
-            return
-        rows = self.rows()
-        if not rows:
-            return
-        from pytest_spikecheck.judge.escape import terminal_text
-        from pytest_spikecheck.judge.text import table
-        from pytest_spikecheck.report.summary import HEADERS, cells
-
-        tr = terminalreporter
-        tr.section("spikecheck")
-        for line in self.sentences():
-            tr.write_line(line)
-        for name, r in sorted(rows.items()):
-            if r.get("not_cached_because"):
-                tr.write_line(terminal_text(f"{name}: {r['not_cached_because']}."))
-        verdicts = self.verdicts()
-        tr.write_line(table(HEADERS, [cells(rows[name], verdicts[name]) for name in sorted(rows)]))
-        if self.session.settings.report_dir:
-            tr.write_line(f"report: {self.session.settings.report_dir / 'index.html'}")

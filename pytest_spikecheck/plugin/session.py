@@ -180,7 +180,8 @@ class SpikecheckSession:
     def _write_report(self, run: Any) -> None:
         if self.settings.report_dir is None:
             return
-        from pytest_spikecheck.report import plot_grad_norm, plot_loss
+        from pytest_spikecheck.judge.defences import QK_CLIP_FACTOR, qk_clip_tau
+        from pytest_spikecheck.report import plot_attention, plot_grad_norm, plot_loss
         from pytest_spikecheck.report.summary import diagnosis_markdown, folder_name, markdown_text
         from pytest_spikecheck.training.store import atomic_dir_write
 
@@ -192,6 +193,9 @@ class SpikecheckSession:
             max_norm = run.scenario.max_norm
             plot_grad_norm([run], folder / "grad_norm.png", marks, None if math.isinf(max_norm) else max_norm,
                            title=f"{run.name}: gradient norm, pre- and post-clip")
+            if "attn_logit_max" in run.metrics:
+                plot_attention(run, folder / "logits.png", qk_clip_tau(run), QK_CLIP_FACTOR,
+                               title=f"{run.name}: attention logits")
             (folder / "diagnosis.md").write_text(f"# {markdown_text(run.name)}\n\n{markdown_text(row.description)}\n\n"
                                                  f"{diagnosis_markdown(row.diagnosis)}")
             (folder / "summary.json").write_text(json.dumps(row.to_json(), indent=2))

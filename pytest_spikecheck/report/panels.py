@@ -120,6 +120,48 @@ def plot_logits(runs: Sequence[Run], path: Path, title: str = "Attention and out
     return path
 
 
+def plot_attention(run: Run, path: Path, tau: float | None = None, factor: float = 2.0,
+                   title: str = "Attention logits") -> Path:
+    """The attention logits of one run: the largest attention logit per step (log scale) with
+    QK-Clip's tau and ``factor`` x tau where QK-Clip was on (``tau``) and the heads it clipped per
+    step on a second axis; beside it the largest logit of each head (layers x heads) at the step
+    the run's largest logit was reached (the engine records it: ``largest_attn_logit``)."""
+    plt = _matplotlib()
+    largest = run.meta.get("largest_attn_logit") or None
+    fig, axes = plt.subplots(1, 2 if largest else 1, figsize=(12 if largest else 9, 4.2), dpi=110,
+                             gridspec_kw={"width_ratios": [3, 2]} if largest else None, squeeze=False)
+    ax = axes[0][0]
+    s, v = column(run.metrics, "attn_logit_max")
+    ax.plot(s, np.abs(v), color="#1f77b4", lw=1.0, label="largest |q·k/√d|")
+    if tau is not None:
+        ax.axhline(tau, color="#d62728", ls="--", lw=1, label=f"QK-Clip τ = {tau:g}")
+        ax.axhline(factor * tau, color="#d62728", ls=":", lw=1, label=f"{factor:g}τ (assert_qk_clip_contains)")
+    if "qk_clipped_heads" in run.metrics:
+        clipped = np.asarray(run.metrics["qk_clipped_heads"], dtype=float)
+        twin = ax.twinx()
+        twin.bar(np.asarray(run.metrics["step"]), clipped, color="#ff7f0e", alpha=0.35, width=1.0, label="heads clipped")
+        twin.set_ylabel("heads QK-Clip clipped")
+        twin.legend(fontsize=8, loc="lower right")
+        ax.set_zorder(twin.get_zorder() + 1)  # the logits drawn over the bars
+        ax.patch.set_visible(False)
+    ax.set(yscale="log", xlabel="step", ylabel="largest |attention logit|", title=title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8, loc="upper left")
+    if largest:
+        heads = np.abs(np.asarray(largest["per_head"], dtype=float))
+        heads = heads.reshape(1, -1) if heads.ndim == 1 else heads
+        hm = axes[0][1]
+        image = hm.imshow(heads, aspect="auto", cmap="magma", interpolation="nearest")
+        fig.colorbar(image, ax=hm, label="largest |logit|")
+        hm.set(xlabel="head", ylabel="layer", title=f"per head, step {largest['step']}")
+        hm.set_xticks(range(heads.shape[1]))
+        hm.set_yticks(range(heads.shape[0]))
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def plot_lr_sweep(sweeps: Sequence[Any], path: Path, title: str = "Final loss vs learning rate") -> Path:
     """Final loss against the learning rate, one line per recipe (Wortsman et al. 2023, Figure 1),
     with each recipe's LR sensitivity in the legend; a diverged run is drawn at its initial loss."""

@@ -9,19 +9,26 @@ import dataclasses
 import hashlib
 import math
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 from urllib.parse import quote
 
 import numpy as np
 
-from pytest_spikecheck.judge.analysis import EventSummary, clip_limits, contained, overclipped
+from pytest_spikecheck.judge.analysis import EventSummary, clip_limits, contained, largest_spike, overclipped, recovery_steps
+from pytest_spikecheck.judge.defences import QK_CLIP_FACTOR, grad_clip_adaptive, qk_clip_tau
 from pytest_spikecheck.judge.diagnosis import diagnosis_markdown
 from pytest_spikecheck.judge.escape import markdown_cell, markdown_text
-from pytest_spikecheck.judge.text import MISSING, fmt, fmt_measure, table
+from pytest_spikecheck.judge.sweeps import final_loss, initial_loss
+from pytest_spikecheck.judge.text import fmt, table
 from pytest_spikecheck.records import as_record
+from pytest_spikecheck.report.columns import COLUMNS, SCENARIO_TABLE, logit, table_columns
+from pytest_spikecheck.scenario.sections import RecordSpec
 
-HEADERS = ("scenario", "steps", "spike step", "spike ratio", "clip containment", "recovery", "verdict")
+#: The headings of the scenario table's columns that every table shows (a metric's columns join
+#: them where a row has the metric: :mod:`pytest_spikecheck.report.columns`).
+HEADERS = tuple(COLUMNS[k].heading for k in SCENARIO_TABLE if COLUMNS[k].shown is None)
 #: Where a worker got a scenario's run, and how the counts sentence says it.
 SOURCES = {"trained": "trained", "worker": "loaded from another worker", "disk": "from the disk cache"}
 #: Verdicts in the order failures-first pages list them.
@@ -48,24 +55,53 @@ class ScenarioRow:
     reproduce: str = ""
     #: the diagnosis ladder at the largest event: {"step": int | None, "lines": [[rung, finding]], "verdict": str}
     diagnosis: dict[str, Any] | None = None
+    max_attn_logit: float | None = None  # the largest attention logit (None: the model does not report it)
+    final_eval_loss: float | None = None
+    skipped_steps: list[int] | None = None  # the steps whose update was skipped (None: the run skips none)
+    loss_scale_min: float | None = None  # the smallest loss scale (None: no loss scaler)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
 
 def containment(run: Any) -> str:
-    """The summary's clip-containment cell: did the post-clip norm stay under the limit, and
-    not scale below it (over-clipped)? Steps whose update was skipped are left out. The limit
-    is the record's (:func:`~pytest_spikecheck.judge.analysis.clip_limits`), judged by the one
-    rule of containment (:func:`~pytest_spikecheck.judge.analysis.contained`)."""
+    """The summary's containment cell, one part per defence the run had, each naming its clip:
+    ``gradient norm: held (max 1 ≤ 1)``, and where QK-Clip was on ``QK-Clip τ 100: held (max 148 ≤
+    2τ)``. The gradient-norm part says whether the post-clip norm stayed under the limit and did
+    not scale below it (over-clipped); steps whose update was skipped are left out. The limit is
+    the record's (:func:`~pytest_spikecheck.judge.analysis.clip_limits`), judged by the one rule of
+    containment (:func:`~pytest_spikecheck.judge.analysis.contained`)."""
+    parts = [f"gradient norm: {_grad_containment(run)}"]
+    tau = qk_clip_tau(run)
+    if tau is not None:
+        parts.append(f"QK-Clip τ {tau:g}: {_qk_containment(run, tau)}")
+    return "; ".join(parts)
+
+
+def _qk_containment(run: Any, tau: float) -> str:
+    m = run.metrics
+    if "attn_logit_max" not in m or "qk_clipped_heads" not in m:
+        return "not measured (no attention logits)"
+    logits = np.asarray(m["attn_logit_max"], dtype=float)
+    clipped = np.asarray(m["qk_clipped_heads"], dtype=float)
+    acted = np.flatnonzero((np.nan_to_num(clipped) > 0) | ~(logits <= tau))
+    if not acted.size:
+        return f"never acted (max {logit(float(np.nanmax(logits)) if logits.size else None)} ≤ τ)"
+    later = logits[acted[0] + 1:]
+    worst = float(np.max(np.where(np.isnan(later), np.inf, later))) if later.size else None
+    if worst is not None and not worst <= QK_CLIP_FACTOR * tau:
+        return f"BROKEN (max {logit(worst)} > {QK_CLIP_FACTOR:g}τ after step {int(m['step'][acted[0]])})"
+    return f"held (max {logit(worst)} ≤ {QK_CLIP_FACTOR:g}τ)"
+
+
+def _grad_containment(run: Any) -> str:
     rec = as_record(run)
     applied = ~np.isin(run.metrics["step"], np.fromiter(run.skipped, dtype=np.int64, count=len(run.skipped)))
     post = np.asarray(run.metrics["grad_norm_post"], dtype=float)[applied]
     pre = np.asarray(run.metrics["grad_norm_pre"], dtype=float)[applied]
     finite = post[np.isfinite(post)]
     worst = fmt(float(finite.max()), ".3g") if finite.size else "—"
-    clip = run.facts.clip if run.facts is not None else None
-    if clip is not None and clip.kind == "adaptive":
+    if grad_clip_adaptive(run):
         return f"adaptive (max {worst})"
     limits = clip_limits(rec)
     if limits is None:
@@ -84,12 +120,49 @@ def containment(run: Any) -> str:
     return f"held (max {worst} ≤ {max_norm:g})"
 
 
+def measure(run: Any) -> dict[str, Any]:
+    """A run's numbers, as the sweep's point table and the plugin's rows take them: the final
+    eval loss (inf when it diverged, as the LR sweeps count it), the loss at initialisation, the
+    largest |attention logit| (None without the column), the largest pre-clip grad-norm spike
+    ratio and its step, the steps to recover from it when it is a spike (at least the scenario's
+    ``record.spike_ratio``, 5× by default; None: not back within the horizon, or no spike),
+    whether it stopped on a non-finite value, its wall time, the steps whose update was skipped
+    and the smallest loss scale (None without a loss scaler)."""
+    metrics = run.metrics
+    step, ratio = largest_spike(metrics)
+    attn = np.asarray(metrics["attn_logit_max"], dtype=np.float64) if "attn_logit_max" in metrics else None
+    has_eval = "eval_loss" in metrics and np.isfinite(np.asarray(metrics["eval_loss"], dtype=np.float64)).any()
+    recovery = None
+    # recovery from a spike, not from noise: at the run's own detector ratio (an engine run's
+    # record section, a recorded run's detector settings), else the engine's default
+    said = run.scenario.record.spike_ratio if run.scenario is not None else (run.meta.get("record") or {}).get("spike_ratio")
+    is_spike = step is not None and ratio >= (said if said is not None else RecordSpec().spike_ratio)
+    if is_spike:
+        recovery = recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss")
+    scale = np.asarray(metrics["loss_scale"], dtype=np.float64) if "loss_scale" in metrics else None
+    scale = scale[np.isfinite(scale)] if scale is not None else None
+    return {
+        "final_eval_loss": final_loss(run),
+        "initial_loss": initial_loss(run),
+        "max_attn_logit": float(np.nanmax(attn)) if attn is not None and np.isfinite(attn).any() else None,
+        "largest_spike_ratio": ratio if math.isfinite(ratio) else None,
+        "spike_step": step,
+        "is_spike": is_spike,
+        "recovery": recovery,
+        "diverged": bool(run.stopped_early),
+        "seconds": float(run.meta.get("seconds", math.nan)),
+        "skipped_steps": sorted(int(k) for k in run.skipped) if (run.skipped or scale is not None) else None,
+        "loss_scale_min": float(scale.min()) if scale is not None and scale.size else None,
+    }
+
+
 def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> ScenarioRow:
     """The row of ``run``. ``source`` says where it came from (``cached=True`` is ``"disk"``)."""
     from pytest_spikecheck.judge.diagnosis import diagnose
 
     bursts = run.declared_events
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
+    measured = measure(run)
     recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
     d = diagnose(run)
     return ScenarioRow(
@@ -102,6 +175,9 @@ def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> S
         recovery_steps=s.recovery if s.step is not None else None,
         description=run.describe(), reproduce=run.reproduce_command(),
         diagnosis={"step": d.step, "lines": [[str(r), str(f)] for r, f in d.lines], "verdict": d.verdict},
+        max_attn_logit=measured["max_attn_logit"],
+        final_eval_loss=measured["final_eval_loss"] if math.isfinite(measured["final_eval_loss"]) else None,
+        skipped_steps=measured["skipped_steps"], loss_scale_min=measured["loss_scale_min"],
     )
 
 
@@ -123,16 +199,51 @@ def failures_first(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str,
     return sorted(rows, key=lambda name: (rank.get(verdicts.get(name, "not run"), 1), name))
 
 
-def ratio_text(value: float | None) -> str:
-    text = fmt_measure(value, ".1f")
-    return text if text == MISSING else f"{text}×"
+def headers(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """The headings of the table of ``rows``: :data:`HEADERS` and the columns of their metrics."""
+    return [c.heading for c in table_columns(list(rows))]
 
 
-def cells(row: Mapping[str, Any], verdict: str) -> list[str]:
-    """The row's cells under :data:`HEADERS`, as every form of the table prints them."""
-    steps = str(row["steps"]) + (f" (stopped: {row['stopped']})" if row.get("stopped") else "")
-    return [row["scenario"], steps, fmt(row["spike_step"]), ratio_text(row["spike_ratio"]), row["containment"],
-            row["recovery"], verdict]
+def cells(row: Mapping[str, Any], verdict: str, rows: Iterable[Mapping[str, Any]] | None = None) -> list[str]:
+    """The row's cells under the headings of the table of ``rows`` (default: the row alone), as
+    every form of the table prints them."""
+    full = {**row, "verdict": verdict}
+    return [c.text(full) for c in table_columns(list(rows) if rows is not None else [row])]
+
+
+def summary_table(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str], markdown: bool = False,
+                  order: Iterable[str] | None = None) -> str:
+    """The scenario table (plain or Markdown), each scenario under the columns of every row."""
+    names = sorted(rows) if order is None else list(order)
+    all_rows = list(rows.values())
+    # table() escapes each cell for where it is shown (Markdown or a terminal)
+    return table(headers(all_rows), [cells(rows[n], verdicts.get(n, "not run"), all_rows) for n in names],
+                 markdown=markdown)
+
+
+def tests_lines(tests: Iterable[Mapping[str, Any]], verbose: bool = True) -> list[str]:
+    """The terminal's lines per test: ``FAIL tests/test_x.py::test_y (scenario s)``, then each
+    assertion's verdict, and the reproduce line of a failed test. Not ``verbose``: the tests
+    that did not fail are counted, not listed."""
+    tests = list(tests)
+    counts = Counter(t["outcome"] for t in tests)
+    lines = [f"tests ({', '.join(f'{n} {o}' for o, n in sorted(counts.items()))}):"]
+    hidden = [t for t in tests if not verbose and t["outcome"] != "failed"]
+    for t in tests:
+        if t in hidden:
+            continue
+        outcome = {"failed": "FAIL", "passed": "pass"}.get(t["outcome"], t["outcome"])
+        scenarios = f" (scenario {', '.join(t['scenarios'])})" if t["scenarios"] else ""
+        lines.append(f"{outcome} {t['nodeid']}{scenarios}")
+        for v in t["verdicts"]:
+            lines.append(f"    {'pass' if v['passed'] else 'FAIL'} {v['assertion']}: {v['reason']}")
+        if t["outcome"] == "failed" and not any(not v["passed"] for v in t["verdicts"]) and t.get("failure"):
+            lines.append(f"    FAIL {t['failure']}")
+        if t["outcome"] == "failed":
+            lines.append(f"    reproduce: {t['reproduce']}")
+    if hidden:
+        lines.append(f"({len(hidden)} more that did not fail: -v lists each with its assertions' verdicts)")
+    return lines
 
 
 def counts_sentences(rows: Mapping[str, Any], counts: Mapping[str, int], verdicts: Mapping[str, str], *,
@@ -175,28 +286,73 @@ def href(name: str, *parts: str) -> str:
 def index_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str]) -> str:
     """``index.md`` of a report folder: the table (each name linking to its diagnosis), then each
     scenario's panels and files."""
-    lines = ["# spikecheck report", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    heads = headers(rows.values())
+    lines = ["# spikecheck report", "", "| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     for name in sorted(rows):
-        first, *rest = [markdown_cell(c) for c in cells(rows[name], verdicts.get(name, "not run"))]
+        first, *rest = [markdown_cell(c) for c in cells(rows[name], verdicts.get(name, "not run"), rows.values())]
         lines.append(f"| [{first}]({href(name, 'diagnosis.md')}) | " + " | ".join(rest) + " |")
     lines.append("")
     for name in sorted(rows):
         lines += [f"## {markdown_text(name)}", "", f"![loss]({href(name, 'loss.png')})", "",
                   f"![grad norm]({href(name, 'grad_norm.png')})", "",
+                  *([f"![attention logits]({href(name, 'logits.png')})", ""] if rows[name].get("max_attn_logit") is not None
+                    else []),
                   f"[diagnosis]({href(name, 'diagnosis.md')}) · [metrics]({href(name, 'run', 'metrics.jsonl')}) · "
                   f"[summary]({href(name, 'summary.json')})", ""]
     return "\n".join(lines)
 
 
+def failed_verdict(test: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The first failed assertion verdict of a test result, None when none failed."""
+    return next((v for v in test.get("verdicts", ()) if not v["passed"]), None)
+
+
+def test_headline(test: Mapping[str, Any]) -> str:
+    """A failed test in one line: its failed assertion and reason, else its error's first line."""
+    v = failed_verdict(test)
+    if v is not None:
+        return f"{v['assertion']}: {v['reason']}"
+    return test.get("failure") or test.get("outcome", "")
+
+
+def tests_markdown(tests: Iterable[Mapping[str, Any]]) -> str:
+    """The job summary's table of tests: each test, its scenarios, outcome and assertions."""
+    rows = []
+    for t in tests:
+        outcome = {"failed": "FAIL", "passed": "pass"}.get(t["outcome"], t["outcome"])
+        said = "; ".join(f"{'pass' if v['passed'] else 'FAIL'} {v['assertion']}: {v['reason']}" for v in t["verdicts"])
+        rows.append([t["nodeid"], ", ".join(t["scenarios"]), outcome, said or (t.get("failure") or "")])  # table() escapes
+    return table(["test", "scenario", "verdict", "assertions"], rows, markdown=True)
+
+
 def job_summary_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str],
-                         sentences: Iterable[str]) -> str:
+                         sentences: Iterable[str], tests: Iterable[Mapping[str, Any]] = ()) -> str:
     """The Markdown a GitHub Actions job summary (``$GITHUB_STEP_SUMMARY``) gets: the counts, the
-    table (failures first), and each failed scenario's diagnosis in a ``<details>`` block."""
+    table (failures first), the tests with their assertions' verdicts, and a ``<details>`` block
+    per failed test (its headline is the failed assertion's reason; the diagnosis is at the step
+    that assertion names) or, for a failed scenario no test result names, per scenario."""
+    tests = list(tests)
     names = failures_first(rows, verdicts)
-    body = table(HEADERS, [cells(rows[n], verdicts.get(n, "not run")) for n in names], markdown=True)
-    out = ["## spikecheck", "", *(f"{s}  " for s in sentences), "", body, ""]
+    out = ["## spikecheck", ""]
+    if rows:
+        out += [*(f"{s}  " for s in sentences), "", summary_table(rows, verdicts, True, names), ""]
+    if tests:
+        out += [tests_markdown(tests), ""]
+    explained: set[str] = set()
+    for t in tests:
+        if t["outcome"] != "failed":
+            continue
+        v = failed_verdict(t)
+        scenario = (v or {}).get("scenario") or (t["scenarios"][0] if t["scenarios"] else None)
+        row = rows.get(scenario, {}) if scenario is not None else {}
+        explained.update(t["scenarios"])
+        diagnosis = (v or {}).get("diagnosis") or row.get("diagnosis")
+        about = f" ({markdown_text(', '.join(t['scenarios']))})" if t["scenarios"] else ""
+        out += [f"<details><summary><b>{markdown_text(t['nodeid'])}</b>{about}: FAIL; {markdown_text(test_headline(t))}"
+                f"</summary>", "", markdown_text(row.get("description", "")), "", diagnosis_markdown(diagnosis),
+                f"Reproduce: <code>{markdown_text(t['reproduce'])}</code>", "", "</details>", ""]
     for name in names:
-        if verdicts.get(name) != "FAIL":
+        if verdicts.get(name) != "FAIL" or name in explained:
             continue
         row = rows[name]
         verdict = (row.get("diagnosis") or {}).get("verdict") or "no spike found"

@@ -5,6 +5,7 @@ the sweep has an ``optimizer.lr`` axis; matplotlib is imported only to draw."""
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,13 @@ def _width(result: "SweepResult", index: int) -> int | None:
     return None if scenario.model_factory is not None else scenario.resolved().model.n_embd
 
 
+def fit_title(text: str, fig: Any, fontsize: float = 10) -> str:
+    """``text`` wrapped to the figure's width (a 10-point character is about 0.6 of its size
+    wide), so no line of a title runs past either edge."""
+    per_line = max(20, int(fig.get_figwidth() * 72 / (0.6 * fontsize)) - 4)
+    return "\n".join(textwrap.fill(line, per_line) for line in text.split("\n"))
+
+
 def plot_final_loss_vs_lr(result: "SweepResult", path: Path) -> Path:
     """One line per recipe: the median over seeds of the final eval loss at each peak LR (a
     diverged run counts at its initial loss, as the LR sensitivity counts it), min–max shaded;
@@ -90,8 +98,8 @@ def plot_final_loss_vs_lr(result: "SweepResult", path: Path) -> Path:
     for ax in grid[:, 0]:
         ax.set_ylabel("final eval loss (nats)")
     seeds = len({r.get(SEED) for r in result.rows})
-    fig.suptitle(f"{result.name}\nfinal eval loss vs peak LR (median over {seeds} seed{'s' if seeds != 1 else ''}, "
-                 "min–max shaded; a diverged run at its initial loss)", fontsize=10)
+    fig.suptitle(fit_title(f"{result.name}\nfinal eval loss vs peak LR (median over {seeds} seed{'s' if seeds != 1 else ''}, "
+                           "min–max shaded; a diverged run at its initial loss)", fig), fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -123,7 +131,7 @@ def plot_lr_sensitivity_vs_width(result: "SweepResult", path: Path) -> Path:
         high = [max(v) - m for m, (_, v) in zip(mids, points)]
         ax.errorbar(xs, mids, yerr=[low, high], marker="o", capsize=3, label=_label(lines_by, line_values))
     ax.set(xscale="log", xlabel="model width (n_embd)", ylabel="LR sensitivity (nats)")
-    ax.set_title(f"{result.name}\nLR sensitivity vs width (median over seeds, min–max bars)", fontsize=10)
+    ax.set_title(fit_title(f"{result.name}\nLR sensitivity vs width (median over seeds, min–max bars)", fig), fontsize=10)
     ax.set_xticks(sorted({w for pts in lines.values() for w, _ in pts}))
     ax.get_xaxis().set_major_formatter(_plain_ticks())
     ax.get_xaxis().set_minor_formatter(_no_ticks())

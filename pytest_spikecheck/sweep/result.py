@@ -13,15 +13,15 @@ from typing import Any, Sequence
 
 from pytest_spikecheck.judge.text import fmt, table
 from pytest_spikecheck.sweep.spec import Point
-from pytest_spikecheck.sweep.summary import LR, MEASURES, logit, lr_sensitivities, summaries
+from pytest_spikecheck.report.columns import COLUMNS
+from pytest_spikecheck.sweep.summary import LR, MEASURES, lr_sensitivities, summaries
 
 #: Row statuses: trained now, taken from the run store, raised (or its worker kept dying), not
 #: reached before the sweep was stopped.
 STATUSES = ("done", "cached", "failed", "not run")
 #: Column headings of the point table (the CSV and JSON keep the field names).
-_HEADINGS = {"final_eval_loss": "final eval loss", "max_attn_logit": "max attention logit",
-             "largest_spike_ratio": "largest spike ratio", "recovery": "recovery", "status": "status",
-             "seconds": "seconds"}
+_HEADINGS = {**{key: COLUMNS[key].heading for key in ("final_eval_loss", "max_attn_logit", "largest_spike_ratio")},
+             "recovery": "recovery", "status": "status", "seconds": "seconds"}
 
 
 @dataclass
@@ -67,8 +67,8 @@ class SweepResult:
         errors = any(row["error"] for row in self.rows)
         rows = []
         for row in self.rows:
-            cells = [row["point"], *(_cell(row.get(a)) for a in self.axes), fmt(row["final_eval_loss"], ".3f"),
-                     logit(row["max_attn_logit"]) if row["max_attn_logit"] is not None else "—", fmt(row["largest_spike_ratio"], ".1f"),
+            cells = [row["point"], *(_cell(row.get(a)) for a in self.axes),
+                     *(COLUMNS[key].text(row) for key in ("final_eval_loss", "max_attn_logit", "largest_spike_ratio")),
                      _recovery(row), row["status"], fmt(row["seconds"], ".1f")]
             rows.append(cells + ([row["error"] or ""] if errors else []))
         return table(headers + (["error"] if errors else []), rows, markdown=markdown)
@@ -160,7 +160,7 @@ def row_for(point: Point, status: str, measured: dict[str, Any] | None = None, e
         row["recipe"] = point.recipe
     row.update(dict(point.values))
     row.update({m: None for m in MEASURES})
-    row.update(measured or {})
+    row.update({k: v for k, v in (measured or {}).items() if k in MEASURES})
     row.update({"status": status, "error": error, "content_hash": point.scenario.content_hash(), "where": where,
                 "run": None})  # the run's folder under the output folder, once it is written
     return row

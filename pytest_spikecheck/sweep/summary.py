@@ -7,43 +7,17 @@ import math
 import statistics
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-import numpy as np
 
-from pytest_spikecheck.judge.analysis import RECOVERY_HORIZON, largest_spike, recovery_steps
-from pytest_spikecheck.judge.sweeps import LRSweep, final_loss, initial_loss, lr_sensitivity
+from pytest_spikecheck.judge.analysis import RECOVERY_HORIZON
+from pytest_spikecheck.judge.sweeps import LRSweep, lr_sensitivity
+from pytest_spikecheck.report.columns import logit  # noqa: F401  (the sweep tables format logits so)
+from pytest_spikecheck.report.summary import measure  # noqa: F401  (the plugin's rows and the sweep's points: one measure
 
 #: The measured columns of a row, after the point's name and axis values.
 MEASURES = ("status", "final_eval_loss", "initial_loss", "max_attn_logit", "largest_spike_ratio", "spike_step",
             "is_spike", "recovery", "diverged", "seconds", "error")
 #: The axis that summaries gather over, and the one an LR sensitivity is measured along.
 SEED, LR = "seed", "optimizer.lr"
-
-
-def measure(run: Any) -> dict[str, Any]:
-    """A point's numbers: the final eval loss (inf when it diverged, as the LR sweeps count it),
-    the loss at initialisation, the largest |attention logit| (None without the column), the
-    largest pre-clip grad-norm spike ratio and its step, the steps to recover from it when it is a
-    spike (at least the scenario's ``record.spike_ratio``, 5× by default; None: not back within
-    the horizon, or no spike), whether it stopped on a non-finite value, and its wall time."""
-    metrics = run.metrics
-    step, ratio = largest_spike(metrics)
-    attn = np.asarray(metrics["attn_logit_max"], dtype=np.float64) if "attn_logit_max" in metrics else None
-    has_eval = "eval_loss" in metrics and np.isfinite(np.asarray(metrics["eval_loss"], dtype=np.float64)).any()
-    recovery = None
-    is_spike = step is not None and ratio >= run.scenario.record.spike_ratio  # recovery from a spike, not from noise
-    if is_spike:
-        recovery = recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss")
-    return {
-        "final_eval_loss": final_loss(run),
-        "initial_loss": initial_loss(run),
-        "max_attn_logit": float(np.nanmax(attn)) if attn is not None and np.isfinite(attn).any() else None,
-        "largest_spike_ratio": ratio if math.isfinite(ratio) else None,
-        "spike_step": step,
-        "is_spike": is_spike,
-        "recovery": recovery,
-        "diverged": bool(run.stopped_early),
-        "seconds": float(run.meta.get("seconds", math.nan)),
-    }
 
 
 def present(values: Iterable[Any]) -> list[float]:
@@ -61,11 +35,6 @@ def spread(values: Iterable[Any], spec: str | Callable[[float], str] = ".1f") ->
     if len(v) == 1:
         return show(v[0])
     return f"{show(statistics.median(v))} [{show(min(v))}–{show(max(v))}]"
-
-
-def logit(value: float) -> str:
-    """An attention logit: 3 significant digits below 1,000, whole numbers with commas above."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
 
 
 def recovery_spread(values: Sequence[int | None]) -> str:

@@ -20,7 +20,7 @@ NAMES = [re.escape(name) for name in ("clipped[0.25]", "clipped[0.5]", "control"
 def _summary(result) -> list[list[str]]:
     lines = result.stdout.lines
     start = next(i for i, line in enumerate(lines) if re.match(r"=+ spikecheck =+$", line))
-    end = next(i for i, line in enumerate(lines) if i > start and line.startswith("="))
+    end = next(i for i, line in enumerate(lines) if i > start and (line.startswith("=") or line.startswith("tests (")))
     return [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1:end] if line.strip()]
 
 
@@ -43,4 +43,4 @@ def test_the_downstream_example_passes_with_the_same_summary_on_one_and_two_work
     rows = summary[4:]
     assert len(rows) == len(NAMES) and all(re.fullmatch(p, row[0]) for p, row in zip(NAMES, rows)), rows
     assert all(row[-1] == "pass" for row in rows)
-    assert {row[0]: row[4] for row in rows}["no_clip"] == "no clip"
+    assert {row[0]: row[4] for row in rows}["no_clip"] == "gradient norm: no clip"

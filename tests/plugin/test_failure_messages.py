@@ -17,7 +17,8 @@ def test_clip_missing(tiny_break):
     out = result.stdout.str()
     assert "expected a grad_norm_pre spike of ≥ 1000× at step 30, got" in out
     assert "→ 30" in out and "diagnosis at step 30" in out
-    assert "reproduce: pytest --spikecheck --spikecheck-backend torch" in out and "scenario tiny_break" in out
+    assert "reproduce: pytest 'test_fail.py::test_too_demanding' --spikecheck" in out  # the test, not the session
+    assert "FAIL test_fail.py::test_too_demanding (scenario tiny_break)" in out
     assert "the clip did not contain the gradient" in out
     assert "assertions.py" not in out  # __tracebackhide__: the traceback stops at the test
     result.stdout.fnmatch_lines(["tiny_break*FAIL*"])

@@ -117,7 +117,7 @@ HASHES = {"shared": base("shared").with_breaks(NoClip()).content_hash(), "contro
 def _summary(result) -> list[list[str]]:
     lines = result.stdout.lines
     start = next(i for i, line in enumerate(lines) if re.match(r"=+ spikecheck =+$", line))
-    end = next(i for i, line in enumerate(lines) if i > start and line.startswith("="))
+    end = next(i for i, line in enumerate(lines) if i > start and (line.startswith("=") or line.startswith("tests (")))
     return [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1:end] if line.strip()]
 
 
@@ -227,13 +227,16 @@ def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, mo
     header = next(i for i, line in enumerate(lines) if line.startswith("| scenario "))
     body = lines[header + 2:lines.index("", header)]
     assert [line.split("|")[1].strip() for line in body] == ["control", "&lt;script>alert(1)&lt;/script>", "shared"]
-    assert markdown.count("<details>") == 1 and "<details><summary><b>control</b>: FAIL" in markdown
+    assert markdown.count("<details>") == 1
+    assert ("<details><summary><b>test_second.py::test_control_fails_on_purpose</b> (control): FAIL; assert_spike: "
+            "expected a grad_norm_pre spike of ≥ 1e+06× at step 12, got") in markdown
     assert MARKUP not in markdown and "| rung " in markdown
 
     # The report page (from the -n 0 session): one row per scenario, failures first, panels
     # inlined, the name escaped.
     page = (report / "index.html").read_text()
-    assert page.count("<tr class=") == 3 and page.index(">control<") < page.index(">shared<")
+    summary_table = page[:page.index('id="tests"')]
+    assert summary_table.count("<tr class=") == 3 and page.index(">control<") < page.index(">shared<")
     assert MARKUP not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert page.count('src="data:image/png;base64,') == 6 and "http://" not in page and "https://" not in page
 
