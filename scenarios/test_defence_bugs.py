@@ -6,7 +6,7 @@ fixed twin (docs/defence-bugs.md has the catalogue and the public threads):
   ``assert_muon_update_scale`` fails it, the fixed twin (the clip on the gradient) passes, and the
   attenuation equals the norm the clip divided by, as in the issue's table;
 - ``SkipStepCounter()`` (OLMo-core PR 317): a skip-step AdamW whose step counter never advanced;
-  ``assert_optimizer_steps`` fails it at step 2, ``SkipSpikes()`` (the fixed twin) passes, and
+  ``assert_optimizer_steps`` fails it at step 1, ``SkipSpikes()`` (the fixed twin) passes, and
   the update is larger from step 3 on (Adam's bias correction stuck at step 1).
 
 Run with ``pytest --spikecheck`` (four 8-step nano runs, ~1 s each on one thread).
@@ -71,10 +71,10 @@ def test_skip_step_adamw_counts_its_steps(skip_step_adamw):
 
 
 def test_a_skip_step_adamw_whose_counter_never_advances_is_caught(skip_step_adamw_counter_bug, skip_step_adamw):
-    with pytest.raises(AssertionError, match=r"at step 1 the optimizer counted 0 steps but 1 were applied"):
+    with pytest.raises(AssertionError, match=r"at step 1 the optimizer counted 0 steps but 1 were applied .*never advanced"):
         assert_optimizer_steps(skip_step_adamw_counter_bug)
     bug, fixed = skip_step_adamw_counter_bug["update_rms"], skip_step_adamw["update_rms"]
-    # steps 1 and 2 agree (torch adds 1 to the counter before using it); then the bias correction
-    # of step 1 on accumulated moments makes each update larger: ~1.4x by step 8
+    # step 1 agrees (the same bias correction); then that of step 1 on accumulated moments makes
+    # each update larger: measured 1.34x at step 2, 1.93x at step 8 (the PR's note: ~2.2x the lr)
     assert bug[0] == pytest.approx(fixed[0], rel=1e-6)
-    assert np.all(bug[2:] > 1.1 * fixed[2:])
+    assert np.all(bug[1:] > 1.3 * fixed[1:]) and bug[-1] > 1.8 * fixed[-1]

@@ -79,3 +79,40 @@ def test_attn_logit_max_is_recorded_under_muon_without_qk_clip():
     run = train(NANO.replace(optimizer__name="muon", optimizer__lr=0.02))
     assert np.all(np.isfinite(run.metrics["attn_logit_max"])) and "qk_clipped_heads" not in run.metrics
     assert np.all(np.isfinite(run.metrics["muon_update_ratio"]))  # the update recorder reads Muon's step too
+
+
+def test_clip_at_inf_to_log_the_norm_turns_every_gradient_nan_in_torch_not_here():
+    """The clip_inf_to_log bug (a review of Skovorp/feral PR 16; pytorch issue 46849): torch's
+    clip_grad_norm_(max_norm=inf) at an infinite norm multiplies every gradient by inf/inf = NaN,
+    the finite ones too; the harness's clip leaves them and says the norm is non-finite. Under a
+    GradScaler an overflow is still skipped (its check ran in unscale_), but finite gradients
+    whose fp32 norm overflows reach the weights as NaN."""
+    import math
+
+    import torch
+
+    from pytest_spikecheck.clipping import clip_grads_
+
+    def grads() -> list[torch.nn.Parameter]:
+        a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+        a.grad, b.grad = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([math.inf, 1.0])
+        return [a, b]
+
+    theirs = grads()
+    assert math.isinf(float(torch.nn.utils.clip_grad_norm_(theirs, max_norm=math.inf)))
+    assert all(bool(p.grad.isnan().all()) for p in theirs)
+    ours = grads()
+    result = clip_grads_(ours, max_norm=math.inf, backend="torch")
+    assert bool(result.nonfinite) and math.isinf(float(result.total_norm)) and ours[0].grad.tolist() == [1.0, 2.0, 3.0]
+
+    def scaler_step(factor: float) -> torch.Tensor:
+        p = torch.nn.Parameter(torch.ones(2))
+        opt, scaler = torch.optim.SGD([p], lr=0.1), torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        scaler.scale((p * torch.tensor([factor, 1.0])).sum()).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_([p], max_norm=math.inf)  # only to log the norm
+        scaler.step(opt)
+        return p.detach()
+
+    assert scaler_step(1e35).tolist() == [1.0, 1.0]  # a real overflow: the scaler skips the step
+    assert bool(scaler_step(1e30).isnan().all())  # finite gradients, an fp32 norm of inf: NaN weights
