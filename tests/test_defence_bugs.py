@@ -33,6 +33,8 @@ def test_the_breaks_are_named_in_yaml_and_refuse_what_they_cannot_mean():
         NANO.replace(optimizer__step_counter="stuck").resolved()
     with pytest.raises(ConfigError, match=r"SkipStepCounter\(ratio=...\) must be > 1, was 1.0"):
         SkipStepCounter(ratio=1.0)
+    with pytest.raises(ConfigError, match=r"^ClipMuonUpdate \(clip_when muon_update\) is declared on one process"):
+        train(NANO.replace(optimizer__name="muon").with_breaks(ClipMuonUpdate()), nproc=2)
 
 
 def test_assert_muon_update_scale_on_arrays():
