@@ -118,3 +118,11 @@ def test_clip_at_inf_to_log_the_norm_turns_every_gradient_nan_in_torch_not_here(
 
     assert scaler_step(1e35).tolist() == [1.0, 1.0]  # a real overflow: the scaler skips the step
     assert bool(scaler_step(1e30).isnan().all())  # finite gradients, an fp32 norm of inf: NaN weights
+
+
+def test_a_clip_muon_update_run_folder_validates_against_the_schema(tmp_path):
+    from run_schema import validate_run_folder
+
+    run = train(NANO.replace(optimizer__name="muon", optimizer__lr=0.02).with_breaks(ClipMuonUpdate()))
+    assert run.facts.clip.when == "muon_update"
+    validate_run_folder(run.save(tmp_path / "run"))
