@@ -126,3 +126,21 @@ def test_a_clip_muon_update_run_folder_validates_against_the_schema(tmp_path):
     run = train(NANO.replace(optimizer__name="muon", optimizer__lr=0.02).with_breaks(ClipMuonUpdate()))
     assert run.facts.clip.when == "muon_update"
     validate_run_folder(run.save(tmp_path / "run"))
+
+
+def test_each_bug_fails_its_assertion_and_its_fixed_twin_passes():
+    """The trained twins in two steps each (scenarios/test_defence_bugs.py runs eight, with --spikecheck)."""
+    from pytest_spikecheck import SkipSpikes
+
+    muon = NANO.replace(optimizer__name="muon", optimizer__lr=0.02, optimizer__weight_decay=0.0)
+    fixed, bug = train(muon), train(muon.with_breaks(ClipMuonUpdate()))
+    assert_muon_update_scale(fixed)
+    with pytest.raises(AssertionError, match=r"attenuated .*\(update_clip_norm\)"):
+        assert_muon_update_scale(bug)
+    attenuation = fixed["muon_update_ratio"][0] / bug["muon_update_ratio"][0]
+    assert attenuation == pytest.approx(bug["update_clip_norm"][0], rel=5e-3)  # the norm the clip divided by
+    skip, frozen = train(NANO.with_breaks(SkipSpikes())), train(NANO.with_breaks(SkipStepCounter()))
+    assert assert_optimizer_steps(skip) == {"applied": 2, "counted": 2}
+    with pytest.raises(AssertionError, match=r"^at step 1 the optimizer counted 0 steps but 1 were applied"):
+        assert_optimizer_steps(frozen)
+    assert frozen["update_rms"][1] > 1.3 * skip["update_rms"][1]  # step 2: the bias correction of step 1 again
