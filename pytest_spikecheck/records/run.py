@@ -48,7 +48,8 @@ MODEL_STAT_KEYS = ("attn_logit_max", "logz_mean", "logz_absmax", "z_loss")
 #: how many attention heads QK-Clip scaled back after the step's update (``qk_clipped_heads``),
 #: and on the induction corpus the eval loss on the repeated half of each sequence
 #: (``eval_loss_repeat``, NaN where not evaluated).
-SETUP_KEYS = ("loss_scale", "clip_limit", "qk_clipped_heads", "eval_loss_repeat")
+SETUP_KEYS = ("loss_scale", "clip_limit", "qk_clipped_heads", "eval_loss_repeat",
+              "muon_update_ratio", "update_rms", "optimizer_steps", "update_clip_norm")
 #: Columns logged only at some steps (NaN elsewhere, marked missing, written as null).
 SPARSE_KEYS = ("eval_loss", "eval_loss_repeat")
 #: The per-step column that says why a step's update was not applied (null where it was).

@@ -430,3 +430,39 @@ class GatedAttention(Break):
 
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(model__attn_gate=True)
+
+
+# -- defence bugs that shipped in the frameworks (docs/defence-bugs.md) ------------------------
+
+
+@dataclass(frozen=True)
+class ClipMuonUpdate(Break):
+    """DeepSpeed issue 8439 (fix: PR 7776): under Muon the engine's ``gradient_clipping`` is taken
+    over Muon's orthogonalised update instead of the gradient, so every Muon step is divided by
+    the norm of that update, a property of the model's shape (DeepSpeed's table: 4.22x at hidden
+    128, 85.6x at 8192), and the step size no longer follows the lr. Muon's matrices step on their
+    unclipped gradients; the clip's norm is recorded as ``update_clip_norm``;
+    ``assert_muon_update_scale`` catches it. Needs ``optimizer.name: muon`` and a global clip."""
+
+    config_name: ClassVar[str] = "clip_muon_update"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__clip_when="muon_update")
+
+
+@dataclass(frozen=True)
+class SkipStepCounter(Break):
+    """OLMo-core PR 317 (the fix: PR 309): a skip-step AdamW (here SkipSpikes at ``ratio``) whose
+    step counter never advanced, so Adam's bias correction stays that of step 1 while its
+    moments accumulate (the PR's note: an effective lr about 2.2x the one specified). The
+    optimizer's own count is recorded (``optimizer_steps``); ``assert_optimizer_steps`` catches it."""
+
+    config_name: ClassVar[str] = "skip_step_counter"
+    ratio: float = 5.0
+
+    def validate(self) -> None:
+        if not self.ratio > 1:
+            raise ConfigError(f"SkipStepCounter(ratio=...) must be > 1, was {self.ratio!r}")
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__skip_spike_ratio=float(self.ratio), optimizer__step_counter="frozen")

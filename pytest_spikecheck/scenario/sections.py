@@ -79,8 +79,10 @@ class BurstSpec:
 CLIP_KINDS = ("none", "global", "per_tensor", "shard_local", "adaptive")
 #: ClipSpec.when: on the step's whole, unscaled gradient (``after_unscale``, the right place);
 #: on the loss-scaled gradients (``before_unscale``: ClipBeforeUnscale, a bug); on each
-#: micro-batch's gradient before they are summed (``per_microbatch``: ClipEachMicrobatch, a bug).
-CLIP_WHENS = ("after_unscale", "before_unscale", "per_microbatch")
+#: micro-batch's gradient before they are summed (``per_microbatch``: ClipEachMicrobatch, a bug); on
+#: Muon's orthogonalised update in place of its matrices' gradients (``muon_update``: ClipMuonUpdate,
+#: the bug of DeepSpeed issue 8439).
+CLIP_WHENS = ("after_unscale", "before_unscale", "per_microbatch", "muon_update")
 #: The YAML spelling before ClipSpec (``optimizer.clip_mode``), still read: each old value as
 #: (clip_kind, clip_when). Documented in docs/run-format.md.
 CLIP_MODE_ALIAS = {"global": ("global", "after_unscale"), "per_tensor": ("per_tensor", "after_unscale"),
@@ -218,6 +220,9 @@ class OptimizerSpec:
     qk_clip: float | None = None  # tau; None = off
     qk_clip_alpha: float = 0.5  # W_q gets gamma^alpha, W_k gamma^(1 - alpha), gamma = tau / max logit
     qk_clip_per_head: bool = True  # False: one gamma per layer (its largest head's)
+    # AdamW's step counter (Adam's bias correction): advance (torch's) | frozen: it stays at its
+    # initial 0, every step's bias correction that of step 1 (SkipStepCounter, the bug of OLMo-core's SkipStepAdamW, PR 317)
+    step_counter: str = "advance"
 
     def __post_init__(self) -> None:
         # One spelling of "no clipping" so equal runs hash equal: inf becomes None.
@@ -381,6 +386,12 @@ def check_section_values(scenario: "Scenario") -> None:
     check(o.adaptive_z > 0 and 0 < o.adaptive_alpha < 1,
           f"optimizer.adaptive_z must be > 0 and adaptive_alpha in (0, 1), was {o.adaptive_z}, {o.adaptive_alpha}")
     check(o.clip_when in CLIP_WHENS, f"optimizer.clip_when must be one of {', '.join(CLIP_WHENS)}, was {o.clip_when!r}")
+    check(o.clip_when != "muon_update" or (o.name == "muon" and o.grad_clip is not None and o.clip_kind == "global"),
+          "optimizer.clip_when muon_update (ClipMuonUpdate) needs optimizer.name muon and a global clip "
+          f"(grad_clip a number, clip_kind global), was name {o.name!r}, grad_clip {o.grad_clip!r}, clip_kind {o.clip_kind!r}")
+    check(o.step_counter in ("advance", "frozen"), f"optimizer.step_counter must be advance or frozen, was {o.step_counter!r}")
+    check(o.step_counter == "advance" or o.name == "adamw",
+          f"optimizer.step_counter frozen (SkipStepCounter) is AdamW's counter; optimizer.name was {o.name!r}")
     o.clip  # noqa: B018 (the kind's check, one line naming the known kinds)
     check(o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
           f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}")

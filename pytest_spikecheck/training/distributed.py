@@ -96,6 +96,9 @@ def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
     if resolved.optimizer.clip.when == "per_microbatch":
         raise ConfigError("ClipEachMicrobatch (clip_when per_microbatch) is declared on one process: train it "
                           "with nproc 1")
+    if resolved.optimizer.clip.when == "muon_update":
+        raise ConfigError("ClipMuonUpdate (clip_when muon_update) is declared on one process: its clip norm needs the "
+                          "whole AdamW part's gradients, and each rank holds a shard; train it with nproc 1")
     k = resolved.sampler.accumulation
     if resolved.sampler.batch_size < nproc * k:
         times = f" x accumulation {k}" if k > 1 else ""

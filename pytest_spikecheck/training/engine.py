@@ -42,6 +42,7 @@ from pytest_spikecheck.training.recorders import (
     EvalRecorder,
     EventRecorder,
     MetricsRecorder,
+    UpdateRecorder,
     locate_nonfinite,
     lockin_stats,
 )
@@ -127,6 +128,7 @@ class _Training:
     events: EventRecorder
     evals: EvalRecorder
     attention: AttentionRecorder
+    updates: UpdateRecorder
 
     @classmethod
     def build(cls, resolved: Scenario, device: torch.device, sharding: Sharding, backend: str) -> "_Training":
@@ -165,7 +167,7 @@ class _Training:
             evals=EvalRecorder(resolved, declared, model, to_device(dataset.eval.inputs),
                                to_device(dataset.eval.targets), active=sharding.is_recorder,
                                repeat_mask=None if dataset.eval_repeat is None else to_device(dataset.eval_repeat)),
-            attention=AttentionRecorder())
+            attention=AttentionRecorder(), updates=UpdateRecorder(resolved, optimizer, named))
 
 
 def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
@@ -198,8 +200,10 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
             break
         why_skipped = verdict.skipped
         t.events.before_update(s, verdict)
+        t.updates.before_update()
         update_report = t.trainer.update(skip=why_skipped is not None)  # QK-Clip's qk_clipped_heads, when on
         t.events.after_update(s)
+        update_report.update(t.updates.after_update())
         if why_skipped is not None:
             skipped[step] = why_skipped
         v_sum = sharding.adam_v_sum(t.optimizer)

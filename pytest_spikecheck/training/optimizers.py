@@ -155,6 +155,52 @@ def build_muon(tensors: Sequence[MuonTensor], adamw_groups: list[dict[str, Any]]
                         after_step=after_step)
 
 
+class FrozenStepAdamW(torch.optim.AdamW):
+    """SkipStepCounter, the bug (OLMo-core PR 317): torch's AdamW whose per-tensor step counter
+    never advances from its initial 0 (torch adds 1 before using it, so every step's bias
+    corrections are those of step 1, 1 - beta1 and 1 - beta2, while the moments accumulate): the
+    update is larger than AdamW's in the first steps. Otherwise torch's AdamW, step for step."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                step = self.state[p].get("step") if p in self.state else None
+                if torch.is_tensor(step):
+                    step.fill_(0.0)
+        return loss
+
+
+def clip_muon_update_(muon: torch.optim.Optimizer, others: Sequence[torch.optim.Optimizer], max_norm: float) -> float:
+    """ClipMuonUpdate, the bug (DeepSpeed issue 8439): Muon steps on its unclipped gradients, then
+    the global clip is taken over Muon's orthogonalised update (what it applied, the weight decay
+    aside, divided by the lr: DeepSpeed orthogonalises into the gradient buffer) together with the
+    other parts' gradients, and its coefficient min(1, max_norm / (norm + 1e-6)) scales both:
+    Muon's update is divided by the norm of the update itself. Returns that norm (the "grad norm"
+    such an engine reports). The other parts step after, on their clipped gradients."""
+    done = []
+    with torch.no_grad():
+        for group in muon.param_groups:
+            lr, decay = group["lr"], 1.0 - group["lr"] * group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is not None:
+                    done.append((p, p.detach().clone().mul_(decay), lr))
+        muon.step()
+        squares = [((decayed - p) / lr).double().pow(2).sum() for p, decayed, lr in done]
+        grads = [p.grad for o in others for g in o.param_groups for p in g["params"] if p.grad is not None]
+        squares += [g.double().pow(2).sum() for g in grads]
+        norm = float(torch.stack(squares).sum().sqrt()) if squares else 0.0
+        coef = min(1.0, max_norm / (norm + 1e-6))
+        for p, decayed, _ in done:  # decayed - coef * (decayed - p): the update scaled, the decay kept
+            p.sub_(decayed).mul_(coef).add_(decayed)
+        for g in grads:
+            g.mul_(coef)
+        for o in others:
+            o.step()
+    return norm
+
+
 @dataclass(frozen=True)
 class OptimizerKind:
     """What an ``optimizer.name`` builds, and what it declares to a sharding (the N-rank path
@@ -173,8 +219,8 @@ class OptimizerKind:
 
 #: One per optimizer.name (scenario.sections.OPTIMIZERS, in its order).
 OPTIMIZER_KINDS: dict[str, OptimizerKind] = {
-    "adamw": OptimizerKind("adamw", lambda groups, o: torch.optim.AdamW(groups, lr=o.lr, betas=o.betas, eps=o.eps,
-                                                                         foreach=True), None, adam_moments=True),
+    "adamw": OptimizerKind("adamw", lambda groups, o: (FrozenStepAdamW if o.step_counter == "frozen" else torch.optim.AdamW)(
+        groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True), None, adam_moments=True),
     "muon": OptimizerKind("muon", None, lambda model, scenario: muon_matrices(model, scenario), adam_moments=True),
     "sgd": OptimizerKind("sgd", lambda groups, o: torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum,
                                                                    nesterov=o.nesterov and o.momentum > 0, foreach=True),
@@ -248,9 +294,17 @@ class OptimizerSet:
         self.parts = dict(parts)
         self._views, self._parents, self.after_step = list(views), list(parents), after_step
         self._parents_group = {"params": self._parents, "lr": 0.0, "stacked": True}  # never stepped
-        #: The keys the hook reports (0 at a skipped step).
-        self.report_keys: tuple[str, ...] = ("qk_clipped_heads",) if after_step is not None else ()
         self.last_report: dict[str, float] = {}
+        #: ClipMuonUpdate (the bug): the step's max_norm, applied to Muon's update by
+        #: :func:`clip_muon_update_` (None: the parts step as they are, on clipped gradients).
+        self.clip_update: float | None = None
+
+    @property
+    def report_keys(self) -> tuple[str, ...]:
+        """The keys :attr:`last_report` holds (0 at a skipped step): the hook's (QK-Clip's
+        ``qk_clipped_heads``), and under ClipMuonUpdate the norm its clip divided by (``update_clip_norm``)."""
+        return (("qk_clipped_heads",) if self.after_step is not None else ()) + (
+            ("update_clip_norm",) if self.clip_update is not None else ())
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -275,9 +329,14 @@ class OptimizerSet:
     def step(self) -> None:
         for view, source in self._views:
             view.grad = source() if callable(source) else source
-        for part in self.parts.values():
-            part.step()
-        self.last_report = self.after_step() if self.after_step is not None else {}
+        report: dict[str, float] = {}
+        if self.clip_update is not None and "muon" in self.parts:
+            report["update_clip_norm"] = clip_muon_update_(self.parts["muon"], [p for n, p in self.parts.items()
+                                                                                if n != "muon"], self.clip_update)
+        else:
+            for part in self.parts.values():
+                part.step()
+        self.last_report = {**(self.after_step() if self.after_step is not None else {}), **report}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for part in self.parts.values():

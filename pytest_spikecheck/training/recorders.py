@@ -13,6 +13,8 @@ changes a run's numbers.
 - :class:`EvalRecorder`: the eval loss, sparse, dense around events (and on the repeated half,
   on the induction corpus).
 - :class:`AttentionRecorder`: where the run's largest attention logit was (step, layer, head).
+- :class:`UpdateRecorder`: the update the optimizer applied (Muon's against its expected scale,
+  the update's RMS) and the optimizer's own step count, on runs where they can go wrong.
 - :func:`lockin_stats`, :func:`locate_nonfinite`: read once, at the end or at the stop.
 """
 
@@ -263,6 +265,56 @@ class AttentionRecorder:
         if self._heads is None:
             return None
         return {"step": self._step, "value": self._value, "per_head": self._heads.tolist()}
+
+
+def muon_expected_rms(lr: float, adjust_lr_fn: str | None, shape: tuple[int, ...]) -> float:
+    """The RMS of the update torch.optim.Muon applies to an (m, n) matrix, its weight decay aside:
+    its adjusted lr (``adjust_lr`` rule: lr x sqrt(max(1, m/n)), or lr x 0.2 x sqrt(max(m, n))
+    for ``match_rms_adamw``) times the RMS of an orthogonal m x n matrix, 1 / sqrt(max(m, n))."""
+    from torch.optim._muon import _adjust_lr  # torch's own rule, not a copy of it
+
+    return _adjust_lr(lr, adjust_lr_fn, torch.Size(shape)) / math.sqrt(max(shape[:2]))
+
+
+class UpdateRecorder:
+    """What the optimizer did to the weights, read around its step (never changing it):
+
+    - ``muon_update_ratio`` (a Muon run): the median over Muon's matrices of RMS(ΔW) over
+      :func:`muon_expected_rms` at the step's lr; about 1 (Newton-Schulz gives singular values of
+      about 0.7 to 1.2), far below when something scales Muon's update (ClipMuonUpdate);
+    - ``optimizer_steps`` and ``update_rms`` (a run that can skip steps, SkipSpikes or a loss
+      scale, or declares a step counter): the largest ``step`` in the optimizer's state (its own
+      count of the steps it applied, the one Adam's bias correction reads) and the RMS of ΔW over
+      every trainable parameter. A skipped step changes nothing: ``update_rms`` 0."""
+
+    def __init__(self, scenario: Scenario, optimizer: Any, named: list[tuple[str, torch.nn.Parameter]]) -> None:
+        o = scenario.optimizer
+        self.optimizer, self.named = optimizer, named
+        parts = getattr(optimizer, "parts", {})
+        self.muon = parts.get("muon") if isinstance(parts, dict) else None
+        self.steps = (o.skip_spike_ratio is not None or scenario.amp.loss_scale is not None or o.step_counter != "advance")
+        self._muon_before: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        self._before: list[torch.Tensor] = []
+
+    def before_update(self) -> None:
+        if self.muon is not None:
+            self._muon_before = [(p, p.detach().clone(), muon_expected_rms(g["lr"], g.get("adjust_lr_fn"), tuple(p.shape)))
+                                 for g in self.muon.param_groups for p in g["params"]]
+        if self.steps:
+            self._before = [p.detach().clone() for _, p in self.named]
+
+    def after_update(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        if self.muon is not None:
+            ratios = [float((p.detach() - b).pow(2).mean().sqrt()) / expected for p, b, expected in self._muon_before]
+            out["muon_update_ratio"] = float(np.median(ratios)) if ratios else math.nan
+        if self.steps:
+            squares = sum(float((p.detach() - b).double().pow(2).sum()) for (_, p), b in zip(self.named, self._before))
+            out["update_rms"] = math.sqrt(squares / max(sum(p.numel() for _, p in self.named), 1))
+            counts = [float(st["step"]) for st in self.optimizer.state.values() if "step" in st]
+            out["optimizer_steps"] = max(counts) if counts else math.nan
+        self._muon_before, self._before = [], []
+        return out
 
 
 @dataclass

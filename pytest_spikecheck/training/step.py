@@ -90,6 +90,8 @@ class TrainingStep:
         # the two accumulation/precision bugs are clips at the wrong moment (clip.when)
         self.clip_order = clip.when
         self.clip_scope = clip.scope  # global | per_tensor | shard_local (the sharding's, on several ranks)
+        if clip.when == "muon_update" and not hasattr(optimizer, "clip_update"):
+            raise ValueError(f"clip when muon_update needs the engine's Muon optimizer (an OptimizerSet), was {type(optimizer).__name__}")
         self.accumulation, self.accumulate = accumulation, accumulate
         self.precision = precision if precision is not None else Precision.float32()
         self._head_logits: list[torch.Tensor] = []
@@ -108,6 +110,10 @@ class TrainingStep:
         elif each_micro is not None:  # the bug: every micro-batch was clipped on its own already
             clip = each_micro.finish()
             overflow = False
+        elif self.clip_order == "muon_update":  # the bug: the gradients stay as they are, measured only;
+            overflow = precision.unscale(self.optimizer)  # the optimizer clips Muon's update (ClipMuonUpdate)
+            clip = self.sharding.clip(math.inf, backend=self.backend, mode="global")
+            self.optimizer.clip_update = max_norm
         else:
             overflow = precision.unscale(self.optimizer)
             clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_scope)

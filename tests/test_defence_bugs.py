@@ -1,0 +1,153 @@
+"""The defence bugs that shipped (docs/defence-bugs.md): their breaks refuse what they cannot
+mean before anything trains, their assertions judge arrays, and the attention-logit column is
+recorded whatever the defences (Megatron-Bridge PR 5329's monitoring bug). The trained twins are
+scenarios/test_defence_bugs.py; the runs here are 2 steps of the nano GPT."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pytest_spikecheck import (
+    ClipMuonUpdate, ConfigError, GatedAttention, LogitSoftcap, QKClip, QKLayerNorm, Scenario, SkipStepCounter, ZLoss,
+    assert_muon_update_scale, assert_optimizer_steps, train,
+)
+from pytest_spikecheck.models.config import GPTConfig
+from pytest_spikecheck.records import Record
+from pytest_spikecheck.errors import SpikeCheckError
+from pytest_spikecheck.scenario.break_base import break_from_config, break_to_config
+
+NANO = Scenario.preset("phase-19").replace(steps=2, seed=0, model=GPTConfig(arch="gpt", n_layer=2, n_head=2, n_embd=32))
+
+
+def test_the_breaks_are_named_in_yaml_and_refuse_what_they_cannot_mean():
+    assert break_from_config("clip_muon_update") == ClipMuonUpdate()
+    assert break_from_config({"skip_step_counter": {"ratio": 3.0}}) == SkipStepCounter(ratio=3.0)
+    assert break_to_config(SkipStepCounter(ratio=3.0)) == {"skip_step_counter": {"ratio": 3.0}}
+    with pytest.raises(ConfigError, match=r"^optimizer.clip_when muon_update \(ClipMuonUpdate\) needs optimizer.name muon"):
+        NANO.with_breaks(ClipMuonUpdate()).resolved()
+    with pytest.raises(ConfigError, match=r"needs optimizer.name muon and a global clip .*grad_clip None"):
+        NANO.replace(optimizer__name="muon", optimizer__grad_clip=None).with_breaks(ClipMuonUpdate()).resolved()
+    with pytest.raises(ConfigError, match=r"^optimizer.step_counter frozen \(SkipStepCounter\) is AdamW's counter"):
+        NANO.replace(optimizer__name="muon").with_breaks(SkipStepCounter()).resolved()
+    with pytest.raises(ConfigError, match=r"^optimizer.step_counter must be advance or frozen, was 'stuck'$"):
+        NANO.replace(optimizer__step_counter="stuck").resolved()
+    with pytest.raises(ConfigError, match=r"SkipStepCounter\(ratio=...\) must be > 1, was 1.0"):
+        SkipStepCounter(ratio=1.0)
+    with pytest.raises(ConfigError, match=r"^ClipMuonUpdate \(clip_when muon_update\) is declared on one process"):
+        train(NANO.replace(optimizer__name="muon").with_breaks(ClipMuonUpdate()), nproc=2)
+
+
+def test_assert_muon_update_scale_on_arrays():
+    steps = np.arange(1, 5)
+    healthy = {"step": steps, "muon_update_ratio": np.array([0.88, 0.87, 0.9, 0.89])}
+    assert assert_muon_update_scale(healthy)["min"] == pytest.approx(0.87)
+    clipped = {**healthy, "muon_update_ratio": np.array([0.043, 0.043, 0.9, 0.04]),
+               "update_clip_norm": np.array([21.2, 21.1, 1.0, 21.0])}
+    with pytest.raises(AssertionError, match=r"^Muon's update at step 4 was 0.04x its expected scale \(allowed 0.5-2x\): "
+                                             r"the step was attenuated 25x by something other than the lr; the clip was "
+                                             r"taken over Muon's update and divided it by 21 \(update_clip_norm\)"):
+        assert_muon_update_scale(clipped)
+    with pytest.raises(AssertionError, match=r"at step 2 was 3x .*amplified 3x by something other than the lr\n"):
+        assert_muon_update_scale({**healthy, "muon_update_ratio": np.array([1.0, 3.0, 1.0, 1.0])})
+    with pytest.raises(Exception, match=r"no 'muon_update_ratio' column"):
+        assert_muon_update_scale({"step": steps, "loss": np.ones(4)})
+
+
+def test_assert_optimizer_steps_counts_applied_steps_only():
+    steps = np.arange(1, 6)
+    skipping = Record(metrics={"step": steps, "optimizer_steps": np.array([1.0, 2.0, 2.0, 3.0, 4.0])},
+                      skipped={3: "skip_spikes"})
+    assert assert_optimizer_steps(skipping) == {"applied": 4, "counted": 4}
+    # a counter that advances at a skipped step counts a step that never reached the weights
+    counted_skip = Record(metrics={"step": steps, "optimizer_steps": np.arange(1.0, 6.0)}, skipped={3: "skip_spikes"})
+    with pytest.raises(AssertionError, match=r"^at step 3 the optimizer counted 3 steps but 2 were applied \(1 skipped\)\n"):
+        assert_optimizer_steps(counted_skip)
+    # the failure carries its verdict (issue 33): what was measured against what, at which step
+    with pytest.raises(SpikeCheckError) as caught:
+        assert_optimizer_steps(counted_skip)
+    verdict = caught.value.verdict
+    assert (verdict.assertion, verdict.passed, verdict.step, verdict.measured, verdict.limit) == (
+        "assert_optimizer_steps", False, 3, 3.0, 2.0)
+    frozen = Record(metrics={"step": steps, "optimizer_steps": np.zeros(5)})
+    with pytest.raises(AssertionError, match=r"^at step 1 the optimizer counted 0 steps but 1 were applied"):
+        assert_optimizer_steps(frozen)
+
+
+@pytest.mark.parametrize("defence", [None, QKClip(tau=30.0), QKLayerNorm(), LogitSoftcap(), ZLoss(), GatedAttention()],
+                         ids=lambda d: "none" if d is None else d.config_name)
+def test_attn_logit_max_is_recorded_whatever_the_defences(defence):
+    """Megatron-Bridge PR 5329: the max attention logit was logged only with QK-Clip on. Here the
+    column is the model's own stat, recorded at every step with any defence or none."""
+    run = train(NANO if defence is None else NANO.with_breaks(defence))
+    column = run.metrics["attn_logit_max"]
+    assert len(column) == 2 and np.all(np.isfinite(column)) and np.all(column > 0)
+
+
+def test_attn_logit_max_is_recorded_under_muon_without_qk_clip():
+    run = train(NANO.replace(optimizer__name="muon", optimizer__lr=0.02))
+    assert np.all(np.isfinite(run.metrics["attn_logit_max"])) and "qk_clipped_heads" not in run.metrics
+    assert np.all(np.isfinite(run.metrics["muon_update_ratio"]))  # the update recorder reads Muon's step too
+
+
+def test_clip_at_inf_to_log_the_norm_turns_every_gradient_nan_in_torch_not_here():
+    """The clip_inf_to_log bug (a review of Skovorp/feral PR 16; pytorch issue 46849): torch's
+    clip_grad_norm_(max_norm=inf) at an infinite norm multiplies every gradient by inf/inf = NaN,
+    the finite ones too; the harness's clip leaves them and says the norm is non-finite. Under a
+    GradScaler an overflow is still skipped (its check ran in unscale_), but finite gradients
+    whose fp32 norm overflows reach the weights as NaN."""
+    import math
+
+    import torch
+
+    from pytest_spikecheck.clipping import clip_grads_
+
+    def grads() -> list[torch.nn.Parameter]:
+        a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+        a.grad, b.grad = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([math.inf, 1.0])
+        return [a, b]
+
+    theirs = grads()
+    assert math.isinf(float(torch.nn.utils.clip_grad_norm_(theirs, max_norm=math.inf)))
+    assert all(bool(p.grad.isnan().all()) for p in theirs)
+    ours = grads()
+    result = clip_grads_(ours, max_norm=math.inf, backend="torch")
+    assert bool(result.nonfinite) and math.isinf(float(result.total_norm)) and ours[0].grad.tolist() == [1.0, 2.0, 3.0]
+
+    def scaler_step(factor: float) -> torch.Tensor:
+        p = torch.nn.Parameter(torch.ones(2))
+        opt, scaler = torch.optim.SGD([p], lr=0.1), torch.amp.GradScaler("cpu", init_scale=2.0**16)
+        scaler.scale((p * torch.tensor([factor, 1.0])).sum()).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_([p], max_norm=math.inf)  # only to log the norm
+        scaler.step(opt)
+        return p.detach()
+
+    assert scaler_step(1e35).tolist() == [1.0, 1.0]  # a real overflow: the scaler skips the step
+    assert bool(scaler_step(1e30).isnan().all())  # finite gradients, an fp32 norm of inf: NaN weights
+
+
+def test_a_clip_muon_update_run_folder_validates_against_the_schema(tmp_path):
+    from run_schema import validate_run_folder
+
+    run = train(NANO.replace(optimizer__name="muon", optimizer__lr=0.02).with_breaks(ClipMuonUpdate()))
+    assert run.facts.clip.when == "muon_update"
+    validate_run_folder(run.save(tmp_path / "run"))
+
+
+def test_each_bug_fails_its_assertion_and_its_fixed_twin_passes():
+    """The trained twins in two steps each (scenarios/test_defence_bugs.py runs eight, with --spikecheck)."""
+    from pytest_spikecheck import SkipSpikes
+
+    muon = NANO.replace(optimizer__name="muon", optimizer__lr=0.02, optimizer__weight_decay=0.0)
+    fixed, bug = train(muon), train(muon.with_breaks(ClipMuonUpdate()))
+    assert_muon_update_scale(fixed)
+    with pytest.raises(AssertionError, match=r"attenuated .*\(update_clip_norm\)"):
+        assert_muon_update_scale(bug)
+    attenuation = fixed["muon_update_ratio"][0] / bug["muon_update_ratio"][0]
+    assert attenuation == pytest.approx(bug["update_clip_norm"][0], rel=5e-3)  # the norm the clip divided by
+    skip, frozen = train(NANO.with_breaks(SkipSpikes())), train(NANO.with_breaks(SkipStepCounter()))
+    assert assert_optimizer_steps(skip) == {"applied": 2, "counted": 2}
+    with pytest.raises(AssertionError, match=r"^at step 1 the optimizer counted 0 steps but 1 were applied"):
+        assert_optimizer_steps(frozen)
+    assert frozen["update_rms"][1] > 1.3 * skip["update_rms"][1]  # step 2: the bias correction of step 1 again
