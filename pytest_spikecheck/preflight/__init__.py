@@ -62,17 +62,23 @@ def plan(config: str | Path | HFConfig, recipe: str | Path | Recipe | dict, *, a
 def preflight(config: str | Path | HFConfig, recipe: str | Path | Recipe | dict, *, widths: Sequence[int] | None = None,
               quick: bool = False, executor: str = "local", jobs: int | None = None, address: str | None = None,
               out: str | Path | None = None, fresh: bool = False, store: str | Path | None = None,
-              progress: Any = True, allow_untested: bool = False, **options: Any) -> PreflightResult:
+              progress: Any = True, allow_untested: bool = False, session: Any = None, **options: Any) -> PreflightResult:
     """Plan, train and judge a preflight study (the module docstring). ``executor``, ``jobs``,
     ``address``, ``out``, ``fresh``, ``store`` and ``progress`` are :func:`pytest_spikecheck.sweep.sweep`'s
     (with ``out``, finished points are cached in its run store: a rerun trains only what is
-    missing); ``out`` also receives preflight.json, preflight.md and index.html."""
+    missing); ``out`` also receives preflight.json, preflight.md and index.html. ``session``: the
+    ``spikecheck`` fixture; each point is then the session's run (:mod:`.session`: trained once
+    per point under ``pytest --spikecheck -n N``), and ``executor`` is not used."""
     from pytest_spikecheck.integrations.hf_proxy import transformers_version
     from pytest_spikecheck.sweep.engine import sweep
 
     study, lines = plan(config, recipe, allow_untested=allow_untested, widths=widths, quick=quick, **options)
     plan_sweep = study_sweep(study, transformers_version() or "")
     started = time.perf_counter()
+    if session is not None:
+        from pytest_spikecheck.preflight.session import SessionExecutor
+
+        executor = SessionExecutor(session)
     result = sweep(plan_sweep, executor=executor, jobs=jobs, address=address,
                    out=Path(out) / "sweep" if out is not None else None, fresh=fresh, store=store, progress=progress)
     rows = [{**point_coordinates(p), **{k: r.get(k) for k in ("status", "final_eval_loss", "initial_loss",
