@@ -171,3 +171,56 @@ def test_the_cli_refuses_bad_input_in_one_line_before_training(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "proxy width 256: 4 heads / 1 KV x head_dim 64" in out and "336 points" in out
     assert "defence clip-1 left out: the recipe clips at 1 already" in out
+
+
+def _rows(first_failing: dict[tuple[int, int], float | None], lrs=(1e-3, 2e-3, 4e-3, 8e-3, 1.6e-2)) -> list[dict]:
+    """Study rows for one corpus and defence whose first failing LR per (width, seed) is given:
+    every LR from it on diverges (inf), every LR below ends at 2.0 from 5.0."""
+    rows = []
+    for (width, seed), first in first_failing.items():
+        for lr in lrs:
+            bad = first is not None and lr >= first
+            rows.append({"corpus": "induction", "defence": "as-given", "width": width, "seed": seed, "lr": lr,
+                         "status": "done", "final_eval_loss": float("inf") if bad else 2.0, "initial_loss": 5.0,
+                         "max_attn_logit": 20.0, "diverged": bad})
+    return rows
+
+
+def test_the_verdict_fits_the_first_failing_lr_against_width_and_extrapolates():
+    from pytest_spikecheck.preflight.verdict import fails, verdict
+
+    ladder = {(64, 0): 1.6e-2, (128, 0): 8e-3, (256, 0): 4e-3, (64, 1): 1.6e-2, (128, 1): 8e-3, (256, 1): 2e-3}
+    found = verdict(_rows(ladder), user_lr=1e-3, target_width=1024)["studies"][0]
+    assert [p["first_failing_lr"] for p in found["widths"]] == [1.6e-2, 8e-3, 3e-3]
+    assert found["slope"] == pytest.approx(-1.21, abs=0.01)
+    assert found["slope_interval"] == pytest.approx([-1.5, -1.0])
+    assert found["predicted_first_failing_lr"] < 1e-3  # width^-1.2 from 3e-3 at 256 to 1024
+    assert "predicted unstable" in found["sentence"] and "width^-1.21 [-1.50, -1.00]" in found["sentence"]
+    one_seed = verdict(_rows({k: v for k, v in ladder.items() if k[1] == 0}), user_lr=1e-3, target_width=1024)
+    assert "cannot tell (one seed, no interval)" in one_seed["studies"][0]["sentence"]
+    flat = verdict(_rows({(64, 0): None, (128, 0): None}), user_lr=1e-3, target_width=1024)["studies"][0]
+    assert flat["holds"] and "holds at every proxy width" in flat["sentence"]
+    assert fails({"status": "done", "final_eval_loss": 4.0, "initial_loss": 5.0, "max_attn_logit": 150.0}) is True
+    assert fails({"status": "done", "final_eval_loss": 5.1, "initial_loss": 5.0, "max_attn_logit": 1.0}) is True
+    assert fails({"status": "done", "final_eval_loss": 4.0, "initial_loss": 5.0, "max_attn_logit": 99.0}) is False
+    assert fails({"status": "failed"}) is None
+
+
+def test_assert_preflight_checks_the_margin_at_every_width_and_the_extrapolated_one():
+    from pytest_spikecheck.errors import SpikeCheckError
+    from pytest_spikecheck.preflight.result import PreflightResult, assert_preflight
+    from pytest_spikecheck.preflight.verdict import verdict
+
+    def result(ladder, lr):
+        rows = _rows(ladder)
+        return PreflightResult("cfg", "adamw", lr, 1024, [], rows, verdict(rows, user_lr=lr, target_width=1024))
+
+    steady = {(64, 0): 1.6e-2, (128, 0): 1.6e-2, (64, 1): 1.6e-2, (128, 1): 1.6e-2}
+    assert_preflight(result(steady, 1e-3), defences_hold=["as-given"], lr_margin=2.0)
+    with pytest.raises(SpikeCheckError, match=r"width 64: first failing LR 0.016 < 20 x lr 0.001"):
+        assert_preflight(result(steady, 1e-3), defences_hold=["as-given"], lr_margin=20.0)
+    falling = {(64, 0): 1.6e-2, (128, 0): 8e-3, (64, 1): 1.6e-2, (128, 1): 4e-3}
+    with pytest.raises(SpikeCheckError, match=r"width 1024 \(extrapolated\)"):
+        assert_preflight(result(falling, 1e-3), defences_hold=["as-given"], lr_margin=2.0)
+    with pytest.raises(SpikeCheckError, match="'qk-norm' was not studied"):
+        assert_preflight(result(steady, 1e-3), defences_hold=["qk-norm"])
