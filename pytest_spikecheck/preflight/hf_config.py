@@ -79,7 +79,7 @@ def _positive_int(raw: Mapping[str, Any], name: str, where: str, default: Any = 
     return value
 
 
-def check_config(raw: Any, where: str = "config", block_size: int = 64) -> HFConfig:
+def check_config(raw: Any, where: str = "config", block_size: int = 32) -> HFConfig:
     """Check a config's fields (the module docstring); every problem is one line."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: a config.json holds one JSON object, this holds a {type(raw).__name__}")
@@ -123,7 +123,7 @@ def check_config(raw: Any, where: str = "config", block_size: int = 64) -> HFCon
                     num_hidden_layers=layers, qk_norm=model_type == "qwen3", notes=tuple(notes))
 
 
-def read_config(path: str | Path, block_size: int = 64) -> HFConfig:
+def read_config(path: str | Path, block_size: int = 32) -> HFConfig:
     """Read and check a ``config.json`` (a file, or a folder holding one) offline."""
     path = Path(path)
     if path.is_dir():

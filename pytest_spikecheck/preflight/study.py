@@ -42,7 +42,7 @@ CORPORA = ("phase19", "induction")
 #: Training steps per point (the full study, and --quick).
 STEPS, QUICK_STEPS = 150, 100
 #: The proxies' sequence length (block size): the Phase-19 preset's.
-BLOCK_SIZE = 64
+BLOCK_SIZE = 32
 #: --quick: the documented subset (docs/preflight.md): the two smallest widths, four LRs
 #: (x1/2 ... x4 around the recipe's: where a tiny proxy's first failure lies), two defences, one seed.
 QUICK = {"widths": 2, "lr_factors": (0.5, 1.0, 2.0, 4.0), "defences": ("as-given", "qk-norm"), "seeds": (0,)}
