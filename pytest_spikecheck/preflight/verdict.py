@@ -135,7 +135,8 @@ def verdict(rows: Sequence[Mapping[str, Any]], *, user_lr: float, target_width: 
                 anchor = fit[1] + fit[0] * last
                 ends = [math.exp(anchor + s * (math.log(target_width) - last)) for s in study["slope_interval"]]
                 study["predicted_interval"] = [min(ends), max(ends)]
-        study["sentence"] = _sentence(study, user_lr, target_width)
+        logits = ", ".join(f"w{p['width']} {p['max_attn_logit']:.3g}" for p in per_width if p["max_attn_logit"] is not None)
+        study["sentence"] = _sentence(study, user_lr, target_width) + (f" (largest attention logit {logits})" if logits else "")
         study["holds"] = all(p["first_failing_lr"] is None for p in per_width)
         out["studies"].append(study)
     return out
