@@ -9,7 +9,7 @@ base 10000, RMSNorm eps 1e-5, untied head) as our Llama (``model.arch: llama``) 
 transformers' LlamaForCausalLM (the preflight's proxy, its own init: normal(0, 0.02) everywhere).
 Both through the sweep engine with the same recipe (the phase-19 preset's AdamW, clip 1.0, at
 ``--lr``). The step time is the run's seconds over its steps (eval and bookkeeping included),
-and separately a bare forward+backward+AdamW step timed in this process.
+and separately a bare forward+backward+AdamW step timed in this process, the two models alternating.
 """
 
 from __future__ import annotations
@@ -34,21 +34,23 @@ def seeds(text: str) -> list[int]:
     return list(range(int(lo), int(hi or lo) + 1))
 
 
-def bare_step_ms(model: torch.nn.Module, vocab: int, repeats: int = 30) -> float:
-    """Median ms of forward + backward + AdamW step on a (8, 32) batch, one thread."""
+def bare_steps_ms(models: list[torch.nn.Module], vocab: int, repeats: int = 40) -> list[list[float]]:
+    """ms of forward + backward + AdamW step on a (8, 32) batch, one thread, the models' steps
+    alternating (so load from other processes falls on both alike); 5 warm-up steps each."""
     torch.set_num_threads(1)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=True) for m in models]
     idx = torch.randint(0, vocab, (8, 32), generator=torch.Generator().manual_seed(0))
-    times = []
+    times: list[list[float]] = [[] for _ in models]
     for i in range(repeats + 5):
-        started = time.perf_counter()
-        _, loss = model(idx, idx)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if i >= 5:
-            times.append((time.perf_counter() - started) * 1e3)
-    return statistics.median(times)
+        for model, opt, out in zip(models, opts, times):
+            started = time.perf_counter()
+            _, loss = model(idx, idx)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if i >= 5:
+                out.append((time.perf_counter() - started) * 1e3)
+    return times
 
 
 def main() -> None:
@@ -81,8 +83,11 @@ def main() -> None:
     theirs = proxy_model(vocab, config=HF_CONFIG)
     for model in (mine, theirs):
         model.record_stats = True
-    print(f"bare step (8 x 32 tokens, 1 thread): ours {bare_step_ms(mine, vocab):.2f} ms, "
-          f"HF proxy {bare_step_ms(theirs, vocab):.2f} ms")
+    ours_ms, hf_ms = bare_steps_ms([mine, theirs], vocab)
+    ratios = sorted(h / o for o, h in zip(ours_ms, hf_ms))
+    print(f"bare step (8 x 32 tokens, 1 thread, alternating, {len(ours_ms)} each): ours median "
+          f"{statistics.median(ours_ms):.2f} ms, HF proxy {statistics.median(hf_ms):.2f} ms; HF / ours per pair "
+          f"median {statistics.median(ratios):.2f} [quartiles {ratios[len(ratios) // 4]:.2f}-{ratios[3 * len(ratios) // 4]:.2f}]")
 
 
 if __name__ == "__main__":
