@@ -59,13 +59,17 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--executor", default="local")
     p.add_argument("--only", default=None, help="comma-separated recipe names")
+    p.add_argument("--lr-scale", type=float, default=1.0, help="multiply each recipe's LR (and so its grid) by this")
     args = p.parse_args()
     chosen = [n.strip() for n in args.only.split(",")] if args.only else list(RECIPES)
     lines = ["| recipe | widths | first failing LR per width (median over seeds) | predicted at the largest | "
              "measured | within one grid step |", "|---|---|---|---:|---:|---|"]
+    print(f"widths {args.widths}, head_dim {args.head_dim}, seeds {args.seeds}, {args.steps} steps, corpus {args.corpus}, "
+          f"LR x {args.lr_scale:g}")
     hits = misses = none = 0
     for name in chosen:
         config, recipe, defence = RECIPES[name]
+        recipe = {**recipe, "lr": recipe["lr"] * args.lr_scale}
         result = preflight(CONFIGS / config, recipe, widths=[int(w) for w in args.widths.split(",")],
                            head_dim=args.head_dim, seeds=[int(s) for s in args.seeds.split(",")], steps=args.steps,
                            corpora=[args.corpus], defences=[defence], executor=args.executor, jobs=args.jobs,
