@@ -105,6 +105,8 @@ _EXPORTS = {
     "Recorder": "pytest_spikecheck.integrations.recorder",
     "SampleCatalog": "pytest_spikecheck.integrations.recorder",
     "inject_burst": "pytest_spikecheck.integrations.burst",
+    "assert_preflight": "pytest_spikecheck.preflight.result",
+    "PreflightResult": "pytest_spikecheck.preflight.result",
 }
 
 __all__ = sorted([*_EXPORTS, "__version__"])

@@ -1,4 +1,4 @@
-"""The ``spikecheck`` command line: train, compare, diagnose, search, check (a training log), sweep.
+"""The ``spikecheck`` command line: train, compare, diagnose, search, check (a training log), sweep, preflight.
 
 Errors a user can fix (a bad config key, an unknown break, a negative clip, a missing
 directory) print one line ``spikecheck: error: ...`` and exit with status 2, no traceback.
@@ -217,6 +217,9 @@ def build_parser() -> argparse.ArgumentParser:
     from pytest_spikecheck.cli.sweep import add_parser as add_sweep_parser
 
     add_sweep_parser(sub, _positive_int)
+    from pytest_spikecheck.cli.preflight import add_parser as add_preflight_parser
+
+    add_preflight_parser(sub, _positive_int)
     return parser
 
 

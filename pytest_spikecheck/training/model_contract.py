@@ -74,8 +74,10 @@ def model_level_settings(scenario: Scenario) -> dict[str, Any]:
 
 #: The custom model's hooks the wrapper hands through to the engine, where the model has them: the
 #: stats hook (``record_stats``, ``spikecheck_stats``), QK-Clip's (``spikecheck_qk_projections``)
-#: and Muon's stacked matrices (``spikecheck_fused_projections``).
-FORWARDED_HOOKS = ("record_stats", "spikecheck_stats", "spikecheck_qk_projections", "spikecheck_fused_projections")
+#: Muon's stacked matrices (``spikecheck_fused_projections``) and per-parameter lr factors
+#: (``spikecheck_lr_scales``, the optimizer's parameter groups).
+FORWARDED_HOOKS = ("record_stats", "spikecheck_stats", "spikecheck_qk_projections", "spikecheck_fused_projections",
+                   "spikecheck_lr_scales")
 
 
 class ContractModel(torch.nn.Module):

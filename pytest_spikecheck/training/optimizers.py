@@ -38,15 +38,34 @@ from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.qk_clip import QKClipHook
 
 
+#: The method a model implements to give some parameters their own learning-rate factor:
+#: ``spikecheck_lr_scales() -> {parameter name: factor}`` (the preflight's muP proxies).
+LR_SCALES_HOOK = "spikecheck_lr_scales"
+
+
 def parameter_groups(model: torch.nn.Module, scenario: Scenario,
                      params: Sequence[torch.nn.Parameter] | None = None) -> list[dict[str, Any]]:
     """AdamW's (and SGD's) parameter groups over ``params`` (default: every trainable parameter).
-    nanoGPT's rule: decay every matrix (embeddings included), never biases or norm gains."""
+    nanoGPT's rule: decay every matrix (embeddings included), never biases or norm gains. A model
+    with the :data:`LR_SCALES_HOOK` gets each group split by its parameters' factors, a factor
+    other than 1 as the group's ``lr_scale`` (which :func:`set_learning_rate` applies)."""
     params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    return [{"params": decay, "weight_decay": scenario.optimizer.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": scenario.optimizer.weight_decay},
+              {"params": no_decay, "weight_decay": 0.0}]
+    hook = getattr(model, LR_SCALES_HOOK, None)
+    scales = dict(hook()) if callable(hook) else {}
+    if not scales:  # every model without the hook: the groups exactly as they always were
+        return groups
+    # a model's own per-parameter lr factors (the preflight's muP proxies): each group split by factor
+    by_id = {id(p): float(scales[n]) for n, p in model.named_parameters() if n in scales}
+    out = []
+    for group in groups:
+        for scale in sorted({by_id.get(id(p), 1.0) for p in group["params"]}):
+            chosen = [p for p in group["params"] if by_id.get(id(p), 1.0) == scale]
+            out.append({**group, "params": chosen, **({"lr_scale": scale} if scale != 1.0 else {})})
+    return out
 
 
 def set_learning_rate(optimizer: Any, lr: float) -> None:
