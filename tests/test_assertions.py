@@ -21,6 +21,14 @@ from pytest_spikecheck.records.series import MetricColumns, columns_from_mapping
 from short_runs import SHORT_BURST
 
 
+@pytest.fixture(autouse=True)
+def _outside_a_plugin_test(monkeypatch):
+    """The failure texts here are the library's, outside a plugin-collected test: under
+    ``pytest --spikecheck`` the plugin's reproduce line (this test's own id) would replace the
+    run's (tests/plugin/test_results.py checks that one)."""
+    monkeypatch.setattr("pytest_spikecheck.judge.evidence.current_reproduce", lambda: None)
+
+
 def _flat(n=200, level=1.0):
     return list(level + 0.01 * np.sin(np.arange(n)))
 

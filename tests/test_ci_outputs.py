@@ -208,3 +208,5 @@ def test_the_terminal_lists_failed_tests_with_their_verdicts_and_counts_the_rest
         "(1 more that did not fail: -v lists each with its assertions' verdicts)"]
     assert tests_lines([failed, passed])[-2:] == ["pass tests/test_a.py::test_clip (scenario control)",
                                                   "    pass assert_clip_contains: held"]
+    # nothing failed, nothing listed: one line, not a header over a note that lists nothing
+    assert tests_lines([passed], verbose=False) == ["tests (1 passed) (-v lists each with its assertions' verdicts)"]

@@ -1,7 +1,7 @@
 """The defence bugs that shipped (docs/defence-bugs.md): their breaks refuse what they cannot
 mean before anything trains, their assertions judge arrays, and the attention-logit column is
 recorded whatever the defences (Megatron-Bridge PR 5329's monitoring bug). The trained twins are
-scenarios/test_defence_bugs.py; the runs here are 2 steps of the nano GPT."""
+scenarios/test_shipped_defence_bugs.py; the runs here are 2 steps of the nano GPT."""
 
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def test_a_clip_muon_update_run_folder_validates_against_the_schema(tmp_path):
 
 
 def test_each_bug_fails_its_assertion_and_its_fixed_twin_passes():
-    """The trained twins in two steps each (scenarios/test_defence_bugs.py runs eight, with --spikecheck)."""
+    """The trained twins in two steps each (scenarios/test_shipped_defence_bugs.py runs eight, with --spikecheck)."""
     from pytest_spikecheck import SkipSpikes
 
     muon = NANO.replace(optimizer__name="muon", optimizer__lr=0.02, optimizer__weight_decay=0.0)

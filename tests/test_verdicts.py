@@ -174,3 +174,15 @@ def test_the_sweep_and_set_up_checks_report_verdicts_too():
     assert failure.value.verdict is got[0] and got[0].measured == pytest.approx(sweep.sensitivity) and got[0].limit == 0.5
     assert [(v.assertion, v.passed) for v in got] == [("assert_lr_sensitivity", False), ("assert_stable_up_to", True),
                                                       ("assert_overflow_skips", True)]
+
+
+def test_nested_blocks_each_keep_their_own_verdicts_even_when_equal():
+    """A pytester session inside a plugin test opens a block inside the test's own: both sinks
+    are empty lists at first (equal by value), so leaving the inner one must remove it, not the
+    outer (list.remove did: the outer's exit then failed with 'x not in list')."""
+    with collecting(reproduce="outer") as outer:
+        with collecting() as inner:
+            pass
+        assert inner == outer == []
+        assert_finite(_flat())
+    assert [v.assertion for v in outer] == ["assert_finite"] and inner == []

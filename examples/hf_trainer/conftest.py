@@ -58,7 +58,8 @@ def train_recorded(folder, max_grad_norm: float) -> Run:
     rows, catalog, burst, tokenizer = my_dataset()
     stream = inject_burst(rows, samples=burst, at_step=BURST_STEP, count=3, batch_size=BATCH, steps=STEPS)
     callback = SpikecheckCallback(folder, catalog=catalog, stream=stream)
-    args = TrainingArguments(output_dir=str(folder / "trainer"), max_steps=STEPS, per_device_train_batch_size=BATCH,
+    # the Trainer's own output beside the run folder, not in it: a run folder holds only the run's files
+    args = TrainingArguments(output_dir=str(folder.with_name(folder.name + "-trainer")), max_steps=STEPS, per_device_train_batch_size=BATCH,
                              learning_rate=1e-2, warmup_steps=10, lr_scheduler_type="cosine", weight_decay=0.1,
                              max_grad_norm=max_grad_norm, logging_steps=1, save_strategy="no", report_to="none",
                              use_cpu=True, seed=0, disable_tqdm=True)

@@ -241,6 +241,8 @@ def tests_lines(tests: Iterable[Mapping[str, Any]], verbose: bool = True) -> lis
             lines.append(f"    FAIL {t['failure']}")
         if t["outcome"] == "failed":
             lines.append(f"    reproduce: {t['reproduce']}")
+    if hidden and len(hidden) == len(tests):  # nothing to list: the count says it
+        return [lines[0].removesuffix(":") + " (-v lists each with its assertions' verdicts)"]
     if hidden:
         lines.append(f"({len(hidden)} more that did not fail: -v lists each with its assertions' verdicts)")
     return lines
