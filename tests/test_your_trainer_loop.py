@@ -101,8 +101,8 @@ def test_unclipped_run_spikes_at_the_burst_and_is_diagnosed(loop_runs, tmp_path,
     assert d.facts["burst_samples"] == 3 and d.facts["rare_loss_share"] > 0.5
     assert "no clip" in d.verdict
     event = loaded.event_at(BURST_STEP)
-    assert event["kinds"][0] == "burst" and event["adam_surprise"]["share"] > 0
-    assert {w["sample"] for w in event["token_losses"]["worst"][:3]} <= set(d.facts["injected"])
+    assert event.kinds[0] == "burst" and event.adam_surprise["share"] > 0
+    assert {w["sample"] for w in event.token_losses["worst"][:3]} <= set(d.facts["injected"])
     assert cli(["diagnose", str(tmp_path / "run")]) == 0
     assert f"diagnosis at step {BURST_STEP}" in capsys.readouterr().out
 
@@ -206,7 +206,7 @@ def test_accumulation_is_recorded_per_optimizer_step(accumulated_loop, loop_runs
     assert len(batch["samples"]) == BATCH and batch["burst_samples"] == 3
     d = diagnose(run)
     assert d.step == BURST_STEP and d.facts["burst_samples"] == 3  # the burst where it was injected
-    assert len(run.event_at(BURST_STEP)["token_losses"]["worst"]) > 0  # all micro-batches' logits
+    assert len(run.event_at(BURST_STEP).token_losses["worst"]) > 0  # all micro-batches' logits
     assert_clip_contains(run, MAX_NORM)
     # step 1 (same weights and batch): the mean of the micro-batch means, as this loop computes it,
     # next to the whole batch's token-weighted mean at accumulation 1

@@ -47,6 +47,7 @@ from pytest_spikecheck.errors import ClipBeforeUnscaleWarning, ConfigError, Spik
 from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.integrations.burst import BurstStream
 from pytest_spikecheck.judge.text import fmt_scale
+from pytest_spikecheck.records.events import Event
 from pytest_spikecheck.records.facts import ModelFacts, QKClipFacts, RunFacts
 from pytest_spikecheck.records.run import TRAINER_NAMES, Run
 from pytest_spikecheck.scenario.sections import ClipSpec, RecordSpec, SamplerSpec, check_max_norm
@@ -231,7 +232,7 @@ class Recorder:
         self._watch = SpikeWatch(self.spike_ratio, self.window, None, dict(self.declared))
         self._adam_reader = SingleProcess([p for _, p in self.named])
         self._metrics = MetricsRecorder()
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
         self.skipped: dict[int, str] = {}  # step -> why its update was not applied
         self._batch_indices: list[tuple[int, Sequence[int]]] = []  # (step, dataset indices)
         self._pending: _Pending | None = None
@@ -445,7 +446,7 @@ class Recorder:
         return out
 
     def _event(self, p: _Pending, loss: float, clip_factor: float, post: float, indices: Sequence[int] | None,
-               logits: torch.Tensor | None, targets: torch.Tensor | None, *, skipped: bool) -> dict[str, Any]:
+               logits: torch.Tensor | None, targets: torch.Tensor | None, *, skipped: bool) -> Event:
         table = None
         if logits is not None and targets is not None:
             cat = self.catalog
@@ -459,14 +460,14 @@ class Recorder:
                                      seen_before=seen)
         names = [n for n, _ in self.named]
         has_grad = p.has_grad
-        return {
-            "step": p.step, "kinds": p.verdict.kinds, "loss": loss, "grad_norm_pre": p.grad_norm_pre,
-            "baseline_grad_norm": p.verdict.baseline, "clip_factor": clip_factor, "max_norm": self.max_norm,
-            "grad_norm_post": post, "skipped": skipped, "token_losses": table,
-            "param_grad_norms": dict(sorted(((n, float(v)) for n, v, g in zip(names, p.pre_norms.tolist(), has_grad) if g),
-                                            key=lambda kv: -kv[1])),
-            "adam_surprise": p.surprise,
-        }
+        return Event(
+            step=p.step, kinds=tuple(p.verdict.kinds), loss=loss, grad_norm_pre=p.grad_norm_pre,
+            baseline_grad_norm=p.verdict.baseline, clip_factor=clip_factor, max_norm=self.max_norm,
+            grad_norm_post=post, skipped=skipped, token_losses=table,
+            param_grad_norms=dict(sorted(((n, float(v)) for n, v, g in zip(names, p.pre_norms.tolist(), has_grad) if g),
+                                         key=lambda kv: -kv[1])),
+            adam_surprise=p.surprise,
+        )
 
     def run(self) -> Run:
         """The recorded steps as a :class:`~pytest_spikecheck.Run` (what assertions take)."""
