@@ -207,8 +207,8 @@ class Recorder:
     qk_clip: float | QKClipFacts | None = None
 
     def __post_init__(self) -> None:
-        # 0 is how trainers spell "no clip" (TrainingArguments(max_grad_norm=0)); else the one rule
-        self.max_norm = None if self.max_norm == 0 else check_max_norm(self.max_norm, "Recorder max_norm")
+        # the one rule, 0 as trainers spell "no clip" (TrainingArguments(max_grad_norm=0))
+        self.max_norm = check_max_norm(self.max_norm, "Recorder max_norm", zero="no_clip")
         if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
             raise ConfigError(f"record(..., accumulation=...) must be an integer >= 1 (micro-batches per optimizer "
                               f"step), was {self.accumulation!r}")
