@@ -192,7 +192,7 @@ def test_sabotage_pre_clip_norms_measured_on_the_first_micro_batch_differ_from_t
 
     def first_micro_batch_only(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        self.recorder._tap_armed = lambda: len(self._micro) == 1
+        self.recorder._tap_armed = lambda: self.recorder.gathered == 1
 
     monkeypatch.setattr(SpikecheckCallback, "on_train_begin", first_micro_batch_only)
     with one_thread():
