@@ -45,6 +45,7 @@ from pytest_spikecheck.clipping._registry import (
     resolve_backend,
     unavailable_reason,
 )
+from pytest_spikecheck.scenario.sections import check_max_norm
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -92,16 +93,14 @@ class ClipResult:
 
 
 def validate_max_norm(max_norm: float | None) -> float:
-    """Return ``max_norm`` as a float (``None`` means no clipping: ``inf``), or raise ValueError."""
-    if max_norm is None:
-        return math.inf
-    # A number only: float("1.0") and float(True) would silently accept a string or a flag.
-    if isinstance(max_norm, (bool, str, bytes)) or not isinstance(max_norm, numbers.Real):
-        raise ValueError(f"max_norm must be a number, inf or None, was {max_norm!r}")
-    value = float(max_norm)
-    if math.isnan(value) or value < 0:
-        raise ValueError(f"max_norm must be >= 0 (inf or None for no clipping), was {max_norm!r}")
-    return value
+    """Return ``max_norm`` as a float (``None`` means no clipping: ``inf``), or raise a
+    ConfigError (a ValueError). The one rule for a limit
+    (:func:`~pytest_spikecheck.scenario.sections.check_max_norm`) with torch's 0: these are drop-in
+    replacements for ``torch.nn.utils.clip_grad_norm_``, which accepts ``max_norm=0`` (it zeroes
+    the gradient), and the conformance kit tests that case. A scenario, a recorder or an
+    assertion refuses 0 through the same function."""
+    limit = check_max_norm(max_norm, "max_norm", zero="clips")
+    return math.inf if limit is None else limit
 
 
 def _collect_params(parameters: Any) -> list["torch.Tensor"]:

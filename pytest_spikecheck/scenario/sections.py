@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -90,13 +91,35 @@ CLIP_MODE_ALIAS = {"global": ("global", "after_unscale"), "per_tensor": ("per_te
                    "before_unscale": ("global", "before_unscale"), "each_microbatch": ("global", "per_microbatch")}
 
 
-def check_max_norm(value: Any, label: str = "max_norm") -> float | None:
-    """The one rule for a clip limit: a number > 0, or inf or None for no clipping (returned as
-    None); anything else is one ConfigError naming ``label``. 0 would zero every update."""
-    check(value is None or is_number(value), f"{label} must be a number, inf or None (no clipping), was {value!r}")
+#: What a max norm of 0 means, by the caller's convention (:func:`check_max_norm`'s ``zero``).
+MAX_NORM_ZERO = ("refused", "clips", "no_clip")
+
+
+def check_max_norm(value: Any, label: str = "max_norm", *, zero: str = "refused") -> float | None:
+    """The one rule for a clip limit, used wherever a limit is checked (the spec, ``ClipSpec``,
+    ``ClipAt``, the CLI's ``--grad-clip``, the recorder and the callbacks, ``assert_clip_contains``,
+    the probe, and ``clipping.clip_grad_norm_``/``clip_grads_`` through
+    :func:`~pytest_spikecheck.clipping.validate_max_norm`): a number > 0, or inf or None for no
+    clipping (returned as None); anything else is one ConfigError naming ``label``.
+
+    ``zero`` is what 0 means, the only place the callers' conventions differ: ``"refused"``
+    (a scenario's, a recorder's or an assertion's limit: 0 would zero every update, never what
+    is meant); ``"clips"`` (returned as 0.0: ``torch.nn.utils.clip_grad_norm_(max_norm=0)`` is
+    legal and zeroes the gradient, so our drop-in clip functions accept it as torch does, and
+    the conformance kit tests that case); ``"no_clip"`` (returned as None: a trainer's spelling
+    of no clip, ``TrainingArguments(max_grad_norm=0)``, Lightning's ``gradient_clip_val=0``)."""
+    check(zero in MAX_NORM_ZERO, f"check_max_norm zero= must be one of {', '.join(MAX_NORM_ZERO)}, was {zero!r}")
+    # numbers.Real: a numpy scalar is a number (torch's clip takes one); a bool or a string is not
+    check(value is None or isinstance(value, numbers.Real) and not isinstance(value, bool),
+          f"{label} must be a number, inf or None (no clipping), was {value!r}")
     if value is None or math.isinf(value) and value > 0:
         return None
     check(not math.isnan(value), f"{label} must be a number, inf or None, was nan")
+    if value == 0 and zero != "refused":
+        return 0.0 if zero == "clips" else None
+    if zero == "clips":  # torch's rule: any limit >= 0
+        check(value >= 0, f"{label} must be >= 0 (inf or None for no clipping), was {value!r}")
+        return float(value)
     check(value > 0, f"{label} must be > 0, was {value!r} (0 would zero every update; to clip as hard as "
                      f"possible use a tiny max_norm such as 1e-3, for no clipping use None or inf)")
     return float(value)
