@@ -422,3 +422,18 @@ def test_lr_sweep_says_which_learning_rate_failed():
 
     with pytest.raises(ConfigError, match=r"lr_sweep: lr 0.01 failed: RuntimeError: this model cannot be built"):
         lr_sweep(TINY.replace(model_factory="sweep_points:broken_model"), lrs=(1e-2,), processes=1)
+
+
+def test_every_point_is_named_by_every_axis_even_at_the_presets_own_value():
+    """A derived name lists what differs from the preset: the point at phase-19's own lr was
+    named ``phase-19+steps=100``, beside ``phase-19+steps=100+lr=0.1``."""
+    from pytest_spikecheck import Scenario
+    from pytest_spikecheck.sweep import Sweep
+
+    base = Scenario.preset("phase-19").replace(steps=100)
+    own = base.optimizer.lr
+    points = Sweep(base=base, grid={"optimizer.lr": [own, 0.1]}).expand()
+    assert [p.name for p in points] == [f"phase-19+steps=100+lr={own:g}", "phase-19+steps=100+lr=0.1"]
+    assert points[0].scenario.content_hash() == base.content_hash()  # the name is not the content
+    models = Sweep(base=base, grid={"model.preset": ["micro", "mini"]}).expand()
+    assert [p.name for p in models] == ["phase-19+steps=100+model=micro", "phase-19+steps=100+model=mini"]
