@@ -442,3 +442,18 @@ def test_the_plugins_rows_and_the_sweeps_rows_are_filled_from_one_typed_measure(
             scenario_row.loss_scale_min) == (measured.max_attn_logit, measured.final_eval_loss, measured.skipped_steps,
                                              measured.loss_scale_min)
     assert swept["final_eval_loss"] == scenario_row.final_eval_loss and swept["max_attn_logit"] == scenario_row.max_attn_logit
+
+
+def test_every_point_is_named_by_every_axis_even_at_the_presets_own_value():
+    """A derived name lists what differs from the preset: the point at phase-19's own lr was
+    named ``phase-19+steps=100``, beside ``phase-19+steps=100+lr=0.1``."""
+    from pytest_spikecheck import Scenario
+    from pytest_spikecheck.sweep import Sweep
+
+    base = Scenario.preset("phase-19").replace(steps=100)
+    own = base.optimizer.lr
+    points = Sweep(base=base, grid={"optimizer.lr": [own, 0.1]}).expand()
+    assert [p.name for p in points] == [f"phase-19+steps=100+lr={own:g}", "phase-19+steps=100+lr=0.1"]
+    assert points[0].scenario.content_hash() == base.content_hash()  # the name is not the content
+    models = Sweep(base=base, grid={"model.preset": ["micro", "mini"]}).expand()
+    assert [p.name for p in models] == ["phase-19+steps=100+model=micro", "phase-19+steps=100+model=mini"]
