@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from pytest_spikecheck import ConfigError, QKClip, Scenario, lr_sweep, train
 from pytest_spikecheck.cli import main

@@ -139,7 +139,7 @@ def test_blind_compositions_do_not_depend_on_rarity_or_sources():
     for label, pool in (("ours", POOL), ("relabelled", relabelled)):
         @settings(derandomize=True, database=None, max_examples=30)
         @given(blind_batch_compositions(pool, 8))
-        def draw(batch):
+        def draw(batch, label=label):  # bound now: the loop moves on after draw() returns
             assert len(set(batch)) == 8
             drawn[label].append(batch.indices)
 

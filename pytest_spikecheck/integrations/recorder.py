@@ -75,7 +75,7 @@ class SampleCatalog:
     def from_tokens(cls, tokens: Sequence[Sequence[int]], *, vocab_size: int, ids: Sequence[str] | None = None,
                     sources: Sequence[str] | None = None, token_str: Callable[[int], str] = str,
                     rare_doc_freq: int = SamplerSpec.rare_doc_freq, rarity_excludes: Iterable[int] = (),
-                    ignore: Iterable[int] = (IGNORE_INDEX,)) -> "SampleCatalog":
+                    ignore: Iterable[int] = (IGNORE_INDEX,)) -> SampleCatalog:
         """``tokens[i]``: the token ids sample i is trained to predict (ignored ids dropped). A
         token is rare when at most ``rare_doc_freq`` samples contain it, counted as the engine
         counts (data/dataset.py) over the samples not in ``rarity_excludes`` (pass the injected
@@ -385,7 +385,7 @@ class Recorder:
         self._measure_after_clip()
 
     @contextmanager
-    def clipping(self) -> Iterator["Recorder"]:
+    def clipping(self) -> Iterator[Recorder]:
         """``with rec.clipping(): clip(...)``: before_clip on entry, after_clip on exit."""
         self._in_clipping = True
         try:

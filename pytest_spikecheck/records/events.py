@@ -60,7 +60,7 @@ class Event:
         return out
 
     @classmethod
-    def from_json(cls, raw: Any, *, where: str = "events.json") -> "Event":
+    def from_json(cls, raw: Any, *, where: str = "events.json") -> Event:
         """An events.json object (format 1 or 2: the same keys); an unknown field or a missing
         step is one line."""
         if not isinstance(raw, Mapping):
@@ -78,7 +78,7 @@ class Event:
             values["param_grad_norms"] = {}
         return cls(**values)
 
-    def replace(self, **changes: Any) -> "Event":
+    def replace(self, **changes: Any) -> Event:
         return dataclasses.replace(self, **changes)
 
 

@@ -107,7 +107,7 @@ class RunFacts:
         return _plain(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, raw: Any, *, where: str = "run.json facts") -> "RunFacts":
+    def from_json(cls, raw: Any, *, where: str = "run.json facts") -> RunFacts:
         """The facts of a run.json; an unknown field is one line naming the known ones."""
         return _build(cls, raw, where)
 
@@ -153,7 +153,7 @@ def _build(cls: type, raw: Any, where: str) -> Any:
 
 # -- writers ------------------------------------------------------------------------------------
 
-def facts_from_scenario(resolved: "Scenario", *, parameters: int | None, vocab_size: int | None, world_size: int,
+def facts_from_scenario(resolved: Scenario, *, parameters: int | None, vocab_size: int | None, world_size: int,
                         groups: tuple[OptimizerGroup, ...] | None, versions: Mapping[str, str]) -> RunFacts:
     """The facts of an engine run: everything from its resolved Scenario, the parameter groups
     the engine built (``groups``), and what only the built model knows (its size, vocabulary)."""
@@ -172,7 +172,7 @@ def facts_from_scenario(resolved: "Scenario", *, parameters: int | None, vocab_s
         seed=resolved.seed, **{k: versions.get(k) for k in ("package_version", "torch_version", "python")})
 
 
-def facts_from_format_1(meta: Mapping[str, Any], scenario: "Scenario | None") -> RunFacts:
+def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> RunFacts:
     """Format 1's facts, upgraded in memory: an engine run's from its config.yaml (``scenario``),
     a recorded run's from what its ``recorded`` block says; what format 1 never wrote is None."""
     versions = {k: meta.get(k) for k in ("package_version", "torch_version", "python")}

@@ -221,7 +221,7 @@ class Run:
         return rows
 
     @classmethod
-    def load(cls, directory: str | Path, *, require_manifest: bool = False) -> "Run":
+    def load(cls, directory: str | Path, *, require_manifest: bool = False) -> Run:
         """The run saved in ``directory``, checked against its manifest: a damaged folder is one
         :class:`~pytest_spikecheck.records.integrity.DamagedRunError` line. ``require_manifest``
         (a cache's entries): a folder without one is damaged too, else it is read as it is."""

@@ -19,7 +19,7 @@ from pytest_spikecheck.scenario.sections import check, check_max_norm, is_int, i
 if TYPE_CHECKING:
     from pytest_spikecheck.scenario.spec import Scenario
 
-_REGISTRY: dict[str, type["Break"]] = {}
+_REGISTRY: dict[str, type[Break]] = {}
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class Break:
     def validate(self) -> None:
         """Range checks of the parameters (raise ConfigError); types are checked already."""
 
-    def apply(self, scenario: "Scenario") -> "Scenario":  # pragma: no cover - abstract
+    def apply(self, scenario: Scenario) -> Scenario:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def label(self) -> str:

@@ -345,7 +345,7 @@ def check_types(section: str, spec: Any) -> None:
             check(isinstance(value, tuple), f"{label} must be a tuple, was {value!r}")
 
 
-def check_section_types(scenario: "Scenario") -> None:
+def check_section_types(scenario: Scenario) -> None:
     """Each section is its spec type and each field has its default's type (one line otherwise)."""
     for section, spec_type in SECTIONS.items():
         check(isinstance(getattr(scenario, section), spec_type),
@@ -353,7 +353,7 @@ def check_section_types(scenario: "Scenario") -> None:
         check_types(section, getattr(scenario, section))
 
 
-def check_section_values(scenario: "Scenario") -> None:
+def check_section_values(scenario: Scenario) -> None:
     """Every section value in range, and the sections agree with each other and with the
     scenario's steps (a burst after the last step, a mixture sampler without the mixture corpus)."""
     s, o, sch = scenario.sampler, scenario.optimizer, scenario.schedule
@@ -435,7 +435,7 @@ def check_section_values(scenario: "Scenario") -> None:
         check(all(isinstance(t, str) for t in scenario.data.texts), "data.texts must be strings")
 
 
-def check_amp(scenario: "Scenario") -> None:
+def check_amp(scenario: Scenario) -> None:
     """The amp section in range and consistent with the model and the clip."""
     a, o = scenario.amp, scenario.optimizer
     check(a.dtype in AMP_DTYPES, f"amp.dtype must be one of {', '.join(AMP_DTYPES)}, was {a.dtype!r}")
@@ -522,7 +522,7 @@ RANGES: dict[str, Range] = {
 CLIP_FIELDS = ("optimizer.grad_clip", "optimizer.adaptive_z", "optimizer.adaptive_alpha", "optimizer.skip_spike_ratio")
 
 
-def field_value(scenario: "Scenario", path: str) -> Any:
+def field_value(scenario: Scenario, path: str) -> Any:
     """The value of a dotted field path (``sampler.mixture.concentration``) of ``scenario``."""
     value: Any = scenario
     for part in path.split("."):
@@ -530,7 +530,7 @@ def field_value(scenario: "Scenario", path: str) -> Any:
     return value
 
 
-def check_ranges(scenario: "Scenario") -> None:
+def check_ranges(scenario: Scenario) -> None:
     """Every numeric field in its :data:`RANGES` (one line naming the field and the range), before
     anything is built or allocated: a vocabulary of 1e11 aborted the process, 10^12 steps built a
     batch plan towards out-of-memory, eval_every 0 divided by zero, spike_window 0 turned the

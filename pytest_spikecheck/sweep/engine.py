@@ -142,7 +142,7 @@ def _job(point: Point, key: Any, backend: str, device: str, threads: int) -> Poi
     return PointJob(point.index, point.scenario, backend, device, threads, key.tag, key.shareable)
 
 
-def _collect(elsewhere: list[Point], store: Any, keys: list, books: "_Books", backend: str, device: str,
+def _collect(elsewhere: list[Point], store: Any, keys: list, books: _Books, backend: str, device: str,
              threads: int) -> list[PointJob]:
     """Wait for the points another sweep on the same store claimed: each is ``cached`` once its
     claim is released with the run stored; one whose claim was dropped without a run (that sweep

@@ -137,7 +137,7 @@ class Sweep:
         out: list[Point] = []
         seen: dict[str, Point] = {}
         for recipe, breaks in recipes:
-            for i, given in enumerate(explicit):
+            for given in explicit:
                 for combo in combos:
                     values = {**given, **combo}
                     label = f"{w}: " + ("" if recipe is None else f"recipe {recipe}, ") + _label(values)
