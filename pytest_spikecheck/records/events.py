@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.records.facts import check_fields
 
 #: Fields written only where the writer measured them (left out of events.json otherwise, so
 #: an engine run's events.json is what it was before the type).
@@ -63,12 +64,7 @@ class Event:
     def from_json(cls, raw: Any, *, where: str = "events.json") -> Event:
         """An events.json object (format 1 or 2: the same keys); an unknown field or a missing
         step is one line."""
-        if not isinstance(raw, Mapping):
-            raise ConfigError(f"{where}: an event must be a JSON object, was {type(raw).__name__}")
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(raw) - set(known))
-        if unknown:
-            raise ConfigError(f"{where}: unknown event field {unknown[0]!r}; known: {', '.join(known)}")
+        check_fields(cls, raw, where, "event")
         if not isinstance(raw.get("step"), int) or isinstance(raw.get("step"), bool):
             raise ConfigError(f"{where}: an event needs its step (an integer), was {raw.get('step')!r}")
         values = dict(raw)

@@ -124,13 +124,21 @@ def _plain(value: Any) -> Any:
 _NESTED: dict[str, type] = {"model": ModelFacts, "clip": ClipSpec, "qk_clip": QKClipFacts}
 
 
-def _build(cls: type, raw: Any, where: str) -> Any:
+def check_fields(cls: type, raw: Any, where: str, what: str = "") -> None:
+    """``raw`` is a JSON object whose keys are fields of the dataclass ``cls``; else one line
+    naming the first unknown field and the known ones (``what``: "event " in "unknown event field")."""
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a JSON object, was {type(raw).__name__}")
+        article = "an" if what[:1] in tuple("aeiou") else "a"
+        raise ConfigError(f"{where}: {article} {what} must be a JSON object, was {type(raw).__name__}"
+                          if what else f"{where} must be a JSON object, was {type(raw).__name__}")
     known = [f.name for f in fields(cls)]
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(known)}")
+        raise ConfigError(f"{where}: unknown {what + ' ' if what else ''}field {unknown[0]!r}; known: {', '.join(known)}")
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    check_fields(cls, raw, where)
     values: dict[str, Any] = {}
     for name, value in raw.items():
         if value is None:
