@@ -54,6 +54,7 @@ chromium:
 	 fi
 
 test: $(VENV)/.setup-dev chromium
+	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope
 

@@ -45,7 +45,7 @@ class Progress:
         self.prefix = prefix
         self.leave = leave
 
-    def task(self, name: str, total: int | None = None, unit: str = "step") -> "ProgressTask":
+    def task(self, name: str, total: int | None = None, unit: str = "step") -> ProgressTask:
         return ProgressTask(self, name, total, unit)
 
     def write_line(self, text: str) -> None:
@@ -99,7 +99,7 @@ class ProgressTask:
         elif text is not None:
             self.line(text)
 
-    def __enter__(self) -> "ProgressTask":
+    def __enter__(self) -> ProgressTask:
         return self
 
     def __exit__(self, *exc: Any) -> None:

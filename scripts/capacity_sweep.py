@@ -35,7 +35,7 @@ def measure(point, run) -> dict:
             "seed": run.scenario.seed, "ratio": spike_ratio(m, EVENT), "eval_jump": loss_jump(m, EVENT),
             "recovery": recovery_steps(m, EVENT), "final_eval": final_value(m), "diverged": run.stopped_early,
             "train_seconds": run.meta["train_seconds"],
-            "adam_surprise": ((run.event_at(EVENT) or {}).get("adam_surprise") or {}).get("share")}
+            "adam_surprise": (getattr(run.event_at(EVENT), "adam_surprise", None) or {}).get("share")}
 
 
 def rows(records: list[dict]) -> list[dict]:

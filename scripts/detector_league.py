@@ -306,13 +306,9 @@ def main() -> int:
     if args.print:
         print(text)
         return 0
-    doc = DOC.read_text()
-    if START in doc:
-        doc = doc[:doc.index(START)] + text + doc[doc.index(END) + len(END):]
-    else:
-        doc = doc.replace("\n## At the published defaults", f"\n{text}\n\n## At the published defaults", 1)
-    DOC.write_text(doc)
-    print(f"wrote the league section of {DOC}")
+    from _doc_section import write_section
+
+    write_section(DOC, text, START, END, "league")
     return 0
 
 

@@ -48,7 +48,7 @@ def measure(point, run) -> dict:
         "nonfinite": run.stopped_early,
         "share_steps_clipped": float(np.mean(clip_factor < 1.0)),
         "median_clip_factor_after_warmup": float(np.median(clip_factor[100:])),
-        "adam_surprise": (run.event_at(BURST) or {}).get("adam_surprise", {}).get("share"),
+        "adam_surprise": (getattr(run.event_at(BURST), "adam_surprise", None) or {}).get("share"),
         "train_seconds": run.meta["train_seconds"],
         "seconds": run.meta["seconds"],
     }

@@ -185,13 +185,9 @@ def main() -> int:
     if args.print:
         print(section)
         return 0
-    text = DOC.read_text()
-    if START in text:
-        text = text[:text.index(START)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.replace("\n## At the published defaults", f"\n{section}\n\n## At the published defaults", 1)
-    DOC.write_text(text)
-    print(f"wrote the real-log section of {DOC}")
+    from _doc_section import write_section
+
+    write_section(DOC, section, START, END, "real-log")
     return 0
 
 

@@ -12,7 +12,8 @@ SCHEMA = Path(__file__).resolve().parents[1] / "docs" / "run-schema.json"
 
 
 def validate_run_folder(folder: Path) -> None:
-    """run.json and every line of metrics.jsonl against their parts of the schema (jsonschema raises)."""
+    """run.json, every line of metrics.jsonl and events.json (where the folder has one) against
+    their parts of the schema (jsonschema raises)."""
     jsonschema = pytest.importorskip("jsonschema")
     schema = json.loads(SCHEMA.read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -20,3 +21,5 @@ def validate_run_folder(folder: Path) -> None:
     jsonschema.Draft202012Validator(parts["run.json"]).validate(json.loads((folder / "run.json").read_text()))
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
     jsonschema.Draft202012Validator(parts["metrics.jsonl"]).validate(rows)
+    if (folder / "events.json").is_file():
+        jsonschema.Draft202012Validator(parts["events.json"]).validate(json.loads((folder / "events.json").read_text()))

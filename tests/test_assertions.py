@@ -3,7 +3,6 @@ import math
 import subprocess
 import sys
 
-from types import SimpleNamespace
 
 import numpy as np
 import pytest

@@ -104,7 +104,7 @@ CORPUS = list(corpus_series())
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_vectorised_rules_judge_the_real_corpus_as_the_loop_did(name):
     new, old = PAIRS[name]
-    for label, (steps, values) in CORPUS:
+    for _label, (steps, values) in CORPUS:
         assert_same_judgement(new(), old(), steps, values)
 
 

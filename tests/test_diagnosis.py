@@ -1,4 +1,3 @@
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -6,6 +5,7 @@ import pytest
 from pytest_spikecheck import diagnose
 from pytest_spikecheck.judge.diagnosis import _fade_steps
 from pytest_spikecheck.records import Record
+from pytest_spikecheck.records.events import Event
 from pytest_spikecheck.records.facts import RunFacts
 from pytest_spikecheck.scenario import ClipSpec
 
@@ -98,13 +98,14 @@ class _EngineRun:
     """What diagnose() reads of an engine Run (events, batches, declared events, facts)."""
 
     def __init__(self, events=(), batches=(), declared=(), clip_kind="global", max_norm=1.0):
-        self.events, self.batches, self.declared_events = list(events), list(batches), tuple(declared)
+        self.events = [Event.from_json(e) for e in events]  # the shape both writers write
+        self.batches, self.declared_events = list(batches), tuple(declared)
         adaptive = clip_kind == "adaptive"
         self.facts = RunFacts(source="engine", clip=ClipSpec(kind=clip_kind, max_norm=max_norm, z=2.5 if adaptive else None,
                                                              alpha=0.97 if adaptive else None))
 
     def event_at(self, step):
-        return next((e for e in self.events if e["step"] == step), None)
+        return next((e for e in self.events if e.step == step), None)
 
     def batch_at(self, step):
         return next((b for b in self.batches if b["step"] == step), None)

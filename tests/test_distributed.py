@@ -235,13 +235,13 @@ def test_two_ranks_match_one_process(two_ranks, one_process, name):
     np.testing.assert_array_equal(np.isnan(two["eval_loss"]), np.isnan(one["eval_loss"]))
     assert _relative(two["loss"], one["loss"]).max() <= WHOLE_RUN_LOSS_RTOL[name]
     assert _relative(two["grad_norm_pre"], one["grad_norm_pre"]).max() <= WHOLE_RUN_RTOL[name]
-    assert [e["step"] for e in two.events] == [e["step"] for e in one.events] == [BURST]
+    assert [e.step for e in two.events] == [e.step for e in one.events] == [BURST]
     event_two, event_one = two.event_at(BURST), one.event_at(BURST)
-    assert event_two["token_losses"]["worst"][0]["token"] == event_one["token_losses"]["worst"][0]["token"]
+    assert event_two.token_losses["worst"][0]["token"] == event_one.token_losses["worst"][0]["token"]
     for table in ("param_grad_norms",):
-        assert event_two[table].keys() == event_one[table].keys()
-        assert _relative(list(event_two[table].values()), list(event_one[table].values())).max() <= 1e-4
-    assert event_two["adam_surprise"]["share"] == pytest.approx(event_one["adam_surprise"]["share"], abs=1e-3)
+        assert getattr(event_two, table).keys() == getattr(event_one, table).keys()
+        assert _relative(list(getattr(event_two, table).values()), list(getattr(event_one, table).values())).max() <= 1e-4
+    assert event_two.adam_surprise["share"] == pytest.approx(event_one.adam_surprise["share"], abs=1e-3)
 
 
 def test_shard_local_norm_clips_each_shard_and_records_the_whole_gradient(two_ranks):
@@ -280,14 +280,14 @@ def test_muon_on_two_ranks_matches_one_process(two_ranks):
     assert two.meta["distributed"]["world_size"] == 2
     assert _relative(two["loss"][:2], one["loss"][:2]).max() <= 1e-5  # steps 1 and 2: the same weights up to rounding
     assert _relative(two["loss"], one["loss"]).max() <= MUON_LOSS_RTOL
-    assert [e["step"] for e in two.events] == [e["step"] for e in one.events]
+    assert [e.step for e in two.events] == [e.step for e in one.events]
     assert two["adam_v_norm"][-1] == pytest.approx(one["adam_v_norm"][-1], rel=1e-2)  # the AdamW part, sharded
 
 
 def test_sgd_on_two_ranks_matches_one_process(two_ranks):
     two, one = two_ranks["sgd"][0], train(SGD)
     assert _relative(two["loss"], one["loss"]).max() <= 1e-5 and (two["adam_v_norm"] == 0).all()
-    assert all(math.isnan(run.event_at(8)["adam_surprise"]["share"]) for run in (one, two))  # no Adam to be surprised
+    assert all(math.isnan(run.event_at(8).adam_surprise["share"]) for run in (one, two))  # no Adam to be surprised
 
 
 def test_spikecheck_train_nproc_2_writes_the_run_of_the_process_group_entry_point_once(two_ranks, tmp_path, capsys):

@@ -17,8 +17,8 @@ def test_records_every_step_and_the_burst_event(short_runs):
         assert set(METRIC_KEYS) <= set(run.metrics)
         assert np.isfinite(run["eval_loss"][SHORT_BURST - 10:SHORT_BURST + 20]).all()  # dense around the burst
         event = run.event_at(SHORT_BURST)
-        assert "burst" in event["kinds"]
-        assert event["token_losses"]["worst"] and event["param_grad_norms"]
+        assert "burst" in event.kinds
+        assert event.token_losses["worst"] and event.param_grad_norms
         assert run.batch_at(SHORT_BURST)["burst_samples"] == 3
     assert np.all(control["grad_norm_post"] <= 1.0 + 1e-5)
     # measured independently of the backend (float64 over the gradients AdamW receives): equal
@@ -77,7 +77,7 @@ def test_stops_cleanly_at_the_first_non_finite_loss():
     assert run.stopped_early and run.meta["stopped_at"] == 1
     assert run.meta["stop_reason"] == "non-finite loss"
     assert len(run) == 1 and math.isnan(run["loss"][0])
-    assert "nonfinite" in run.events[0]["kinds"]
+    assert "nonfinite" in run.events[0].kinds
 
 
 def test_user_model_factory_trains():
@@ -189,7 +189,7 @@ def test_parameters_without_a_gradient_are_skipped_like_torch_skips_them(mode):
     assert len(run) == SHORT_BURST + 5 and not run.stopped_early
     event = run.event_at(SHORT_BURST)
     # the event view names only the tensors that received a gradient
-    assert set(event["param_grad_norms"]) == {"table.weight"}
+    assert set(event.param_grad_norms) == {"table.weight"}
     assert np.isfinite(run["grad_norm_post"]).all() and (run["grad_norm_post"] <= 1.0 + 1e-5).all()
     text = diagnose(run, SHORT_BURST).text()
     assert "table.weight" in text and f"at step {SHORT_BURST}" in text

@@ -14,6 +14,7 @@ import pytest
 from pytest_spikecheck import ConfigError, Scenario
 from pytest_spikecheck.cli import main
 from pytest_spikecheck.records.integrity import DamagedRunError, is_whole
+from pytest_spikecheck.records.events import Event
 from pytest_spikecheck.records.run import Run
 from pytest_spikecheck.training.store import RunKey, RunStore
 
@@ -27,7 +28,7 @@ def _run(name: str = "made", steps: int = 200, seed: int = 42, events: bool = Tr
               metrics={"step": s, "loss": loss, "grad_norm_pre": np.ones(steps), "grad_norm_post": np.ones(steps),
                        "eval_loss": loss + 0.01},
               batches=[],
-              events=[{"step": 3, "seed": seed}] if events else [], meta={"content_hash": f"h{seed}", "seconds": 1.5})
+              events=[Event(step=3, loss=float(seed))] if events else [], meta={"content_hash": f"h{seed}", "seconds": 1.5})
     return run
 
 
@@ -61,7 +62,7 @@ def test_a_damaged_store_entry_is_trained_again_after_one_warning(tmp_path, dama
         del meta["manifest"]
         (entry / "run.json").write_text(json.dumps(meta))
     elif damage == "events-of-another-run":
-        (entry / "events.json").write_text(json.dumps([{"step": 3, "seed": 7}], indent=1))
+        (entry / "events.json").write_text(json.dumps([{"step": 3, "loss": 7.0}], indent=1))
     else:
         (entry / "run.json").write_text('{"manifest": ')
     assert store.get(KEY) is None

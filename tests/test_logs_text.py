@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pytest_spikecheck import ConfigError, SpikeCheckError, assert_finite, assert_no_spike
+from pytest_spikecheck import ConfigError, SpikeCheckError, assert_finite
 from pytest_spikecheck.cli.commands import main
 from pytest_spikecheck.records.logs import detect_format, read_log, read_runs
 from pytest_spikecheck.records.logs.text import fp16_of

@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
 from pytest_spikecheck import ConfigError, QKClip, Scenario, lr_sweep, train
 from pytest_spikecheck.cli import main
@@ -250,7 +249,7 @@ def test_the_diagnosis_of_an_sgd_run_says_there_are_no_adam_moments():
     run = train(_nano(name="sgd", lr=0.5).replace(steps=4).with_breaks(RareTokenBurst(count=3, at_step=3)))
     lines = dict(diagnose(run, step=3).lines)
     assert lines["6 Adam v"] == "the optimizer keeps no Adam moments (SGD)"
-    per_head = np.asarray(run.event_at(3)["attn_logit_max_per_head"])  # the event records the per-head logits
+    per_head = np.asarray(run.event_at(3).attn_logit_max_per_head)  # the event records the per-head logits
     assert per_head.shape == (2, 2) and per_head.max() == pytest.approx(run["attn_logit_max"][2], rel=1e-6)
 
 

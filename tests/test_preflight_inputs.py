@@ -91,7 +91,7 @@ def test_the_scaling_rule_keeps_head_dim_group_and_the_fields_it_must():
     small = proxy_config(cfg, 64, head_dim=16, layers=3)
     assert (small["num_attention_heads"], small["num_key_value_heads"], small["num_hidden_layers"]) == (4, 1, 3)
     lines = scaling_rule_lines(cfg, [256, 512])
-    assert "head_dim kept" in lines[1] and any("proxy width 512: 8 heads / 2 KV x head_dim 64" in l for l in lines)
+    assert "head_dim kept" in lines[1] and any("proxy width 512: 8 heads / 2 KV x head_dim 64" in line for line in lines)
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.json") if p.name != "PROVENANCE.json"))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import re
 import struct
@@ -186,7 +185,7 @@ def pages(tmp_path_factory) -> dict[str, Path]:
                                                    "1 held, 1 failed."])
     edited = root / "edited"
     run = Run.load(root / "report" / "tiny_break" / "run")  # edited and saved again: its manifest holds
-    run.events[0]["token_losses"]["worst"][0]["token"] = TOKEN
+    run.events[0].token_losses["worst"][0]["token"] = TOKEN
     run.save(edited)
     assert main(["compare", str(root / "report" / folder_name(MARKUP) / "run"), str(edited), "--out", str(root / "compare")]) == 0
     return {"report": root / "report" / "index.html", "compare": root / "compare" / "index.html"}

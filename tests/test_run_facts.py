@@ -10,14 +10,17 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from run_schema import validate_run_folder
 
-from pytest_spikecheck import Scenario, assert_clip_contains, diagnose
+from pytest_spikecheck import Scenario, assert_clip_contains, diagnose, record
+from pytest_spikecheck.clipping import clip_grad_norm_, validate_max_norm
 from pytest_spikecheck.cli import main
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.records import Run
 from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts
 from pytest_spikecheck.scenario import AdaptiveClip, ClipAt, ClipBeforeUnscale, ClipSpec, NoClip
+from pytest_spikecheck.scenario.sections import check_max_norm
 
 
 # -- ClipSpec ---------------------------------------------------------------------------------
@@ -65,6 +68,42 @@ def test_one_rule_for_a_max_norm_everywhere(bad):
             make()
     with pytest.raises(ConfigError, match="assert_clip_contains.max_norm=.... must be"):
         assert_clip_contains({"grad_norm_post": [1.0]}, max_norm=bad)
+
+
+def _refusal(make) -> str:
+    """What follows the label in the one line ``make()`` raises (every label ends where ' must be' starts)."""
+    with pytest.raises(ConfigError) as caught:
+        make()
+    message = str(caught.value)
+    return message[message.index(" must be"):]
+
+
+@pytest.mark.parametrize("bad", ["1", True, math.nan, -1.0, 0])
+def test_one_function_validates_a_max_norm_at_every_entry_point(bad):
+    """The clipping entry points (torch's drop-ins), the recorder, the spec, ClipSpec, ClipAt and
+    the assertion refuse a bad limit in the same words, from the one function; the only
+    difference is what 0 means: torch's clip_grad_norm_ takes 0 (it zeroes the gradient), a
+    trainer's 0 is no clip, everywhere else 0 is refused."""
+    model = torch.nn.Linear(2, 2)
+    model.weight.grad = torch.ones(2, 2)
+    ours = [lambda: Scenario.preset("phase-19").replace(optimizer__grad_clip=bad), lambda: ClipAt(bad),
+            lambda: ClipSpec("global", bad), lambda: assert_clip_contains({"grad_norm_post": [1.0]}, max_norm=bad),
+            lambda: check_max_norm(bad)]
+    theirs = [lambda: validate_max_norm(bad), lambda: clip_grad_norm_([model.weight], bad, backend="torch")]
+    if bad == 0:
+        assert {_refusal(make) for make in ours} == {" must be > 0, was 0 (0 would zero every update; to clip as hard "
+                                                      "as possible use a tiny max_norm such as 1e-3, for no clipping "
+                                                      "use None or inf)"}
+        assert validate_max_norm(0) == 0.0 and float(clip_grad_norm_([model.weight], 0, backend="torch")) == 2.0
+        assert float(model.weight.grad.abs().max()) == 0.0  # as torch's: zeroed
+        assert record(model, max_norm=0).max_norm == math.inf  # a trainer's no clip
+        return
+    recorder = [lambda: record(model, max_norm=bad)]
+    if bad == -1.0:  # the two rules for a negative limit: >= 0 (torch's) and > 0 (ours)
+        assert {_refusal(make) for make in theirs} == {" must be >= 0 (inf or None for no clipping), was -1.0"}
+        assert {_refusal(make) for make in ours + recorder} == {_refusal(ours[0])}
+        return
+    assert len({_refusal(make) for make in ours + theirs + recorder}) == 1
 
 
 def test_a_clip_spec_refuses_contradictions():

@@ -135,16 +135,23 @@ def test_compositions_refuse_impossible_knobs_by_name(kwargs, message):
 
 def test_blind_compositions_do_not_depend_on_rarity_or_sources():
     relabelled = tuple(Sample(id=s.id, text="", source="one source", rare=not s.rare) for s in POOL)
-    drawn: dict[str, list[tuple[int, ...]]] = {"ours": [], "relabelled": []}
-    for label, pool in (("ours", POOL), ("relabelled", relabelled)):
-        @settings(derandomize=True, database=None, max_examples=30)
-        @given(blind_batch_compositions(pool, 8))
-        def draw(batch):
-            assert len(set(batch)) == 8
-            drawn[label].append(batch.indices)
-
-        draw()
+    drawn = {"ours": _blind_draws(POOL), "relabelled": _blind_draws(relabelled)}
     assert drawn["ours"] == drawn["relabelled"] and len(set(drawn["ours"])) > 1
+
+
+def _blind_draws(pool) -> list[tuple[int, ...]]:
+    """The batches a derandomised search draws from ``pool`` (its own list: a closure over a loop
+    variable would bind late)."""
+    drawn: list[tuple[int, ...]] = []
+
+    @settings(derandomize=True, database=None, max_examples=30)
+    @given(blind_batch_compositions(pool, 8))
+    def draw(batch):
+        assert len(set(batch)) == 8
+        drawn.append(batch.indices)
+
+    draw()
+    return drawn
 
 
 @given(blind_batch_compositions(POOL, 5, candidates=[39, 0, 17, 3, 22, 8]))

@@ -31,7 +31,8 @@ from pytest_spikecheck.scenario.config import apply_config, dotted_config
 from pytest_spikecheck.sweep import Sweep, SweepInterrupted, load_sweep, spread, sweep
 from pytest_spikecheck.sweep.engine import STORE_DIR
 from pytest_spikecheck.sweep.result import SweepResult, row_for
-from pytest_spikecheck.sweep.summary import lr_sensitivities
+from pytest_spikecheck.report.summary import Measures, measure, summarise
+from pytest_spikecheck.sweep.summary import MEASURES, lr_sensitivities
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -362,7 +363,9 @@ def _result(rows_by_point, recipes=None):
     for point in points:
         final, initial = rows_by_point(point)
         rows.append(row_for(point, "done" if final is not None else "failed",
-                            {"final_eval_loss": final, "initial_loss": initial, "is_spike": False}))
+                            Measures(final_eval_loss=final, initial_loss=initial, max_attn_logit=None,
+                                     largest_spike_ratio=None, spike_step=None, is_spike=False, recovery=None,
+                                     diverged=False, seconds=None, skipped_steps=None, loss_scale_min=None)))
     return SweepResult("fake", plan.axes, points, rows, [None] * len(points))
 
 
@@ -422,3 +425,35 @@ def test_lr_sweep_says_which_learning_rate_failed():
 
     with pytest.raises(ConfigError, match=r"lr_sweep: lr 0.01 failed: RuntimeError: this model cannot be built"):
         lr_sweep(TINY.replace(model_factory="sweep_points:broken_model"), lrs=(1e-2,), processes=1)
+
+
+def test_the_plugins_rows_and_the_sweeps_rows_are_filled_from_one_typed_measure(short_runs):
+    """measure() gives one typed row of measures (report.summary.Measures); the plugin's
+    ScenarioRow and a sweep's point row both take theirs from it (no training: a session run)."""
+    run = short_runs[0]
+    measured = measure(run)
+    assert isinstance(measured, Measures)
+    point = Sweep(TINY, grid={"seed": [0]}).expand()[0]
+    swept = row_for(point, "done", measured)
+    assert {k: swept[k] for k in MEASURES if k in measured.to_json()} == {
+        k: v for k, v in measured.to_json().items() if k in MEASURES}
+    scenario_row = summarise(run)
+    assert (scenario_row.max_attn_logit, scenario_row.final_eval_loss, scenario_row.skipped_steps,
+            scenario_row.loss_scale_min) == (measured.max_attn_logit, measured.final_eval_loss, measured.skipped_steps,
+                                             measured.loss_scale_min)
+    assert swept["final_eval_loss"] == scenario_row.final_eval_loss and swept["max_attn_logit"] == scenario_row.max_attn_logit
+
+
+def test_every_point_is_named_by_every_axis_even_at_the_presets_own_value():
+    """A derived name lists what differs from the preset: the point at phase-19's own lr was
+    named ``phase-19+steps=100``, beside ``phase-19+steps=100+lr=0.1``."""
+    from pytest_spikecheck import Scenario
+    from pytest_spikecheck.sweep import Sweep
+
+    base = Scenario.preset("phase-19").replace(steps=100)
+    own = base.optimizer.lr
+    points = Sweep(base=base, grid={"optimizer.lr": [own, 0.1]}).expand()
+    assert [p.name for p in points] == [f"phase-19+steps=100+lr={own:g}", "phase-19+steps=100+lr=0.1"]
+    assert points[0].scenario.content_hash() == base.content_hash()  # the name is not the content
+    models = Sweep(base=base, grid={"model.preset": ["micro", "mini"]}).expand()
+    assert [p.name for p in models] == ["phase-19+steps=100+model=micro", "phase-19+steps=100+model=mini"]

@@ -160,3 +160,24 @@ def test_the_executor_starts_or_joins_ray_itself_and_leaves_what_it_started(monk
     calls.clear()
     assert local._connect() and calls[0][1] is None and calls[0][2]["num_cpus"] == 3  # a local Ray of 3 CPUs
     assert not local._connect() and len(calls) == 1  # connected already: used as it is, left running
+
+
+def test_a_local_ray_starts_without_its_token_notice_and_keeps_every_other_warning(caplog):
+    """Ray 2.60 logs "Token authentication is enabled ..." at every start of a local instance: a
+    notice a user cannot act on. The executor drops that one record while it starts a local Ray
+    (token authentication stays on); Ray's other warnings, and the notice when joining a cluster
+    someone else runs, still show."""
+    import logging
+
+    from pytest_spikecheck.sweep.ray_executor import TOKEN_NOTICE_LOGGER, _without_token_notice
+
+    logger = logging.getLogger(TOKEN_NOTICE_LOGGER)
+    notice = "Token authentication is enabled for this Ray cluster. Set RAY_AUTH_MODE=disabled to opt out."
+    with caplog.at_level(logging.WARNING, logger=TOKEN_NOTICE_LOGGER):
+        with _without_token_notice(local=True):
+            logger.warning(notice)
+            logger.warning("another warning of Ray's")
+        with _without_token_notice(local=False):
+            logger.warning(notice)
+        logger.warning(notice)  # after the start: the filter is gone
+    assert [r.getMessage() for r in caplog.records] == ["another warning of Ray's", notice, notice]

@@ -103,7 +103,7 @@ def test_unclipped_run_spikes_at_the_burst_and_names_the_injected_samples(hf_run
     assert d.step == BURST_STEP
     assert sorted(d.facts["injected"]) == sorted(data.pool[i].id for i in burst)
     assert d.facts["rare_loss_share"] > 0.5 and "no clip" in d.verdict
-    worst = run.event_at(BURST_STEP)["token_losses"]["worst"]
+    worst = run.event_at(BURST_STEP).token_losses["worst"]
     assert {w["sample"] for w in worst[:3]} <= set(d.facts["injected"])
 
 
@@ -127,7 +127,7 @@ def test_accumulation_4_records_the_same_steps_as_batch_8(hf_runs):
     d = diagnose(ga4)
     data, burst = corpus()
     assert d.step == BURST_STEP and sorted(d.facts["injected"]) == sorted(data.pool[i].id for i in burst)
-    assert {w["sample"] for w in ga4.event_at(BURST_STEP)["token_losses"]["worst"][:3]} <= set(d.facts["injected"])
+    assert {w["sample"] for w in ga4.event_at(BURST_STEP).token_losses["worst"][:3]} <= set(d.facts["injected"])
 
 
 def test_bf16_is_recorded_and_autocast_changed_the_numbers(hf_runs):
@@ -192,7 +192,7 @@ def test_sabotage_pre_clip_norms_measured_on_the_first_micro_batch_differ_from_t
 
     def first_micro_batch_only(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        self.recorder._tap_armed = lambda: len(self._micro) == 1
+        self.recorder._tap_armed = lambda: self.recorder.gathered == 1
 
     monkeypatch.setattr(SpikecheckCallback, "on_train_begin", first_micro_batch_only)
     with one_thread():

@@ -6,7 +6,6 @@ and with accumulate_grad_batches=2 at micro-batch 4 (the same data order). Three
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest

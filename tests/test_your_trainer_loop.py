@@ -101,8 +101,8 @@ def test_unclipped_run_spikes_at_the_burst_and_is_diagnosed(loop_runs, tmp_path,
     assert d.facts["burst_samples"] == 3 and d.facts["rare_loss_share"] > 0.5
     assert "no clip" in d.verdict
     event = loaded.event_at(BURST_STEP)
-    assert event["kinds"][0] == "burst" and event["adam_surprise"]["share"] > 0
-    assert {w["sample"] for w in event["token_losses"]["worst"][:3]} <= set(d.facts["injected"])
+    assert event.kinds[0] == "burst" and event.adam_surprise["share"] > 0
+    assert {w["sample"] for w in event.token_losses["worst"][:3]} <= set(d.facts["injected"])
     assert cli(["diagnose", str(tmp_path / "run")]) == 0
     assert f"diagnosis at step {BURST_STEP}" in capsys.readouterr().out
 
@@ -206,7 +206,7 @@ def test_accumulation_is_recorded_per_optimizer_step(accumulated_loop, loop_runs
     assert len(batch["samples"]) == BATCH and batch["burst_samples"] == 3
     d = diagnose(run)
     assert d.step == BURST_STEP and d.facts["burst_samples"] == 3  # the burst where it was injected
-    assert len(run.event_at(BURST_STEP)["token_losses"]["worst"]) > 0  # all micro-batches' logits
+    assert len(run.event_at(BURST_STEP).token_losses["worst"]) > 0  # all micro-batches' logits
     assert_clip_contains(run, MAX_NORM)
     # step 1 (same weights and batch): the mean of the micro-batch means, as this loop computes it,
     # next to the whole batch's token-weighted mean at accumulation 1
@@ -320,3 +320,37 @@ def test_rec_step_before_the_optimizer_step_is_warned():
         rec.step(loss=1.0)
     optimizer.step()
     assert rec.run().skipped == {1: "no optimizer step"}
+
+
+def test_the_callbacks_micro_batch_gatherer_on_the_recorder():
+    """The HF and Lightning callbacks gather each micro-batch's forward on the recorder
+    (Recorder.gather, step_gathered): the step's loss is the micro-batch losses' sum when each
+    is already divided (summed), else their mean; per-token losses only where every micro-batch
+    gave logits and targets; the gatherer is empty again for the next step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(7, 4), torch.nn.Linear(4, 7))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    rec = record(model, optimizer, accumulation=2, declared={2: "burst", 3: "burst"})
+    x, y = torch.randint(0, 7, (2, 3)), torch.randint(0, 7, (2, 3))
+
+    def step(losses, *, summed, targets_of=(0, 1)):
+        for i, value in enumerate(losses):
+            logits = model(x[i:i + 1])
+            torch.nn.functional.cross_entropy(logits.view(-1, 7), y[i].view(-1)).backward()
+            rec.gather(loss=torch.tensor(value), logits=logits.detach(), summed=summed,
+                       targets=y[i:i + 1] if i in targets_of else None)
+        assert rec.gathered == len(losses)
+        optimizer.step()
+        row = rec.step_gathered()
+        optimizer.zero_grad()
+        assert rec.gathered == 0
+        return row["loss"]
+
+    assert step([1.0, 3.0], summed=False) == 2.0  # HF's micro-batch means: their mean
+    assert step([0.5, 1.5], summed=True) == 2.0  # already divided (HF's num_items_in_batch, Lightning's): their sum
+    assert rec.events[-1].step == 2 and rec.events[-1].token_losses["n_tokens"] == 6  # both micro-batches' tokens
+    step([1.0, 1.0], summed=False, targets_of=(0,))  # one micro-batch without targets: no per-token losses
+    assert rec.events[-1].step == 3 and rec.events[-1].token_losses is None
+    rec.gather(loss=None)
+    optimizer.step()
+    assert math.isnan(rec.step_gathered()["loss"])  # a micro-batch that gave no loss

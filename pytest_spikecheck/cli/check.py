@@ -13,7 +13,6 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from pytest_spikecheck.errors import ConfigError
 
 if TYPE_CHECKING:
     from pytest_spikecheck.records import Record

@@ -10,14 +10,12 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from pytest_spikecheck import __version__
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario.sections import check_max_norm
 
-if TYPE_CHECKING:
-    from pytest_spikecheck.records import Record
 
 EXIT_USAGE = 2
 

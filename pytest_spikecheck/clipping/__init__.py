@@ -45,6 +45,7 @@ from pytest_spikecheck.clipping._registry import (
     resolve_backend,
     unavailable_reason,
 )
+from pytest_spikecheck.scenario.sections import check_max_norm
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import torch
@@ -86,25 +87,23 @@ class ClipResult:
     non-finite), ``nonfinite`` a bool tensor, true when the norm is NaN or inf.
     """
 
-    total_norm: "torch.Tensor"
-    scale: "torch.Tensor"
-    nonfinite: "torch.Tensor"
+    total_norm: torch.Tensor
+    scale: torch.Tensor
+    nonfinite: torch.Tensor
 
 
 def validate_max_norm(max_norm: float | None) -> float:
-    """Return ``max_norm`` as a float (``None`` means no clipping: ``inf``), or raise ValueError."""
-    if max_norm is None:
-        return math.inf
-    # A number only: float("1.0") and float(True) would silently accept a string or a flag.
-    if isinstance(max_norm, (bool, str, bytes)) or not isinstance(max_norm, numbers.Real):
-        raise ValueError(f"max_norm must be a number, inf or None, was {max_norm!r}")
-    value = float(max_norm)
-    if math.isnan(value) or value < 0:
-        raise ValueError(f"max_norm must be >= 0 (inf or None for no clipping), was {max_norm!r}")
-    return value
+    """Return ``max_norm`` as a float (``None`` means no clipping: ``inf``), or raise a
+    ConfigError (a ValueError). The one rule for a limit
+    (:func:`~pytest_spikecheck.scenario.sections.check_max_norm`) with torch's 0: these are drop-in
+    replacements for ``torch.nn.utils.clip_grad_norm_``, which accepts ``max_norm=0`` (it zeroes
+    the gradient), and the conformance kit tests that case. A scenario, a recorder or an
+    assertion refuses 0 through the same function."""
+    limit = check_max_norm(max_norm, "max_norm", zero="clips")
+    return math.inf if limit is None else limit
 
 
-def _collect_params(parameters: Any) -> list["torch.Tensor"]:
+def _collect_params(parameters: Any) -> list[torch.Tensor]:
     import torch
 
     if isinstance(parameters, torch.Tensor):
@@ -116,7 +115,7 @@ def _collect_params(parameters: Any) -> list["torch.Tensor"]:
 
 
 def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str,
-          process_group: Any = None) -> tuple["torch.Tensor", "torch.Tensor"]:
+          process_group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate, clip in place, return (pre-clip total norm, scale): the work both entry points share."""
     import torch
 
@@ -143,8 +142,8 @@ def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str,
     return total_norm, torch.where(finite, after / torch.where(finite, total_norm, 1.0), 1.0)
 
 
-def _clip_across_ranks(grads: list["torch.Tensor"], device: Any, limit: float, backend: str,
-                       process_group: Any) -> tuple["torch.Tensor", "torch.Tensor"]:
+def _clip_across_ranks(grads: list[torch.Tensor], device: Any, limit: float, backend: str,
+                       process_group: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """The global clip of gradients sharded over ``process_group``; every rank must call it.
 
     A rank's squared shard norm is exact in float64 (its float32 norm squared), so the sum
@@ -170,7 +169,7 @@ def _clip_across_ranks(grads: list["torch.Tensor"], device: Any, limit: float, b
     return total_norm, scale
 
 
-def _raise_if_nonfinite(total_norm: "torch.Tensor") -> None:
+def _raise_if_nonfinite(total_norm: torch.Tensor) -> None:
     if not bool(total_norm.isfinite()):  # the one host sync, only when asked for
         raise NonFiniteGradientError(
             f"the total gradient norm is non-finite ({float(total_norm)}), so it cannot be clipped"
@@ -178,7 +177,7 @@ def _raise_if_nonfinite(total_norm: "torch.Tensor") -> None:
 
 
 def clip_grads_(
-    parameters: Iterable["torch.Tensor"] | "torch.Tensor",
+    parameters: Iterable[torch.Tensor] | torch.Tensor,
     max_norm: float | None,
     *,
     backend: str = "auto",
@@ -205,7 +204,7 @@ def clip_grads_(
 
 
 def clip_grad_norm_(
-    parameters: Iterable["torch.Tensor"] | "torch.Tensor",
+    parameters: Iterable[torch.Tensor] | torch.Tensor,
     max_norm: float | None,
     *,
     backend: str = "auto",
@@ -213,7 +212,7 @@ def clip_grad_norm_(
     error_if_nonfinite: bool = False,
     process_group: Any = None,
     norm_type: float = 2.0,
-) -> "torch.Tensor":
+) -> torch.Tensor:
     """Drop-in for ``torch.nn.utils.clip_grad_norm_``: clip in place, return the pre-clip norm.
 
     ``norm_type`` is 2.0 (the global L2 norm every backend computes) or ``inf`` (the largest
@@ -239,7 +238,7 @@ def clip_grad_norm_(
     return total_norm
 
 
-def _clip_max_abs(parameters: Any, max_norm: float | None, mode: str, process_group: Any) -> "torch.Tensor":
+def _clip_max_abs(parameters: Any, max_norm: float | None, mode: str, process_group: Any) -> torch.Tensor:
     """``norm_type=inf``: the norm is the largest |g| over every gradient, clipped by the same
     rule as the L2 norm."""
     import torch

@@ -113,14 +113,14 @@ class KernelLauncher(Protocol):
     #: Device type the gradients must be on ("cuda" or "cpu").
     device_type: str
 
-    def device_key(self, device: "torch.device") -> int:
+    def device_key(self, device: torch.device) -> int:
         """The id of the device whose module runs for gradients on ``device`` (a CUDA ordinal)."""
 
     def load(self, device_key: int) -> Any:
         """Compile / load clip.cu for that device; what ``launch`` gets back as ``module``.
         Raises (with a one-line message) when the module cannot compile or load there."""
 
-    def activate(self, device: "torch.device") -> AbstractContextManager[Any]:
+    def activate(self, device: torch.device) -> AbstractContextManager[Any]:
         """A context in which launches run on ``device`` (for CUDA: on torch's current stream)."""
 
     def launch(self, module: Any, kernel: str, grid: int, block: int, args: tuple[np.generic, ...]) -> None:
@@ -168,19 +168,19 @@ class KernelOutputs:
     the scale applied (float32) and k_grad_norm_final's non-finite flag (int32, 1 when the norm is
     NaN or inf: the caller can skip the optimizer step without a host sync)."""
 
-    total_norm: "torch.Tensor"
-    scale: "torch.Tensor"
-    nonfinite_flag: "torch.Tensor"
+    total_norm: torch.Tensor
+    scale: torch.Tensor
+    nonfinite_flag: torch.Tensor
 
 
 @dataclass(frozen=True)
 class _GradTable:
-    rows: "torch.Tensor"  # int64 (num_tensors, 4) on the gradients' device
+    rows: torch.Tensor  # int64 (num_tensors, 4) on the gradients' device
     num_tensors: int
     num_chunks: int
 
 
-def _dtype_name(grad: "torch.Tensor") -> str:
+def _dtype_name(grad: torch.Tensor) -> str:
     return str(grad.dtype).removeprefix("torch.")
 
 
@@ -198,7 +198,7 @@ class ClipKernelRunner:
         self.table_builds = 0  # how many tables were built (tests check the cache with it)
         self.module_loads = 0  # how many modules were loaded (one per device)
 
-    def module(self, device: "torch.device") -> Any:
+    def module(self, device: torch.device) -> Any:
         """clip.cu loaded for ``device`` (compiled on first use; a failure is cached and re-raised)."""
         key = self.launcher.device_key(device)
         module = self._modules.get(key)
@@ -214,7 +214,7 @@ class ClipKernelRunner:
             self.module_loads += 1
         return module
 
-    def run(self, grads: list["torch.Tensor"], max_norm: float) -> KernelOutputs:
+    def run(self, grads: list[torch.Tensor], max_norm: float) -> KernelOutputs:
         """Clip ``grads`` in place to global L2 norm ``max_norm`` (inf: measure only).
 
         At most three launches, whatever the number of tensors, and no host synchronisation:
@@ -254,7 +254,7 @@ class ClipKernelRunner:
                 self._launch_scale(module, table, scale)
         return KernelOutputs(total_norm, scale, nonfinite_flag)
 
-    def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
+    def scale_(self, grads: list[torch.Tensor], scale: torch.Tensor) -> None:
         """Multiply ``grads`` in place by ``scale``, a 0-d float32 tensor on their device, with
         k_grad_scale alone (one launch, no host sync). The process-group clip uses it: the scale
         comes from the norm of every rank's gradients, which no single rank's kernels can see."""
@@ -271,11 +271,11 @@ class ClipKernelRunner:
         with self.launcher.activate(device):
             self._launch_scale(module, table, scale.reshape(()))
 
-    def _launch_scale(self, module: Any, table: _GradTable, scale: "torch.Tensor") -> None:
+    def _launch_scale(self, module: Any, table: _GradTable, scale: torch.Tensor) -> None:
         """k_grad_scale over ``table``: ``g *= *scale`` (a no-op on the device when it is 1)."""
         self._launch_over_table(module, "k_grad_scale", table, scale)
 
-    def _launch_over_table(self, module: Any, kernel: str, table: _GradTable, buffer: "torch.Tensor") -> None:
+    def _launch_over_table(self, module: Any, kernel: str, table: _GradTable, buffer: torch.Tensor) -> None:
         """Launch one of the two kernels that walk every chunk of ``table``; both take the table,
         its sizes, the chunk size and one device pointer (the partial sums, or the scale)."""
         if not table.num_chunks:
@@ -299,7 +299,7 @@ class ClipKernelRunner:
         """Blocks of the partial and scale kernels: one per chunk, at most ``max_blocks``."""
         return min(table.num_chunks, self.config.max_blocks or table.num_chunks)
 
-    def _check_grads(self, grads: list["torch.Tensor"]) -> "torch.device":
+    def _check_grads(self, grads: list[torch.Tensor]) -> torch.device:
         if not grads:
             raise ValueError("expected at least one gradient tensor, was an empty list")
         device = grads[0].device
@@ -325,7 +325,7 @@ class ClipKernelRunner:
                 )
         return device
 
-    def _table(self, grads: list["torch.Tensor"], device: "torch.device") -> _GradTable:
+    def _table(self, grads: list[torch.Tensor], device: torch.device) -> _GradTable:
         """The table for these gradients, rebuilt only when an address, size or dtype changes.
 
         The key is exactly the table's content plus the device id and the stream (a table is
@@ -379,19 +379,19 @@ class KernelClipBackend:
     def runner(self) -> ClipKernelRunner:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def run(self, grads: list["torch.Tensor"], max_norm: float) -> KernelOutputs:
+    def run(self, grads: list[torch.Tensor], max_norm: float) -> KernelOutputs:
         """Clip in place; return the norm, scale and the kernel's non-finite flag (no host sync)."""
         return self.runner.run(grads, max_norm)
 
-    def clip_(self, grads: list["torch.Tensor"], max_norm: float) -> tuple["torch.Tensor", "torch.Tensor"]:
+    def clip_(self, grads: list[torch.Tensor], max_norm: float) -> tuple[torch.Tensor, torch.Tensor]:
         outputs = self.run(grads, max_norm)
         return outputs.total_norm, outputs.scale
 
-    def scale_(self, grads: list["torch.Tensor"], scale: "torch.Tensor") -> None:
+    def scale_(self, grads: list[torch.Tensor], scale: torch.Tensor) -> None:
         """Multiply in place by a 0-d float32 tensor ``scale`` (k_grad_scale alone)."""
         self.runner.scale_(grads, scale)
 
-    def device_problem(self, device: "torch.device") -> str | None:
+    def device_problem(self, device: torch.device) -> str | None:
         """``None`` when clip.cu compiles and loads for ``device`` (it is then cached), else the
         one-line reason. ``auto`` asks this before it picks the backend."""
         try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import importlib
 import warnings
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 #: Every backend name, in the order ``auto`` prefers them (emulator is never auto-picked:
@@ -43,7 +43,7 @@ class SpikecheckBackendWarning(UserWarning):
 _warned: set[str] = set()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _load(name: str) -> Any:
     if name not in _MODULES:
         choices = ", ".join(("auto",) + BACKEND_NAMES)

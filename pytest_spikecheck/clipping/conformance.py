@@ -341,7 +341,7 @@ def clip_cases(
     max_total_elements: int = DEFAULT_MAX_TOTAL_ELEMENTS,
     max_tensors: int = DEFAULT_MAX_TENSORS,
     boundary_sizes: Sequence[int] = DEFAULT_BOUNDARY_SIZES,
-) -> "SearchStrategy[ClipCase]":
+) -> SearchStrategy[ClipCase]:
     """A Hypothesis strategy of :class:`ClipCase`: 1..``max_tensors`` tensors of mixed shapes
     (sizes near ``boundary_sizes``, empty ones, matrices, 3-d), normal / uniform / constant /
     sparse values with a magnitude per tensor, sometimes inf / NaN / 0 entries, and ``max_norm``

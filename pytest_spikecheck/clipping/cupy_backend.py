@@ -13,7 +13,7 @@ functions.
 from __future__ import annotations
 
 import contextlib
-from functools import lru_cache
+from functools import cache
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 INSTALL_HINT = "pip install 'pytest-spikecheck[gpu]'"
 
 
-@lru_cache(maxsize=None)
+@cache
 def cupy_unavailable_reason() -> str | None:
     """``None`` when CuPy imports, NVRTC loads and a CUDA device is usable; else a one-line reason."""
     try:
@@ -95,7 +95,7 @@ class CupyLauncher:
     def __init__(self) -> None:
         self._streams: dict[tuple[int, int], Any] = {}
 
-    def device_key(self, device: "torch.device | str | None") -> int:
+    def device_key(self, device: torch.device | str | None) -> int:
         import torch
 
         index = None if device is None else torch.device(device).index
@@ -114,7 +114,7 @@ class CupyLauncher:
                 where = f"cuda:{device_key}"
             raise BackendUnavailableError(f"the cupy clipping backend cannot run on {where}: {reason}") from exc
 
-    def activate(self, device: "torch.device") -> contextlib.ExitStack:
+    def activate(self, device: torch.device) -> contextlib.ExitStack:
         import cupy
         import torch
 

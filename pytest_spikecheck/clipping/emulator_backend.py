@@ -20,7 +20,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
@@ -118,13 +118,13 @@ def build_emulator(sources: Mapping[str, str] | None = None, cache_dir: Path | N
     return library
 
 
-@lru_cache(maxsize=None)
+@cache
 def _compiler_version(command: tuple[str, ...]) -> str:
     result = subprocess.run([*command, "--version"], capture_output=True, text=True, check=False)
     return result.stdout.splitlines()[0] if result.stdout else ""
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_emulator(library: Path | None = None) -> ctypes.CDLL:
     """The emulator library (built first if needed), with argument types declared."""
     lib = ctypes.CDLL(str(library or build_emulator()))
@@ -174,13 +174,13 @@ class EmulatorLauncher:
     def kernel_names(self) -> list[str]:
         return self.library.emulator_kernel_names().decode().split()
 
-    def device_key(self, device: "torch.device") -> int:
+    def device_key(self, device: torch.device) -> int:
         return 0  # the CPU: one "device" (tests pretend there are more to check the caches' keys)
 
     def load(self, device_key: int) -> ctypes.CDLL:
         return self.library  # built (or loaded from the cache) when the backend made this launcher
 
-    def activate(self, device: "torch.device") -> contextlib.nullcontext[None]:
+    def activate(self, device: torch.device) -> contextlib.nullcontext[None]:
         return contextlib.nullcontext()  # CPU: no device or stream to select
 
     def launch(self, module: ctypes.CDLL, kernel: str, grid: int, block: int, args: tuple[np.generic, ...]) -> None:

@@ -16,7 +16,6 @@ import random
 from dataclasses import dataclass
 from functools import lru_cache
 
-from pytest_spikecheck.scenario.sections import BURST_CONTENTS
 
 # BURST_CONTENTS, the rare content a burst can inject, is named by the scenario layer;
 # this module builds each one.

@@ -138,7 +138,7 @@ def _verdict(n_rare: int, n_necessary: int, batch_size: int, ratio: float) -> st
     return f"{n_necessary} of {batch_size} samples ({n_rare} of them rare) give {ratio:.0f}× the baseline gradient norm"
 
 
-def _score(result: "ProbeResult") -> float:
+def _score(result: ProbeResult) -> float:
     # hypothesis.target() takes finite numbers only; a non-finite norm is the worst batch there is.
     return result.ratio if math.isfinite(result.ratio) else sys.float_info.max
 

@@ -83,7 +83,7 @@ class _Pool:
     rare: tuple[bool, ...]
 
     @classmethod
-    def of(cls, data: Any, is_rare: Callable[[int], bool] | None) -> "_Pool":
+    def of(cls, data: Any, is_rare: Callable[[int], bool] | None) -> _Pool:
         data = getattr(data, "dataset", data)  # a Probe carries its dataset
         if hasattr(data, "pool") and hasattr(data, "is_rare"):  # a Dataset
             samples, rare_of = data.pool, is_rare or data.is_rare

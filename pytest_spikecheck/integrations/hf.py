@@ -24,7 +24,6 @@ NoClip is the Trainer's own setting: ``TrainingArguments(max_grad_norm=0)``.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +58,6 @@ class SpikecheckCallback(TrainerCallback):
             check_target(Path(out))
         self.options = recorder_options
         self.recorder: Recorder | None = None
-        self._micro: list[dict[str, Any]] = []  # the forward of each micro-batch of the current step
         self._handle: Any = None
         self.trainer_grad_norm: dict[int, float] = {}
 
@@ -91,7 +89,7 @@ class SpikecheckCallback(TrainerCallback):
         if gradient_state is not None:  # accelerate says which backward closes the optimizer step
             armed = lambda: bool(gradient_state.sync_gradients)  # noqa: E731
         else:
-            armed = lambda: len(self._micro) == accumulation  # noqa: E731
+            armed = lambda: self.recorder.gathered == accumulation  # noqa: E731
         self.recorder.tap_gradients(armed, scaled=scaler is not None)
         self._handle = model.register_forward_hook(self._capture, with_kwargs=True)
 
@@ -102,17 +100,14 @@ class SpikecheckCallback(TrainerCallback):
         logits = getattr(output, "logits", None)
         # a causal LM predicts labels[t + 1] at position t (the model shifts them)
         targets = labels[:, 1:] if labels is not None else None
-        self._micro.append({"loss": getattr(output, "loss", None), "summed": "num_items_in_batch" in kwargs,
-                            "logits": logits[:, :-1].detach() if logits is not None else None, "targets": targets})
+        self.recorder.gather(loss=getattr(output, "loss", None), summed="num_items_in_batch" in kwargs,
+                             logits=logits[:, :-1].detach() if logits is not None else None, targets=targets)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.recorder.before_clip()  # the norms the backward hooks measured before the clip
 
     def on_step_end(self, args, state, control, **kwargs):
-        parts, self._micro = self._micro, []
-        logits = [m["logits"] for m in parts] if parts and all(m["logits"] is not None for m in parts) else None
-        targets = [m["targets"] for m in parts] if logits is not None and all(m["targets"] is not None for m in parts) else None
-        self.recorder.step(loss=_step_loss(parts), logits=logits, targets=targets)
+        self.recorder.step_gathered()  # the micro-batches _capture gathered
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "grad_norm" in logs:
@@ -135,14 +130,3 @@ class SpikecheckCallback(TrainerCallback):
         run.meta["trainer_grad_norm"] = {str(k): v for k, v in sorted(self.trainer_grad_norm.items())}
         return run
 
-
-def _step_loss(parts: list[dict[str, Any]]) -> float:
-    """The loss the Trainer backpropagated for the optimizer step, from its micro-batches'
-    forwards: their sum when the model divided each by the step's target count
-    (``num_items_in_batch``: the token-weighted mean over the step's batch), else their mean
-    (the Trainer divides each by ``gradient_accumulation_steps``: the mean of the micro-batch
-    means). NaN when a forward gave no loss."""
-    if not parts or any(m["loss"] is None for m in parts):
-        return math.nan
-    losses = [float(m["loss"].detach()) for m in parts]
-    return sum(losses) if all(m["summed"] for m in parts) else sum(losses) / len(losses)

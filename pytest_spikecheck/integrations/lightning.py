@@ -27,7 +27,6 @@ from ``training_step`` (targets aligned with the logits).
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,6 @@ class SpikecheckCallback(Callback):
             check_target(Path(out))
         self.options = recorder_options
         self.recorder: Recorder | None = None
-        self._micro: list[dict[str, Any]] = []  # what training_step returned for each micro-batch of the step
 
     def on_train_start(self, trainer, pl_module) -> None:
         accumulation = trainer.accumulate_grad_batches
@@ -102,15 +100,10 @@ class SpikecheckCallback(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         out = outputs if isinstance(outputs, dict) else {"loss": outputs}
-        self._micro.append(out)
-        if not self.recorder.step_open:  # a micro-batch that did not close an optimizer step
-            return
-        parts, self._micro = self._micro, []
-        logits = [m.get("logits") for m in parts]
-        targets = [m.get("targets") for m in parts]
-        if any(v is None for v in logits + targets):
-            logits = targets = None
-        self.recorder.step(loss=_step_loss(parts), logits=logits, targets=targets)
+        # what Lightning hands over is each micro-batch's loss / accumulate_grad_batches: summed
+        self.recorder.gather(loss=out.get("loss"), logits=out.get("logits"), targets=out.get("targets"), summed=True)
+        if self.recorder.step_open:  # the micro-batch that closed an optimizer step
+            self.recorder.step_gathered()
 
     def on_validation_end(self, trainer, pl_module) -> None:
         value = trainer.callback_metrics.get("val_loss")
@@ -126,13 +119,3 @@ class SpikecheckCallback(Callback):
         """The recorded run (a :class:`~pytest_spikecheck.Run`)."""
         return self.recorder.run()
 
-
-def _step_loss(parts: list[dict[str, Any]]) -> float:
-    """The loss Lightning backpropagated for the optimizer step: the sum of what it hands
-    ``on_train_batch_end`` for each micro-batch (each micro-batch's mean loss divided by
-    ``accumulate_grad_batches``): the mean of the micro-batch means, not the token-weighted mean
-    over the step's batch where the micro-batches hold different numbers of tokens."""
-    losses = [m.get("loss") for m in parts]
-    if not losses or any(v is None for v in losses):
-        return math.nan
-    return sum(float(v.detach()) if hasattr(v, "detach") else float(v) for v in losses)

@@ -47,6 +47,7 @@ from pytest_spikecheck.errors import ClipBeforeUnscaleWarning, ConfigError, Spik
 from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.integrations.burst import BurstStream
 from pytest_spikecheck.judge.text import fmt_scale
+from pytest_spikecheck.records.events import Event
 from pytest_spikecheck.records.facts import ModelFacts, QKClipFacts, RunFacts
 from pytest_spikecheck.records.run import TRAINER_NAMES, Run
 from pytest_spikecheck.scenario.sections import ClipSpec, RecordSpec, SamplerSpec, check_max_norm
@@ -74,7 +75,7 @@ class SampleCatalog:
     def from_tokens(cls, tokens: Sequence[Sequence[int]], *, vocab_size: int, ids: Sequence[str] | None = None,
                     sources: Sequence[str] | None = None, token_str: Callable[[int], str] = str,
                     rare_doc_freq: int = SamplerSpec.rare_doc_freq, rarity_excludes: Iterable[int] = (),
-                    ignore: Iterable[int] = (IGNORE_INDEX,)) -> "SampleCatalog":
+                    ignore: Iterable[int] = (IGNORE_INDEX,)) -> SampleCatalog:
         """``tokens[i]``: the token ids sample i is trained to predict (ignored ids dropped). A
         token is rare when at most ``rare_doc_freq`` samples contain it, counted as the engine
         counts (data/dataset.py) over the samples not in ``rarity_excludes`` (pass the injected
@@ -166,6 +167,29 @@ def scaler_stage(scaler: Any, optimizer: Any) -> str:
     return getattr(state.get("stage"), "name", "READY") if state else "READY"
 
 
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch's forward as a trainer hands it over (:meth:`Recorder.gather`)."""
+
+    loss: Any  # a tensor or a number; None: not given
+    logits: Any = None
+    targets: Any = None
+    summed: bool = False  # the micro-batch losses add up to the step's (each already divided)
+
+
+def gathered_loss(parts: Sequence[MicroBatch]) -> float:
+    """The loss the trainer backpropagated for the optimizer step, from its micro-batches: their
+    sum when each is already divided (every part ``summed``: HF's ``num_items_in_batch``, the
+    token-weighted mean over the step's batch; Lightning's loss / ``accumulate_grad_batches``,
+    the mean of the micro-batch means), else their mean (HF divides each by
+    ``gradient_accumulation_steps``: the mean of the micro-batch means). NaN when a micro-batch
+    gave no loss."""
+    if not parts or any(m.loss is None for m in parts):
+        return math.nan
+    losses = [float(m.loss.detach()) if hasattr(m.loss, "detach") else float(m.loss) for m in parts]
+    return sum(losses) if all(m.summed for m in parts) else sum(losses) / len(losses)
+
+
 @dataclass
 class Recorder:
     """See the module docstring. ``max_norm``: the clip your trainer applies (None, 0 or inf:
@@ -206,8 +230,8 @@ class Recorder:
     qk_clip: float | QKClipFacts | None = None
 
     def __post_init__(self) -> None:
-        # 0 is how trainers spell "no clip" (TrainingArguments(max_grad_norm=0)); else the one rule
-        self.max_norm = None if self.max_norm == 0 else check_max_norm(self.max_norm, "Recorder max_norm")
+        # the one rule, 0 as trainers spell "no clip" (TrainingArguments(max_grad_norm=0))
+        self.max_norm = check_max_norm(self.max_norm, "Recorder max_norm", zero="no_clip")
         if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
             raise ConfigError(f"record(..., accumulation=...) must be an integer >= 1 (micro-batches per optimizer "
                               f"step), was {self.accumulation!r}")
@@ -231,7 +255,8 @@ class Recorder:
         self._watch = SpikeWatch(self.spike_ratio, self.window, None, dict(self.declared))
         self._adam_reader = SingleProcess([p for _, p in self.named])
         self._metrics = MetricsRecorder()
-        self.events: list[dict[str, Any]] = []
+        self.events: list[Event] = []
+        self._gathered: list[MicroBatch] = []  # the current step's micro-batches (gather, step_gathered)
         self.skipped: dict[int, str] = {}  # step -> why its update was not applied
         self._batch_indices: list[tuple[int, Sequence[int]]] = []  # (step, dataset indices)
         self._pending: _Pending | None = None
@@ -360,7 +385,7 @@ class Recorder:
         self._measure_after_clip()
 
     @contextmanager
-    def clipping(self) -> Iterator["Recorder"]:
+    def clipping(self) -> Iterator[Recorder]:
         """``with rec.clipping(): clip(...)``: before_clip on entry, after_clip on exit."""
         self._in_clipping = True
         try:
@@ -422,6 +447,30 @@ class Recorder:
         self._pending = None
         return row
 
+    # -- micro-batches handed over one at a time (the HF and Lightning callbacks) --------------
+    def gather(self, *, loss: Any = None, logits: Any = None, targets: Any = None, summed: bool = False) -> None:
+        """One micro-batch of the optimizer step now running, for a trainer that hands its
+        forwards over one at a time (the HF and Lightning callbacks gather here): its loss (None:
+        not given), and its logits and targets aligned (see :meth:`step`). ``summed``: the
+        micro-batch losses add up to the step's loss (each is already divided: HF's
+        ``num_items_in_batch``, Lightning's loss / ``accumulate_grad_batches``); else the step's
+        loss is their mean. :meth:`step_gathered` closes the step with them."""
+        self._gathered.append(MicroBatch(loss, logits, targets, summed))
+
+    @property
+    def gathered(self) -> int:
+        """How many micro-batches of the running step were gathered so far."""
+        return len(self._gathered)
+
+    def step_gathered(self, **options: Any) -> dict[str, float]:
+        """:meth:`step` with the gathered micro-batches: the step's loss from theirs
+        (:func:`gathered_loss`), their logits and targets where every one has both (else no
+        per-token losses); the gatherer starts empty for the next step."""
+        parts, self._gathered = self._gathered, []
+        both = bool(parts) and all(m.logits is not None and m.targets is not None for m in parts)
+        return self.step(loss=gathered_loss(parts), logits=[m.logits for m in parts] if both else None,
+                         targets=[m.targets for m in parts] if both else None, **options)
+
     def set_eval_loss(self, step: int, value: float) -> None:
         """The eval loss measured after step ``step`` (a trainer that evaluates on its own schedule)."""
         steps = self._metrics.columns["step"]
@@ -445,7 +494,7 @@ class Recorder:
         return out
 
     def _event(self, p: _Pending, loss: float, clip_factor: float, post: float, indices: Sequence[int] | None,
-               logits: torch.Tensor | None, targets: torch.Tensor | None, *, skipped: bool) -> dict[str, Any]:
+               logits: torch.Tensor | None, targets: torch.Tensor | None, *, skipped: bool) -> Event:
         table = None
         if logits is not None and targets is not None:
             cat = self.catalog
@@ -459,14 +508,14 @@ class Recorder:
                                      seen_before=seen)
         names = [n for n, _ in self.named]
         has_grad = p.has_grad
-        return {
-            "step": p.step, "kinds": p.verdict.kinds, "loss": loss, "grad_norm_pre": p.grad_norm_pre,
-            "baseline_grad_norm": p.verdict.baseline, "clip_factor": clip_factor, "max_norm": self.max_norm,
-            "grad_norm_post": post, "skipped": skipped, "token_losses": table,
-            "param_grad_norms": dict(sorted(((n, float(v)) for n, v, g in zip(names, p.pre_norms.tolist(), has_grad) if g),
-                                            key=lambda kv: -kv[1])),
-            "adam_surprise": p.surprise,
-        }
+        return Event(
+            step=p.step, kinds=tuple(p.verdict.kinds), loss=loss, grad_norm_pre=p.grad_norm_pre,
+            baseline_grad_norm=p.verdict.baseline, clip_factor=clip_factor, max_norm=self.max_norm,
+            grad_norm_post=post, skipped=skipped, token_losses=table,
+            param_grad_norms=dict(sorted(((n, float(v)) for n, v, g in zip(names, p.pre_norms.tolist(), has_grad) if g),
+                                         key=lambda kv: -kv[1])),
+            adam_surprise=p.surprise,
+        )
 
     def run(self) -> Run:
         """The recorded steps as a :class:`~pytest_spikecheck.Run` (what assertions take)."""

@@ -206,7 +206,7 @@ class EventSummary:
     evaluated: bool = True  # the record has eval losses (the jump and recovery are then the eval loss's)
 
     @classmethod
-    def measure(cls, metrics: Metrics, step: int | None) -> "EventSummary":
+    def measure(cls, metrics: Metrics, step: int | None) -> EventSummary:
         if step is None:
             step, _ = largest_spike(metrics)
         has_eval = "eval_loss" in metrics and np.isfinite(np.asarray(metrics["eval_loss"], dtype=float)).any()

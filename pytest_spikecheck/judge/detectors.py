@@ -116,7 +116,7 @@ class Detector:
         """The field that sets the detector's sensitivity (swept by calibration)."""
         return "threshold"
 
-    def with_threshold(self, value: float) -> "Detector":
+    def with_threshold(self, value: float) -> Detector:
         return replace(self, **{self.threshold_name: value})
 
     def describe(self) -> str:
@@ -584,7 +584,7 @@ DETECTORS: dict[str, type[Detector]] = {
 }
 
 
-def get_detector(spec: "str | Detector", **params: Any) -> Detector:
+def get_detector(spec: str | Detector, **params: Any) -> Detector:
     """A detector by name (``"zclip"``) with optional parameters, or a Detector passed through."""
     if isinstance(spec, Detector):
         return replace(spec, **params) if params else spec

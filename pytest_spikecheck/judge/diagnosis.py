@@ -113,8 +113,8 @@ def _max_norm_of(rec: Record, step: int, max_norm: float | None) -> float | None
     if max_norm is not None:
         return float(max_norm)
     event = rec.run.event_at(step) if rec.run is not None and hasattr(rec.run, "event_at") else None
-    if "clip_limit" not in rec.metrics and event is not None and event.get("max_norm") is not None:
-        return float(event["max_norm"])
+    if "clip_limit" not in rec.metrics and event is not None and event.max_norm is not None:
+        return float(event.max_norm)
     limits = clip_limits(rec)
     at = np.flatnonzero(np.asarray(rec.metrics["step"]) == step)
     limit = float(limits[at[-1]]) if limits is not None and at.size else math.nan
@@ -300,7 +300,7 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
                        injected=list(batch.get("injected") or []))
     if event is not None:
         # 4. per-token losses
-        tl = event.get("token_losses")
+        tl = event.token_losses
         if tl is None:  # a recorder in someone else's loop that was given no logits
             d.lines.append(("4 token losses", "not recorded (the recorder got no logits and targets at this step)"))
         else:
@@ -313,7 +313,7 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
                                               f"{rare_share:.0%} of the batch loss, {tl['novel_tokens']} never-seen tokens {novel_share:.0%}"))
             d.facts.update(rare_loss_share=rare_share, novel_loss_share=novel_share, worst_tokens=[w["token"] for w in worst])
         # 5. which tensors
-        norms = event["param_grad_norms"]
+        norms = event.param_grad_norms
         total_sq = sum(v * v for v in norms.values()) or math.nan
         top = list(norms.items())[:3]
         finite_total = math.isfinite(total_sq)
@@ -322,7 +322,7 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         d.lines.append(("5 tensors", "; ".join(f"{n} {v:.3g} ({share(v)})" for n, v in top) + why))
         d.facts.update(top_tensor=top[0][0] if top else None)
         # 6. Adam memory
-        surprise = event.get("adam_surprise") or {}
+        surprise = event.adam_surprise or {}
         if "share" in surprise and surprise["share"] is not None and not math.isfinite(surprise["share"]):
             d.lines.append(("6 Adam v", "the optimizer keeps no Adam moments (SGD)"))
             d.facts.update(v_jump=None, v_fade=None, adam_surprise=None)

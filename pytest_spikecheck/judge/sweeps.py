@@ -72,7 +72,7 @@ class LRSweep:
             raise ConfigError(f"learning rates must be > 0, were {list(self.lrs)}")
 
     @classmethod
-    def from_runs(cls, name: str, lrs: Sequence[float], runs: Sequence[Any]) -> "LRSweep":
+    def from_runs(cls, name: str, lrs: Sequence[float], runs: Sequence[Any]) -> LRSweep:
         if len(lrs) != len(runs):
             raise ConfigError(f"an LR sweep needs one run per learning rate, had {len(lrs)} and {len(runs)}")
         initials = [initial_loss(r) for r in runs]

@@ -59,7 +59,7 @@ class Verdict:
         return data
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Verdict":
+    def from_json(cls, data: Mapping[str, Any]) -> Verdict:
         values = dict(data)
         for key in ("measured", "limit"):
             if isinstance(values.get(key), str):

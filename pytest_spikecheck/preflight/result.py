@@ -46,8 +46,8 @@ class PreflightResult:
                 "counts": self.counts, "verdict": self.verdict, "rows": self.rows}
 
     def markdown(self) -> str:
-        out = [f"# Preflight: {self.config}", "", f"Recipe: {self.recipe}", "", *[f"    {l}" for l in self.plan_lines], "",
-               "## Verdict", "", *[f"- {l}" for l in self.lines()], "",
+        out = [f"# Preflight: {self.config}", "", f"Recipe: {self.recipe}", "", *[f"    {line}" for line in self.plan_lines], "",
+               "## Verdict", "", *[f"- {line}" for line in self.lines()], "",
                "## First failing LR per width (median over seeds; `none`: no LR of the grid fails)", "",
                "| corpus | defence | width | first failing LR | per seed | LR sensitivity | largest attention logit |",
                "|---|---|---:|---:|---|---:|---:|"]
@@ -63,7 +63,7 @@ class PreflightResult:
 
     def html(self) -> str:
         panels = "".join(_panel(s) for s in self.studies)
-        items = "".join(f"<li>{html.escape(l)}</li>" for l in self.lines())
+        items = "".join(f"<li>{html.escape(line)}</li>" for line in self.lines())
         plan = html.escape("\n".join(self.plan_lines))
         return (f"<!doctype html><html><head><meta charset='utf-8'><title>Preflight: {html.escape(self.config)}</title>"
                 "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}pre{background:#f4f4f4;padding:1em;"
@@ -122,9 +122,10 @@ def _panel(study: dict[str, Any], w: int = 340, h: int = 220) -> str:
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(lr, f) for lr, f in zip(p["lrs"], p["final_losses"])))
         parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{points}'/>")
         parts.append(f"<text x='{w - pad + 2}' y='{pad + 12 * i + 10}' font-size='10' fill='{colour}'>w{p['width']}</text>")
-    caption = html.escape(study["sentence"])
+    caption = html.escape(study["sentence"])  # the study's verdict in a sentence, under its panel
     return (f"<figure><svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}'>{''.join(parts)}</svg>"
-            f"<figcaption><b>{html.escape(study['corpus'])}, {html.escape(study['defence'])}</b></figcaption></figure>")
+            f"<figcaption><b>{html.escape(study['corpus'])}, {html.escape(study['defence'])}</b>: {caption}"
+            f"</figcaption></figure>")
 
 
 def assert_preflight(result: PreflightResult, *, defences_hold: Sequence[str] = ("as-given",), lr_margin: float = 2.0,

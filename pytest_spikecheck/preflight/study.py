@@ -30,7 +30,7 @@ from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.integrations.hf_proxy import PROXY_FACTORY, TESTED_TRANSFORMERS
 from pytest_spikecheck.preflight.hf_config import PROXY_LAYERS, HFConfig, check_widths, proxy_config
 from pytest_spikecheck.preflight.recipe import Recipe
-from pytest_spikecheck.scenario import ClipAt, NoClip, QKClip, QKLayerNorm, RareTokenBurst, Scenario, ZLoss
+from pytest_spikecheck.scenario import ClipAt, NoClip, QKClip, QKLayerNorm, Scenario, ZLoss
 from pytest_spikecheck.sweep.spec import Sweep
 
 #: The proxy widths unless given.

@@ -107,7 +107,7 @@ class RunFacts:
         return _plain(dataclasses.asdict(self))
 
     @classmethod
-    def from_json(cls, raw: Any, *, where: str = "run.json facts") -> "RunFacts":
+    def from_json(cls, raw: Any, *, where: str = "run.json facts") -> RunFacts:
         """The facts of a run.json; an unknown field is one line naming the known ones."""
         return _build(cls, raw, where)
 
@@ -124,13 +124,21 @@ def _plain(value: Any) -> Any:
 _NESTED: dict[str, type] = {"model": ModelFacts, "clip": ClipSpec, "qk_clip": QKClipFacts}
 
 
-def _build(cls: type, raw: Any, where: str) -> Any:
+def check_fields(cls: type, raw: Any, where: str, what: str = "") -> None:
+    """``raw`` is a JSON object whose keys are fields of the dataclass ``cls``; else one line
+    naming the first unknown field and the known ones (``what``: "event " in "unknown event field")."""
     if not isinstance(raw, Mapping):
-        raise ConfigError(f"{where} must be a JSON object, was {type(raw).__name__}")
+        article = "an" if what[:1] in tuple("aeiou") else "a"
+        raise ConfigError(f"{where}: {article} {what} must be a JSON object, was {type(raw).__name__}"
+                          if what else f"{where} must be a JSON object, was {type(raw).__name__}")
     known = [f.name for f in fields(cls)]
     unknown = sorted(set(raw) - set(known))
     if unknown:
-        raise ConfigError(f"{where}: unknown field {unknown[0]!r}; known: {', '.join(known)}")
+        raise ConfigError(f"{where}: unknown {what + ' ' if what else ''}field {unknown[0]!r}; known: {', '.join(known)}")
+
+
+def _build(cls: type, raw: Any, where: str) -> Any:
+    check_fields(cls, raw, where)
     values: dict[str, Any] = {}
     for name, value in raw.items():
         if value is None:
@@ -153,7 +161,7 @@ def _build(cls: type, raw: Any, where: str) -> Any:
 
 # -- writers ------------------------------------------------------------------------------------
 
-def facts_from_scenario(resolved: "Scenario", *, parameters: int | None, vocab_size: int | None, world_size: int,
+def facts_from_scenario(resolved: Scenario, *, parameters: int | None, vocab_size: int | None, world_size: int,
                         groups: tuple[OptimizerGroup, ...] | None, versions: Mapping[str, str]) -> RunFacts:
     """The facts of an engine run: everything from its resolved Scenario, the parameter groups
     the engine built (``groups``), and what only the built model knows (its size, vocabulary)."""
@@ -172,7 +180,7 @@ def facts_from_scenario(resolved: "Scenario", *, parameters: int | None, vocab_s
         seed=resolved.seed, **{k: versions.get(k) for k in ("package_version", "torch_version", "python")})
 
 
-def facts_from_format_1(meta: Mapping[str, Any], scenario: "Scenario | None") -> RunFacts:
+def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> RunFacts:
     """Format 1's facts, upgraded in memory: an engine run's from its config.yaml (``scenario``),
     a recorded run's from what its ``recorded`` block says; what format 1 never wrote is None."""
     versions = {k: meta.get(k) for k in ("package_version", "torch_version", "python")}

@@ -15,8 +15,9 @@ a folder that other tools can read::
                      run that skipped updates ``skipped``: why (``"overflow"``, ``"skip_spikes"``)
                      or null
     batches.jsonl    one JSON object per step: the batch's samples, sources, rare counts
-    events.json      detail at burst steps and detected spikes: per-token losses with token
-                     strings, per-tensor grad norms, Adam update statistics
+    events.json      detail at burst steps and detected spikes, one
+                     :class:`~pytest_spikecheck.records.events.Event` each: per-token losses with
+                     token strings, per-tensor grad norms, Adam update statistics
     run.json         package/torch versions, backend, device, threads, wall time, where the
                      run stopped and why
 """
@@ -32,6 +33,7 @@ import numpy as np
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records import integrity
+from pytest_spikecheck.records.events import Event, events_from_json, events_to_json
 from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts, facts_from_format_1
 from pytest_spikecheck.records.series import MetricColumns
 from pytest_spikecheck.scenario import Scenario
@@ -80,7 +82,7 @@ class Run:
     scenario: Scenario | None
     metrics: dict[str, np.ndarray]
     batches: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     #: step -> why its update was not applied (``"overflow"``: the loss scaler found an inf/NaN;
     #: ``"skip_spikes"``: SkipSpikes); what :attr:`Record.skipped` reads.
@@ -136,8 +138,8 @@ class Run:
         weights = [b.get("weights") for b in self.batches]
         return tuple(b["step"] for b, w, prev in zip(self.batches[1:], weights[1:], weights) if w is not None and w != prev)
 
-    def event_at(self, step: int) -> dict[str, Any] | None:
-        return next((e for e in self.events if e["step"] == step), None)
+    def event_at(self, step: int) -> Event | None:
+        return next((e for e in self.events if e.step == step), None)
 
     def batch_at(self, step: int) -> dict[str, Any] | None:
         return next((b for b in self.batches if b["step"] == step), None)
@@ -189,7 +191,7 @@ class Run:
             with open(out / "batches.jsonl", "w") as f:
                 for b in self.batches:
                     f.write(json.dumps(b) + "\n")
-            (out / "events.json").write_text(json.dumps(self.events, indent=1))
+            (out / "events.json").write_text(json.dumps(events_to_json(self.events), indent=1))
             meta = {"format_version": FORMAT_VERSION, **self.meta, "facts": self.facts.to_json() if self.facts else None}
             meta = {**meta, integrity.MANIFEST_KEY: integrity.manifest_of(out, meta, len(self))}
             (out / "run.json").write_text(json.dumps(meta, indent=2, default=str))
@@ -219,7 +221,7 @@ class Run:
         return rows
 
     @classmethod
-    def load(cls, directory: str | Path, *, require_manifest: bool = False) -> "Run":
+    def load(cls, directory: str | Path, *, require_manifest: bool = False) -> Run:
         """The run saved in ``directory``, checked against its manifest: a damaged folder is one
         :class:`~pytest_spikecheck.records.integrity.DamagedRunError` line. ``require_manifest``
         (a cache's entries): a folder without one is damaged too, else it is read as it is."""
@@ -241,7 +243,8 @@ class Run:
         if why is not None:
             raise integrity.refuse(src, why)
         batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
-        events = json.loads((src / "events.json").read_text()) if (src / "events.json").is_file() else []
+        events = (events_from_json(json.loads((src / "events.json").read_text()), where=str(src / "events.json"))
+                  if (src / "events.json").is_file() else [])
         meta.pop("format_version", None)
         raw_facts = meta.pop("facts", None)
         # an engine run's config.yaml retrains it; a recorded or hand-written run has none

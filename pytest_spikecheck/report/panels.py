@@ -44,7 +44,7 @@ def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), t
             if zoom:
                 sel = (es >= mark_steps[0] - 15) & (es <= mark_steps[0] + 60)
                 axes[0][1].plot(es[sel], ev[sel], color=color, lw=1.6, marker=".", ms=4, label=f"{run.name}")
-    for run, color in zip(runs, colors):
+    for run in runs:
         where = run.meta.get("first_nonfinite")
         if where:  # the run stopped on NaN/inf: say where, the curve alone just ends
             full.axvline(where["step"], color="#d62728", lw=1.5)

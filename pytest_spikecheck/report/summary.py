@@ -120,7 +120,30 @@ def _grad_containment(run: Any) -> str:
     return f"held (max {worst} ≤ {max_norm:g})"
 
 
-def measure(run: Any) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Measures:
+    """A run's numbers, the one typed row of measures that both the plugin's rows
+    (:class:`ScenarioRow`, :func:`summarise`) and the sweep's point rows
+    (:func:`~pytest_spikecheck.sweep.result.row_for`) are filled from (:func:`measure`)."""
+
+    final_eval_loss: float  # inf when it diverged, as the LR sweeps count it
+    initial_loss: float
+    max_attn_logit: float | None  # None without the column
+    largest_spike_ratio: float | None  # the largest pre-clip grad-norm spike ratio
+    spike_step: int | None
+    is_spike: bool  # the ratio is at least the run's detector ratio
+    recovery: int | None  # steps to recover from the spike (None: not back, or no spike)
+    diverged: bool  # stopped on a non-finite value
+    seconds: float  # wall time
+    skipped_steps: list[int] | None  # None: the run skips none (and has no loss scaler)
+    loss_scale_min: float | None  # None without a loss scaler
+
+    def to_json(self) -> dict[str, Any]:
+        """The measures by name, in field order (a sweep row's columns)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+def measure(run: Any) -> Measures:
     """A run's numbers, as the sweep's point table and the plugin's rows take them: the final
     eval loss (inf when it diverged, as the LR sweeps count it), the loss at initialisation, the
     largest |attention logit| (None without the column), the largest pre-clip grad-norm spike
@@ -141,19 +164,19 @@ def measure(run: Any) -> dict[str, Any]:
         recovery = recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss")
     scale = np.asarray(metrics["loss_scale"], dtype=np.float64) if "loss_scale" in metrics else None
     scale = scale[np.isfinite(scale)] if scale is not None else None
-    return {
-        "final_eval_loss": final_loss(run),
-        "initial_loss": initial_loss(run),
-        "max_attn_logit": float(np.nanmax(attn)) if attn is not None and np.isfinite(attn).any() else None,
-        "largest_spike_ratio": ratio if math.isfinite(ratio) else None,
-        "spike_step": step,
-        "is_spike": is_spike,
-        "recovery": recovery,
-        "diverged": bool(run.stopped_early),
-        "seconds": float(run.meta.get("seconds", math.nan)),
-        "skipped_steps": sorted(int(k) for k in run.skipped) if (run.skipped or scale is not None) else None,
-        "loss_scale_min": float(scale.min()) if scale is not None and scale.size else None,
-    }
+    return Measures(
+        final_eval_loss=final_loss(run),
+        initial_loss=initial_loss(run),
+        max_attn_logit=float(np.nanmax(attn)) if attn is not None and np.isfinite(attn).any() else None,
+        largest_spike_ratio=ratio if math.isfinite(ratio) else None,
+        spike_step=step,
+        is_spike=is_spike,
+        recovery=recovery,
+        diverged=bool(run.stopped_early),
+        seconds=float(run.meta.get("seconds", math.nan)),
+        skipped_steps=sorted(int(k) for k in run.skipped) if (run.skipped or scale is not None) else None,
+        loss_scale_min=float(scale.min()) if scale is not None and scale.size else None,
+    )
 
 
 def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> ScenarioRow:
@@ -175,9 +198,9 @@ def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> S
         recovery_steps=s.recovery if s.step is not None else None,
         description=run.describe(), reproduce=run.reproduce_command(),
         diagnosis={"step": d.step, "lines": [[str(r), str(f)] for r, f in d.lines], "verdict": d.verdict},
-        max_attn_logit=measured["max_attn_logit"],
-        final_eval_loss=measured["final_eval_loss"] if math.isfinite(measured["final_eval_loss"]) else None,
-        skipped_steps=measured["skipped_steps"], loss_scale_min=measured["loss_scale_min"],
+        max_attn_logit=measured.max_attn_logit,
+        final_eval_loss=measured.final_eval_loss if math.isfinite(measured.final_eval_loss) else None,
+        skipped_steps=measured.skipped_steps, loss_scale_min=measured.loss_scale_min,
     )
 
 

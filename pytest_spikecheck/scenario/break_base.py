@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario.naming import fmt_value
-from pytest_spikecheck.scenario.sections import check, is_int, is_number
+from pytest_spikecheck.scenario.sections import check, check_max_norm, is_int, is_number
 
 if TYPE_CHECKING:
     from pytest_spikecheck.scenario.spec import Scenario
 
-_REGISTRY: dict[str, type["Break"]] = {}
+_REGISTRY: dict[str, type[Break]] = {}
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class Break:
                 check(isinstance(value, bool), f"{label} must be True or False, was {value!r}")
             elif isinstance(default, int):
                 check(is_int(value), f"{label} must be an integer, was {value!r}")
+            elif f.name == "max_norm":  # a clip limit: the one rule (check_max_norm); validate() adds the rest
+                check_max_norm(value, label)
             elif isinstance(default, float):
                 check(is_number(value) and not math.isnan(value), f"{label} must be a number, was {value!r}")
             elif isinstance(default, str) or default is None:
@@ -55,7 +57,7 @@ class Break:
     def validate(self) -> None:
         """Range checks of the parameters (raise ConfigError); types are checked already."""
 
-    def apply(self, scenario: "Scenario") -> "Scenario":  # pragma: no cover - abstract
+    def apply(self, scenario: Scenario) -> Scenario:  # pragma: no cover - abstract
         raise NotImplementedError
 
     def label(self) -> str:

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from pytest_spikecheck.scenario.spec import Scenario
 
 
-def scenario_from_dict(cls: type["Scenario"], raw: Mapping[str, Any], *, where: str = "config") -> "Scenario":
+def scenario_from_dict(cls: type[Scenario], raw: Mapping[str, Any], *, where: str = "config") -> Scenario:
     """``cls`` built from the YAML shape (see ``experiments/*/config.yaml``); unknown keys raise."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{where}: expected a mapping at the top level, was {type(raw).__name__}")
@@ -38,7 +38,7 @@ def scenario_from_dict(cls: type["Scenario"], raw: Mapping[str, Any], *, where: 
 CONFIG_KEYS = frozenset(SECTIONS) | frozenset(SCALARS) | {"breaks"}
 
 
-def apply_config(scenario: "Scenario", raw: Mapping[str, Any], *, where: str = "config") -> "Scenario":
+def apply_config(scenario: Scenario, raw: Mapping[str, Any], *, where: str = "config") -> Scenario:
     """``scenario`` with a partial config (the YAML shape, without ``preset``) applied: each
     scalar replaced, each key of a section replaced on the scenario's own section and coerced to
     its field's type (``model: {preset: mini}`` takes that shape first), ``model.factory`` and
@@ -102,7 +102,7 @@ def dotted_config(path: str, value: Any, *, where: str = "config") -> dict[str, 
     return {parts[0]: nested}
 
 
-def scenario_from_yaml(cls: type["Scenario"], path: str | Path) -> "Scenario":
+def scenario_from_yaml(cls: type[Scenario], path: str | Path) -> Scenario:
     """``cls`` loaded from a YAML file, or from an experiment directory holding ``config.yaml``."""
     path = Path(path)
     if path.is_dir():
@@ -138,7 +138,7 @@ def read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}: a value YAML cannot read ({shown(str(exc))})") from None
 
 
-def scenario_to_dict(scenario: "Scenario") -> dict[str, Any]:
+def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     """The YAML shape of ``scenario`` (breaks listed by name, not folded in)."""
     out: dict[str, Any] = {"name": str.__str__(scenario.name), "seed": scenario.seed, "steps": scenario.steps}
     for section in SECTIONS:
@@ -152,7 +152,7 @@ def scenario_to_dict(scenario: "Scenario") -> dict[str, Any]:
     return out
 
 
-def scenario_to_yaml(scenario: "Scenario") -> str:
+def scenario_to_yaml(scenario: Scenario) -> str:
     import yaml
 
     return yaml.safe_dump(scenario_to_dict(scenario), sort_keys=False, allow_unicode=True)

@@ -49,7 +49,7 @@ def _field_names_in(spec_type: type) -> set[str]:
     return {f.name for f in fields(spec_type)}
 
 
-def derived_name(scenario: "Scenario") -> str:
+def derived_name(scenario: Scenario) -> str:
     """A readable name unique to the scenario's content: the preset it starts from, every field
     that differs from that preset, and its breaks, joined with ``+`` — for example
     ``phase-19+steps=120+no_clip+burst(3×greek@60)``. Names longer than :data:`MAX_NAME_LENGTH`
@@ -89,10 +89,10 @@ def derived_name(scenario: "Scenario") -> str:
 
 
 #: The default-constructed scenario of each scenario type (the base of a name with no preset).
-_DEFAULT_BASES: dict[type, "Scenario"] = {}
+_DEFAULT_BASES: dict[type, Scenario] = {}
 
 
-def _default_base(scenario_type: type) -> "Scenario":
+def _default_base(scenario_type: type) -> Scenario:
     if scenario_type not in _DEFAULT_BASES:
         _DEFAULT_BASES[scenario_type] = scenario_type(name="scenario")
     return _DEFAULT_BASES[scenario_type]

@@ -13,14 +13,14 @@ if TYPE_CHECKING:
     from pytest_spikecheck.scenario.spec import Scenario
 
 #: preset name -> a function building it (filled by :func:`register_preset`).
-_PRESETS: dict[str, Callable[[], "Scenario"]] = {}
+_PRESETS: dict[str, Callable[[], Scenario]] = {}
 #: preset name -> the scenario it builds (derived names compare against it, so it is built once).
-_PRESET_BASES: dict[str, "Scenario"] = {}
+_PRESET_BASES: dict[str, Scenario] = {}
 
 
-def register_preset(name: str) -> Callable[[Callable[[], "Scenario"]], Callable[[], "Scenario"]]:
+def register_preset(name: str) -> Callable[[Callable[[], Scenario]], Callable[[], Scenario]]:
     """Decorator: make ``Scenario.preset(name)`` build a scenario with the decorated function."""
-    def register(factory: Callable[[], "Scenario"]) -> Callable[[], "Scenario"]:
+    def register(factory: Callable[[], Scenario]) -> Callable[[], Scenario]:
         _PRESETS[name] = factory
         return factory
     return register
@@ -30,7 +30,7 @@ def scenario_preset_names() -> list[str]:
     return sorted(_PRESETS)
 
 
-def preset_base(name: str) -> "Scenario":
+def preset_base(name: str) -> Scenario:
     """The preset's scenario as its factory builds it (cached: derived names compare against it)."""
     if name not in _PRESET_BASES:
         try:

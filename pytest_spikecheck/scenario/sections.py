@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import re
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any
@@ -90,13 +91,35 @@ CLIP_MODE_ALIAS = {"global": ("global", "after_unscale"), "per_tensor": ("per_te
                    "before_unscale": ("global", "before_unscale"), "each_microbatch": ("global", "per_microbatch")}
 
 
-def check_max_norm(value: Any, label: str = "max_norm") -> float | None:
-    """The one rule for a clip limit: a number > 0, or inf or None for no clipping (returned as
-    None); anything else is one ConfigError naming ``label``. 0 would zero every update."""
-    check(value is None or is_number(value), f"{label} must be a number, inf or None (no clipping), was {value!r}")
+#: What a max norm of 0 means, by the caller's convention (:func:`check_max_norm`'s ``zero``).
+MAX_NORM_ZERO = ("refused", "clips", "no_clip")
+
+
+def check_max_norm(value: Any, label: str = "max_norm", *, zero: str = "refused") -> float | None:
+    """The one rule for a clip limit, used wherever a limit is checked (the spec, ``ClipSpec``,
+    ``ClipAt``, the CLI's ``--grad-clip``, the recorder and the callbacks, ``assert_clip_contains``,
+    the probe, and ``clipping.clip_grad_norm_``/``clip_grads_`` through
+    :func:`~pytest_spikecheck.clipping.validate_max_norm`): a number > 0, or inf or None for no
+    clipping (returned as None); anything else is one ConfigError naming ``label``.
+
+    ``zero`` is what 0 means, the only place the callers' conventions differ: ``"refused"``
+    (a scenario's, a recorder's or an assertion's limit: 0 would zero every update, never what
+    is meant); ``"clips"`` (returned as 0.0: ``torch.nn.utils.clip_grad_norm_(max_norm=0)`` is
+    legal and zeroes the gradient, so our drop-in clip functions accept it as torch does, and
+    the conformance kit tests that case); ``"no_clip"`` (returned as None: a trainer's spelling
+    of no clip, ``TrainingArguments(max_grad_norm=0)``, Lightning's ``gradient_clip_val=0``)."""
+    check(zero in MAX_NORM_ZERO, f"check_max_norm zero= must be one of {', '.join(MAX_NORM_ZERO)}, was {zero!r}")
+    # numbers.Real: a numpy scalar is a number (torch's clip takes one); a bool or a string is not
+    check(value is None or isinstance(value, numbers.Real) and not isinstance(value, bool),
+          f"{label} must be a number, inf or None (no clipping), was {value!r}")
     if value is None or math.isinf(value) and value > 0:
         return None
     check(not math.isnan(value), f"{label} must be a number, inf or None, was nan")
+    if value == 0 and zero != "refused":
+        return 0.0 if zero == "clips" else None
+    if zero == "clips":  # torch's rule: any limit >= 0
+        check(value >= 0, f"{label} must be >= 0 (inf or None for no clipping), was {value!r}")
+        return float(value)
     check(value > 0, f"{label} must be > 0, was {value!r} (0 would zero every update; to clip as hard as "
                      f"possible use a tiny max_norm such as 1e-3, for no clipping use None or inf)")
     return float(value)
@@ -322,7 +345,7 @@ def check_types(section: str, spec: Any) -> None:
             check(isinstance(value, tuple), f"{label} must be a tuple, was {value!r}")
 
 
-def check_section_types(scenario: "Scenario") -> None:
+def check_section_types(scenario: Scenario) -> None:
     """Each section is its spec type and each field has its default's type (one line otherwise)."""
     for section, spec_type in SECTIONS.items():
         check(isinstance(getattr(scenario, section), spec_type),
@@ -330,7 +353,7 @@ def check_section_types(scenario: "Scenario") -> None:
         check_types(section, getattr(scenario, section))
 
 
-def check_section_values(scenario: "Scenario") -> None:
+def check_section_values(scenario: Scenario) -> None:
     """Every section value in range, and the sections agree with each other and with the
     scenario's steps (a burst after the last step, a mixture sampler without the mixture corpus)."""
     s, o, sch = scenario.sampler, scenario.optimizer, scenario.schedule
@@ -412,7 +435,7 @@ def check_section_values(scenario: "Scenario") -> None:
         check(all(isinstance(t, str) for t in scenario.data.texts), "data.texts must be strings")
 
 
-def check_amp(scenario: "Scenario") -> None:
+def check_amp(scenario: Scenario) -> None:
     """The amp section in range and consistent with the model and the clip."""
     a, o = scenario.amp, scenario.optimizer
     check(a.dtype in AMP_DTYPES, f"amp.dtype must be one of {', '.join(AMP_DTYPES)}, was {a.dtype!r}")
@@ -499,7 +522,7 @@ RANGES: dict[str, Range] = {
 CLIP_FIELDS = ("optimizer.grad_clip", "optimizer.adaptive_z", "optimizer.adaptive_alpha", "optimizer.skip_spike_ratio")
 
 
-def field_value(scenario: "Scenario", path: str) -> Any:
+def field_value(scenario: Scenario, path: str) -> Any:
     """The value of a dotted field path (``sampler.mixture.concentration``) of ``scenario``."""
     value: Any = scenario
     for part in path.split("."):
@@ -507,7 +530,7 @@ def field_value(scenario: "Scenario", path: str) -> Any:
     return value
 
 
-def check_ranges(scenario: "Scenario") -> None:
+def check_ranges(scenario: Scenario) -> None:
     """Every numeric field in its :data:`RANGES` (one line naming the field and the range), before
     anything is built or allocated: a vocabulary of 1e11 aborted the process, 10^12 steps built a
     batch plan towards out-of-memory, eval_every 0 divided by zero, spike_window 0 turned the

@@ -99,30 +99,30 @@ class Scenario:
 
     # -- construction -------------------------------------------------------------------
     @classmethod
-    def preset(cls, name: str) -> "Scenario":
+    def preset(cls, name: str) -> Scenario:
         """A named starting point. ``phase-19``: Seed A's model, data, AdamW and clip 1.0,
         plain shuffled batching, no breaks (add them with :meth:`with_breaks`)."""
         return replace(preset_base(name), name=AUTO_NAME, preset_name=name)
 
     @classmethod
-    def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> "Scenario":
+    def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> Scenario:
         """Build from the YAML shape (see ``experiments/*/config.yaml``); unknown keys raise."""
         return config.scenario_from_dict(cls, raw, where=where)
 
     @classmethod
-    def from_yaml(cls, path: str | Path) -> "Scenario":
+    def from_yaml(cls, path: str | Path) -> Scenario:
         """Load a scenario from a YAML file, or from an experiment directory holding ``config.yaml``."""
         return config.scenario_from_yaml(cls, path)
 
     # -- derivation -----------------------------------------------------------------------
-    def with_breaks(self, *breaks: Any) -> "Scenario":
+    def with_breaks(self, *breaks: Any) -> Scenario:
         """A copy with ``breaks`` appended (they apply in order when the scenario is resolved)."""
         for b in breaks:
             if not isinstance(b, Break):
                 raise ConfigError(f"with_breaks expects Break instances (NoClip(), RareTokenBurst(...)), was {b!r}")
         return replace(self, breaks=self.breaks + tuple(breaks))
 
-    def replace(self, **changes: Any) -> "Scenario":
+    def replace(self, **changes: Any) -> Scenario:
         """``dataclasses.replace`` that also reaches into sections: ``replace(optimizer__lr=3e-3)``.
         ``name=`` fixes the name (a derived name passed back in is kept as it reads now)."""
         top: dict[str, Any] = {}
@@ -149,7 +149,7 @@ class Scenario:
                               f"{', '.join(f.name for f in fields(Scenario))} or section__field")
         return replace(self, **top)
 
-    def resolved(self) -> "Scenario":
+    def resolved(self) -> Scenario:
         """This scenario with every break folded in (``breaks`` then empty): what the engine trains."""
         scenario = replace(self, breaks=(), name=str.__str__(self.name))  # the name of what was declared
         for b in self.breaks:

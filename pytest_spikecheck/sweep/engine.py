@@ -142,7 +142,7 @@ def _job(point: Point, key: Any, backend: str, device: str, threads: int) -> Poi
     return PointJob(point.index, point.scenario, backend, device, threads, key.tag, key.shareable)
 
 
-def _collect(elsewhere: list[Point], store: Any, keys: list, books: "_Books", backend: str, device: str,
+def _collect(elsewhere: list[Point], store: Any, keys: list, books: _Books, backend: str, device: str,
              threads: int) -> list[PointJob]:
     """Wait for the points another sweep on the same store claimed: each is ``cached`` once its
     claim is released with the run stored; one whose claim was dropped without a run (that sweep
@@ -221,8 +221,8 @@ class _Books:
             self.rows[point.index]["run"] = f"runs/{folder.name}"
         self.task.update(outcome=status)
         self.task.line(f"[{self.task.done}/{len(self.points)}] {point.name}: {status}"
-                       + (f" in {measured['seconds']:.1f} s" if status == "done" else "")
-                       + f", final eval loss {measured['final_eval_loss']:.3f}")
+                       + (f" in {measured.seconds:.1f} s" if status == "done" else "")
+                       + f", final eval loss {measured.final_eval_loss:.3f}")
 
     def deliver(self, outcome: Outcome) -> None:
         point = self.points[outcome.index]
@@ -235,7 +235,7 @@ class _Books:
             return
         if self.store is not None and self.keys[point.index].shareable:
             self.store.release(self.keys[point.index])
-        self.rows[point.index] = row_for(point, "failed", {"seconds": outcome.seconds}, error=outcome.error,
+        self.rows[point.index] = row_for(point, "failed", seconds=outcome.seconds, error=outcome.error,
                                          where=outcome.where)
         self.task.update(outcome="failed")
         self.task.line(f"[{self.task.done}/{len(self.points)}] {point.name}: failed: {outcome.error}")

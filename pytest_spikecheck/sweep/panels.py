@@ -37,7 +37,7 @@ def _label(keys: list[str], values: tuple) -> str:
     return ", ".join(f"{v}" if k == "recipe" else f"{k}={v}" for k, v in zip(keys, values)) or "all points"
 
 
-def draw_panels(result: "SweepResult", out: Path) -> list[Path]:
+def draw_panels(result: SweepResult, out: Path) -> list[Path]:
     """The panels this sweep supports, written into ``out``; their paths."""
     rows = _ran(result.rows)
     if LR not in result.axes or not rows:
@@ -49,7 +49,7 @@ def draw_panels(result: "SweepResult", out: Path) -> list[Path]:
     return paths
 
 
-def _width(result: "SweepResult", index: int) -> int | None:
+def _width(result: SweepResult, index: int) -> int | None:
     scenario = result.points[index].scenario
     return None if scenario.model_factory is not None else scenario.resolved().model.n_embd
 
@@ -61,7 +61,7 @@ def fit_title(text: str, fig: Any, fontsize: float = 10) -> str:
     return "\n".join(textwrap.fill(line, per_line) for line in text.split("\n"))
 
 
-def plot_final_loss_vs_lr(result: "SweepResult", path: Path) -> Path:
+def plot_final_loss_vs_lr(result: SweepResult, path: Path) -> Path:
     """One line per recipe: the median over seeds of the final eval loss at each peak LR (a
     diverged run counts at its initial loss, as the LR sensitivity counts it), min–max shaded;
     one subplot per combination of the other axes (the width, say)."""
@@ -106,7 +106,7 @@ def plot_final_loss_vs_lr(result: "SweepResult", path: Path) -> Path:
     return path
 
 
-def plot_lr_sensitivity_vs_width(result: "SweepResult", path: Path) -> Path:
+def plot_lr_sensitivity_vs_width(result: SweepResult, path: Path) -> Path:
     """The LR sensitivity (median over seeds, min–max as error bars) against the model width
     (``model.n_embd``), one line per recipe (and per value of any other axis)."""
     plt = _pyplot()

@@ -14,8 +14,9 @@ Ray is the ``ray`` extra (``pip install 'pytest-spikecheck[ray]'``), imported he
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.sweep.worker import Outcome, PointJob, one_line, run_point
@@ -70,7 +71,8 @@ class RayExecutor:
         if self.address is None and self.jobs:
             options["num_cpus"] = self.jobs
         try:
-            ray.init(address=self.address, **options)
+            with _without_token_notice(local=self.address is None):
+                ray.init(address=self.address, **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise ConfigError(f"could not start or join Ray at {self.address or 'a local Ray'}: {one_line(exc)} "
                               f"(a cluster is started with `ray start --head`)") from None
@@ -107,3 +109,29 @@ class RayExecutor:
         finally:
             if started_here:
                 ray.shutdown()
+
+
+#: The logger of Ray's notice that token authentication is on (Ray 2.60 logs it at every start
+#: of a local instance, where there is nothing to act on: the token stays on, as Ray sets it).
+TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+class _DropTokenNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Token authentication is enabled for this Ray cluster")
+
+
+@contextlib.contextmanager
+def _without_token_notice(local: bool) -> Iterator[None]:
+    """Ray's start without its token-authentication notice when we start a local instance
+    ourselves (a cluster someone joins keeps it: its operator may want it). Only that record is
+    dropped; every other warning of Ray's still shows, and authentication stays on."""
+    if not local:
+        yield
+        return
+    logger, notice = logging.getLogger(TOKEN_NOTICE_LOGGER), _DropTokenNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)

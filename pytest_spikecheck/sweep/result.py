@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from pytest_spikecheck.judge.text import fmt, table
 from pytest_spikecheck.sweep.spec import Point
 from pytest_spikecheck.report.columns import COLUMNS
+from pytest_spikecheck.report.summary import Measures
 from pytest_spikecheck.sweep.summary import LR, MEASURES, lr_sensitivities, summaries
 
 #: Row statuses: trained now, taken from the run store, raised (or its worker kept dying), not
@@ -152,15 +153,18 @@ def _json(value: Any) -> Any:
     return value
 
 
-def row_for(point: Point, status: str, measured: dict[str, Any] | None = None, error: str | None = None,
-            where: str = "") -> dict[str, Any]:
-    """A table row: the point, its axis values, the measures (None where not measured)."""
+def row_for(point: Point, status: str, measured: Measures | None = None, error: str | None = None,
+            where: str = "", *, seconds: float | None = None) -> dict[str, Any]:
+    """A table row: the point, its axis values, the measures (:class:`~pytest_spikecheck.report.summary.Measures`,
+    the plugin's rows' too; None where not measured: a failed point has only its ``seconds``)."""
     row: dict[str, Any] = {"point": point.name}
     if point.recipe is not None:
         row["recipe"] = point.recipe
     row.update(dict(point.values))
     row.update({m: None for m in MEASURES})
-    row.update({k: v for k, v in (measured or {}).items() if k in MEASURES})
+    row.update({k: v for k, v in (measured.to_json() if measured is not None else {}).items() if k in MEASURES})
+    if seconds is not None:
+        row["seconds"] = seconds
     row.update({"status": status, "error": error, "content_hash": point.scenario.content_hash(), "where": where,
                 "run": None})  # the run's folder under the output folder, once it is written
     return row

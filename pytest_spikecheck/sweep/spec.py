@@ -20,7 +20,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Break, Scenario, break_from_config
 from pytest_spikecheck.scenario.config import CONFIG_KEYS, apply_config, dotted_config, read_yaml
-from pytest_spikecheck.scenario.naming import AUTO_NAME
+from pytest_spikecheck.scenario.naming import AUTO_NAME, MAX_NAME_LENGTH, fmt_value
 
 #: The keys of a sweep file besides the config overrides of its base (steps, seed, optimizer, ...).
 SWEEP_KEYS = ("base", "grid", "points", "recipes", "name")
@@ -137,7 +137,7 @@ class Sweep:
         out: list[Point] = []
         seen: dict[str, Point] = {}
         for recipe, breaks in recipes:
-            for i, given in enumerate(explicit):
+            for given in explicit:
                 for combo in combos:
                     values = {**given, **combo}
                     label = f"{w}: " + ("" if recipe is None else f"recipe {recipe}, ") + _label(values)
@@ -151,8 +151,9 @@ class Sweep:
                     except ConfigError as exc:
                         raise ConfigError(f"{label}: {exc}") from None
                     _check_not_overridden(scenario, values, recipe, label)
-                    point = Point(len(out), recipe, tuple((p, _plain(_read(scenario, p, v), v)) for p, v in values.items()),
-                                  scenario)
+                    held = tuple((p, _plain(_read(scenario, p, v), v)) for p, v in values.items())
+                    scenario = _named_by_every_axis(scenario, held)
+                    point = Point(len(out), recipe, held, scenario)
                     digest = scenario.content_hash()
                     if digest in seen:
                         raise ConfigError(f"{w}: two points are the same scenario ({_describe(seen[digest])} and "
@@ -160,6 +161,31 @@ class Sweep:
                     seen[digest] = point
                     out.append(point)
         return out
+
+
+def _named_by_every_axis(scenario: Scenario, values: tuple[tuple[str, Any], ...]) -> Scenario:
+    """The point's scenario named by every axis value it has: a derived name lists only what
+    differs from its preset, so the point at the preset's own lr was ``phase-19+steps=100`` beside
+    ``phase-19+steps=100+lr=0.1``. An axis the name leaves out is added as ``+field=value``
+    (the content hash, which keys the run store, does not read the name)."""
+    name = str(scenario.name)
+    if "…" in name:  # already cut to its ends and its content hash: unique, and an axis may be in the cut
+        return scenario
+    missing = [f"{_labels(path)[-1]}={fmt_value(value)}" for path, value in values
+               if not any(part.split("=", 1)[0] in _labels(path) for part in name.split("+")[1:])]
+    if not missing:
+        return scenario
+    name = "+".join([name, *missing])
+    if len(name) > MAX_NAME_LENGTH:  # as a derived name is cut: both ends kept, the content hash at the end
+        keep = (MAX_NAME_LENGTH - 10) // 2
+        name = f"{name[:keep]}…{name[-keep:]}~{scenario.content_hash()[:8]}"
+    return replace(scenario, name=name)
+
+
+def _labels(path: str) -> tuple[str, ...]:
+    """How a derived name may label an axis: the field (``lr``), section and field where the
+    field name is ambiguous (``optimizer.lr``), and ``model`` for a model preset."""
+    return (path, path.rsplit(".", 1)[-1], *(("model",) if path == "model.preset" else ()))
 
 
 def _merge(into: dict[str, Any], more: Mapping[str, Any], where: str, prefix: str = "") -> None:

@@ -82,7 +82,7 @@ class DistributedError(RuntimeError):
     first rank that failed and its error; the rank's traceback is attached as a note."""
 
 
-def check_distributed_scenario(resolved: "Scenario", nproc: int) -> None:
+def check_distributed_scenario(resolved: Scenario, nproc: int) -> None:
     """Raise ConfigError if ``resolved`` cannot train on ``nproc`` ranks with flat shards."""
     if resolved.optimizer.clip.kind == "per_tensor":
         raise ConfigError("per-tensor clipping is not defined on flat shards (a shard holds parts of tensors); "
@@ -142,10 +142,10 @@ class FlatShard:
         self.is_recorder = self.rank == 0
 
     # -- set-up ---------------------------------------------------------------------------
-    def check(self, resolved: "Scenario") -> None:
+    def check(self, resolved: Scenario) -> None:
         check_distributed_scenario(resolved, self.world_size)
 
-    def build_optimizer(self, model: torch.nn.Module, scenario: "Scenario") -> torch.optim.Optimizer:
+    def build_optimizer(self, model: torch.nn.Module, scenario: Scenario) -> torch.optim.Optimizer:
         self._shard_local = scenario.optimizer.clip.kind == "shard_local"
         kind = optimizer_kind(scenario.optimizer.name)  # what it needs of the shards, declared
         matrices = kind.whole_matrices(model, scenario) if kind.whole_matrices is not None else []
@@ -367,8 +367,8 @@ class FlatShard:
         }
 
 
-def train_in_process_group(scenario: "Scenario", *, backend: str = "auto", device: str = "cpu", threads: int = 1,
-                           group: Any = None) -> "Run | None":
+def train_in_process_group(scenario: Scenario, *, backend: str = "auto", device: str = "cpu", threads: int = 1,
+                           group: Any = None) -> Run | None:
     """Train ``scenario`` on the ranks of an initialized process group (every rank calls it, e.g.
     under ``torchrun``); return the run on rank 0, None on the others. ``device="cuda"`` means
     each rank's current CUDA device (``torch.cuda.set_device`` it first)."""
@@ -382,9 +382,9 @@ def train_in_process_group(scenario: "Scenario", *, backend: str = "auto", devic
     return run if sharding.is_recorder else None
 
 
-def train_distributed(scenario: "Scenario", *, nproc: int, backend: str = "auto", device: str = "cpu",
+def train_distributed(scenario: Scenario, *, nproc: int, backend: str = "auto", device: str = "cpu",
                       threads: int = 1, callbacks: Iterable[Any] = (),
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> "Run":
+                      timeout_s: float = DEFAULT_TIMEOUT_S) -> Run:
     """``train(scenario, nproc=N)``: spawn N ranks, train, return rank 0's run."""
     nproc = validate_nproc(nproc)
     if list(callbacks):

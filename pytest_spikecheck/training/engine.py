@@ -131,7 +131,7 @@ class _Training:
     updates: UpdateRecorder
 
     @classmethod
-    def build(cls, resolved: Scenario, device: torch.device, sharding: Sharding, backend: str) -> "_Training":
+    def build(cls, resolved: Scenario, device: torch.device, sharding: Sharding, backend: str) -> _Training:
         dataset = build_dataset(resolved)
         sources = [s.source for s in dataset.pool]
         plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=dataset.n_corpus,

@@ -161,7 +161,7 @@ def muon_tensors(matrices: Sequence[MuonMatrix]) -> list[MuonTensor]:
 
 def build_muon(tensors: Sequence[MuonTensor], adamw_groups: list[dict[str, Any]], scenario: Scenario, *,
                parents: Sequence[torch.Tensor] = (), after_step: Callable[[], dict[str, float]] | None = None
-               ) -> "OptimizerSet":
+               ) -> OptimizerSet:
     """Muon over ``tensors`` and AdamW (at ``adamw_lr``, following the schedule) over ``adamw_groups``."""
     o = scenario.optimizer
     muon = torch.optim.Muon([t for t, _ in tensors], lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
@@ -231,7 +231,7 @@ class OptimizerKind:
     elementwise: Callable[[list[dict[str, Any]], Any], torch.optim.Optimizer] | None
     #: The matrices its update needs whole (Muon orthogonalises each): the N-rank path keeps
     #: them replicated and gathers their gradients; None: none.
-    whole_matrices: Callable[[torch.nn.Module, Scenario], list["MuonMatrix"]] | None
+    whole_matrices: Callable[[torch.nn.Module, Scenario], list[MuonMatrix]] | None
     #: It keeps Adam's second moment ``v`` (the ``adam_v_norm`` column, the diagnosis' rung 6).
     adam_moments: bool
 

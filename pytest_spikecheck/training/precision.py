@@ -38,11 +38,11 @@ class Precision:
         self.dtype, self.scaler, self.static_scale, self.device_type = dtype, scaler, static_scale, device_type
 
     @classmethod
-    def float32(cls) -> "Precision":
+    def float32(cls) -> Precision:
         return cls()
 
     @classmethod
-    def from_spec(cls, spec: AmpSpec, device: torch.device, sharding: Any = None) -> "Precision":
+    def from_spec(cls, spec: AmpSpec, device: torch.device, sharding: Any = None) -> Precision:
         """The run's precision. ``sharding.loss_scaler`` builds the scaler (one process: a
         ``GradScaler``; N ranks: one that agrees on overflow across them)."""
         dtype = AUTOCAST_DTYPES.get(spec.dtype)

@@ -30,12 +30,13 @@ import torch
 import torch.nn.functional as F
 
 from pytest_spikecheck.judge.analysis import BASELINE_WINDOW, baseline
-from pytest_spikecheck.clipping import resolve_backend, validate_max_norm
+from pytest_spikecheck.clipping import resolve_backend
 from pytest_spikecheck.data.dataset import Dataset
 from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.data.samplers import plan_batches
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario import Scenario
+from pytest_spikecheck.scenario.sections import check_max_norm
 from pytest_spikecheck.training.schedule import lr_at
 from pytest_spikecheck.training.sharding import SingleProcess
 from pytest_spikecheck.training.step import TrainingStep
@@ -196,7 +197,11 @@ class Probe:
         bad = [i for i in indices if not 0 <= i < self.pool_size]
         if bad:
             raise ValueError(f"pool index {bad[0]} is out of range: the pool has {self.pool_size} samples")
-        limit = self.scenario.max_norm if max_norm is SCENARIO_CLIP else validate_max_norm(max_norm)
+        if max_norm is SCENARIO_CLIP:
+            limit = self.scenario.max_norm
+        else:  # the scenario's rule (a probe is one of its steps): 0 is refused, None or inf is no clip
+            checked = check_max_norm(max_norm, "probe(..., max_norm=...)")
+            limit = math.inf if checked is None else checked
         cuda_devices = [self.device] if self._cuda_rng is not None else []
         with _torch_threads(self.threads), torch.random.fork_rng(devices=cuda_devices):
             torch.set_rng_state(self._cpu_rng)

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from pytest_spikecheck.data.dataset import Dataset
 from pytest_spikecheck.models.config import IGNORE_INDEX
 from pytest_spikecheck.data.samplers import batch_composition
+from pytest_spikecheck.records.events import Event
 from pytest_spikecheck.records.run import METRIC_KEYS, MODEL_STAT_KEYS, SETUP_KEYS
 from pytest_spikecheck.scenario import Scenario
 from pytest_spikecheck.training.sharding import EventView, Sharding
@@ -329,12 +330,12 @@ class EventRecorder:
     optimizer: torch.optim.Optimizer
     sharding: Sharding
     named: list[tuple[str, torch.nn.Parameter]]
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     first_step_update: dict[str, Any] | None = None
-    _record: dict[str, Any] | None = None
+    _record: Event | None = None
     _before: list[torch.Tensor] | None = None
 
-    def after_clip(self, s: StepOutcome, v: StepVerdict) -> dict[str, Any] | None:
+    def after_clip(self, s: StepOutcome, v: StepVerdict) -> Event | None:
         """The event record of this step (None when it is no event, or on a rank that does not
         record). Every rank must call it: gathering a sharded view is a collective."""
         self._record = None
@@ -343,22 +344,22 @@ class EventRecorder:
         view = self.sharding.event_view(self.model, self.optimizer, s.x, s.y, s.logits, s.clip)
         if not self.sharding.is_recorder:
             return None
-        self._record = {
-            "step": s.step, "kinds": v.kinds, "loss": s.loss, "grad_norm_pre": s.grad_norm_pre,
-            "baseline_grad_norm": v.baseline, "clip_factor": float(s.clip.scale), "max_norm": s.max_norm,
-            "grad_norm_post": s.grad_norm_post, "skipped": v.skipped is not None,
-            "token_losses": token_loss_table(view.logits.float(), s.y,
-                                             sample_ids=[self.dataset.pool[i].id for i in s.batch],
-                                             rare_tokens=self.dataset.rare_tokens, token_str=self.dataset.tokenizer.token,
-                                             top=self.scenario.record.top_tokens,
-                                             seen_before=_target_counts(self.dataset, self.plan[: s.step - 1])),
-            "param_grad_norms": dict(sorted(
+        self._record = Event(
+            step=s.step, kinds=tuple(v.kinds), loss=s.loss, grad_norm_pre=s.grad_norm_pre,
+            baseline_grad_norm=v.baseline, clip_factor=float(s.clip.scale), max_norm=s.max_norm,
+            grad_norm_post=s.grad_norm_post, skipped=v.skipped is not None,
+            token_losses=token_loss_table(view.logits.float(), s.y,
+                                          sample_ids=[self.dataset.pool[i].id for i in s.batch],
+                                          rare_tokens=self.dataset.rare_tokens, token_str=self.dataset.tokenizer.token,
+                                          top=self.scenario.record.top_tokens,
+                                          seen_before=_target_counts(self.dataset, self.plan[: s.step - 1])),
+            param_grad_norms=dict(sorted(
                 ((n, float(g)) for (n, _), g, post in zip(self.named, view.pre_clip_norms.tolist(), view.grads)
                  if post is not None), key=lambda kv: -kv[1])),
-            "adam_surprise": adam_surprise(self.optimizer, self.named, view) if not (v.nonfinite or v.overflow) else None,
-        }
-        if s.head_logits is not None:  # which layer and head hold the largest attention logit
-            self._record["attn_logit_max_per_head"] = s.head_logits.tolist()
+            adam_surprise=adam_surprise(self.optimizer, self.named, view) if not (v.nonfinite or v.overflow) else None,
+            # which layer and head hold the largest attention logit
+            attn_logit_max_per_head=s.head_logits.tolist() if s.head_logits is not None else None,
+        )
         self.events.append(self._record)
         return self._record
 
@@ -372,8 +373,8 @@ class EventRecorder:
         stats = _update_stats(self._before, self.named)
         if s.step == 1:
             self.first_step_update = {"lr": s.lr, **stats}
-        if self._record is not None:
-            self._record["update"] = stats
+        if self._record is not None:  # the event is the list's last (after_clip appended it)
+            self._record = self.events[-1] = self._record.replace(update=stats)
         self._before = None
 
 

@@ -49,7 +49,7 @@ class Sharding(Protocol):
     def build_optimizer(self, model: torch.nn.Module, scenario: Scenario) -> torch.optim.Optimizer: ...
 
     def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                         rows_backward: "RowsBackward") -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+                         rows_backward: RowsBackward) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """This process's logits, the whole batch's loss (detached) and the model's stats, with
         the gradients ready to clip. ``rows_backward`` (the step's micro-batch loop) runs forward
         and backward on this process's rows."""

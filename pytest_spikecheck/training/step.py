@@ -126,7 +126,7 @@ class TrainingStep:
                            overflow=overflow)
 
     def _forward_backward(self, x: torch.Tensor, y: torch.Tensor,
-                          each_micro: "_EachMicrobatchClip | None") -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+                          each_micro: _EachMicrobatchClip | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """This rank's logits, the whole batch's loss (detached) and the model's stats, with the
         gradients of the step (summed over the micro-batches and the ranks) ready to clip."""
 

@@ -48,7 +48,7 @@ _POLL_SECONDS = 0.1
 _DEAD_OWNER_GRACE_SECONDS = 2.0
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def package_digest() -> str:
     """sha256 (first 12 hex digits) of the installed package's source files, with their paths,
     computed once per process. ``models`` and ``kernels`` install from top-level folders, so
@@ -144,7 +144,7 @@ class Provenance:
     name: str
 
     @classmethod
-    def read(cls, entry: Path) -> "Provenance":
+    def read(cls, entry: Path) -> Provenance:
         try:
             data = json.loads((entry / PROVENANCE_FILE).read_text())
         except (OSError, ValueError):  # an entry written before provenance was recorded

@@ -3,7 +3,7 @@ import subprocess
 import sys
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cuda_available() -> bool:
     """Asked in a subprocess: importing torch into the pytester process breaks its module snapshots."""
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],

@@ -43,7 +43,7 @@ class Column:
         text = str(int(v)) if math.isfinite(v) and v == int(v) else str(v)
         return repr(text) if self.strings else text
 
-    def take(self, rows: np.ndarray | slice, offset: int = 0) -> "Column":
+    def take(self, rows: np.ndarray | slice, offset: int = 0) -> Column:
         """The rows ``rows`` (a slice, a boolean mask or indices) of a column whose first row is
         the table's row ``offset``; the first text cell stays named by its table row, if kept."""
         text = self.first_text
@@ -53,7 +53,7 @@ class Column:
         return Column(self.values[rows], self.missing[rows], text, self.strings)
 
     @classmethod
-    def of(cls, raw: Sequence[Any], offset: int = 0) -> "Column":
+    def of(cls, raw: Sequence[Any], offset: int = 0) -> Column:
         """From raw cells: None or "" is missing; ints, floats and number strings ('3.4',
         '1.264354E+01', 'NaN', 'Infinity') are numbers; anything else (a name, a flag, True) is text."""
         kinds = set(map(type, raw))
@@ -85,13 +85,13 @@ class Column:
         return cls(values, missing, first_text, strings)
 
     @classmethod
-    def concat(cls, parts: Sequence["Column"]) -> "Column":
+    def concat(cls, parts: Sequence[Column]) -> Column:
         text = next((p.first_text for p in parts if p.first_text is not None), None)
         return cls(np.concatenate([p.values for p in parts]), np.concatenate([p.missing for p in parts]), text,
                    all(p.strings for p in parts))
 
     @classmethod
-    def absent(cls, n: int) -> "Column":
+    def absent(cls, n: int) -> Column:
         return cls(np.full(n, np.nan), np.ones(n, dtype=bool))
 
 

@@ -152,7 +152,7 @@ def _build_nanogpt(segment: str) -> Parsed | None:
 
 # -- PyTorch examples' word_language_model ----------------------------------------------------------
 
-_WLM = re.compile(rf"^\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches\s*\|(.*)$", re.I)
+_WLM = re.compile(r"^\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches\s*\|(.*)$", re.I)
 def _word_language_model(segment: str) -> Parsed | None:
     """pytorch/examples' word_language_model/main.py: ``| epoch   1 |   200/ 2983 batches | lr 20.00 |
     ms/batch 11.61 | loss  5.21 | ppl   183.1``, the batch counting within its epoch: read at the run's
