@@ -37,6 +37,19 @@ def find_chromium() -> str | None:
     return next((path for path in map(shutil.which, NAMES) if path), None)
 
 
+
+def require_chromium() -> str:
+    """The browser the page tests open, or the test's end: a failure under CI (which installs
+    Debian's chromium: make test), a skip elsewhere, each saying so."""
+    import pytest
+
+    executable = find_chromium()
+    if executable is None:
+        if os.environ.get("CI"):
+            pytest.fail("no chromium on PATH: CI runs the browser tests (make test installs Debian's chromium)")
+        pytest.skip("no chromium on PATH (apt-get install chromium, or set SPIKECHECK_CHROMIUM)")
+    return executable
+
 @dataclass
 class Loaded:
     """What a page did while loading: console errors (exceptions, console.error, the browser's own

@@ -4,11 +4,9 @@ verdict as a list; built from study rows (no training)."""
 
 from __future__ import annotations
 
-import os
 
-import pytest
 
-from chromium import Chromium, find_chromium
+from chromium import Chromium, require_chromium
 from pytest_spikecheck.preflight.result import PreflightResult
 from pytest_spikecheck.preflight.verdict import verdict
 
@@ -32,12 +30,7 @@ def test_the_preflight_page_in_a_browser(tmp_path):
     page = result.write(tmp_path)[2]
     html = page.read_text()
     assert "<script" not in html and "src=" not in html and "qk-norm &lt;b&gt;" in html
-    executable = find_chromium()
-    if executable is None:
-        if os.environ.get("CI"):
-            pytest.fail("no chromium on PATH: CI runs the browser tests (make test installs Debian's chromium)")
-        pytest.skip("no chromium on PATH (apt-get install chromium, or set SPIKECHECK_CHROMIUM)")
-    browser = Chromium(executable)
+    browser = Chromium(require_chromium())
     try:
         loaded = browser.open(page)
         assert loaded.errors == [] and loaded.dialogs == []

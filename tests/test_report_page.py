@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import re
 import struct
 import zlib
@@ -20,7 +19,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from chromium import Chromium, find_chromium
+from chromium import Chromium, require_chromium
 
 from pytest_spikecheck import NoClip, RareTokenBurst, Scenario
 from pytest_spikecheck.cli import main
@@ -208,12 +207,7 @@ def test_the_compare_page_escapes_a_token_string_from_the_log(pages):
 
 @pytest.fixture(scope="module")
 def browser():
-    executable = find_chromium()
-    if executable is None:
-        if os.environ.get("CI"):
-            pytest.fail("no chromium on PATH: CI runs the browser tests (make test installs Debian's chromium)")
-        pytest.skip("no chromium on PATH (apt-get install chromium, or set SPIKECHECK_CHROMIUM)")
-    chromium = Chromium(executable)
+    chromium = Chromium(require_chromium())
     yield chromium
     chromium.close()
 

@@ -7,12 +7,11 @@ ids, the attention-logit column and the logits panel, and the containment cell n
 
 from __future__ import annotations
 
-import os
 import re
 import xml.etree.ElementTree as ET
 
 import pytest
-from chromium import Chromium, find_chromium
+from chromium import Chromium, require_chromium
 
 SCENARIOS = '''
 from pytest_spikecheck import QKClip, RareTokenBurst, Scenario, spikecheck_scenario
@@ -103,12 +102,7 @@ def test_every_output_says_which_test_and_which_assertion(results):
     assert markdown.count("<details>") == 1
 
     # The page, in a real browser.
-    executable = find_chromium()
-    if executable is None:
-        if os.environ.get("CI"):
-            pytest.fail("no chromium on PATH: CI runs the browser tests")
-        pytest.skip("no chromium on PATH (apt-get install chromium, or set SPIKECHECK_CHROMIUM)")
-    browser = Chromium(executable)
+    browser = Chromium(require_chromium())
     try:
         loaded = browser.open(root / "report" / "index.html")
         assert loaded.errors == [] and loaded.dialogs == []
