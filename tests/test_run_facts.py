@@ -223,3 +223,65 @@ def test_a_hand_written_folder_that_says_its_clip_is_judged_against_it(tmp_path,
     assert "within max_norm 1" in capsys.readouterr().out
     with pytest.raises(SpikeCheckError, match="post-clip norm 30 > max_norm 1 at step 41"):
         assert_clip_contains(_minimal_folder(tmp_path / "b", [1.0] * 40 + [30.0] + [1.0] * 9, clip))
+
+
+# -- every reader reads only the record -----------------------------------------------------------
+
+def test_a_run_without_its_scenario_is_named_described_and_marked_as_with_it(short_runs, tmp_path):
+    """The name, the description and the declared events are run.json's (format 2): an engine
+    folder whose config.yaml is gone (nothing to retrain it) reads the same as with it."""
+    run = short_runs[0]
+    folder = run.save(tmp_path / "run")
+    meta = json.loads((folder / "run.json").read_text())
+    assert (meta["name"], meta["declared_events"]) == (run.scenario.name, [60])
+    assert meta["description"] == run.scenario.describe_setup() and run.name not in meta["description"]
+    (folder / "config.yaml").unlink()
+    meta.pop("manifest")  # the manifest lists config.yaml: a hand-edited folder has none
+    (folder / "run.json").write_text(json.dumps(meta))
+    alone = Run.load(folder)
+    assert alone.scenario is None
+    assert (alone.name, alone.describe(), alone.declared_events) == (run.name, run.describe(), run.declared_events)
+    assert alone.describe() == run.scenario.describe()
+    renamed = run.renamed("other")
+    assert (renamed.name, renamed.scenario.name, renamed.meta["name"], run.name) == ("other", "other", "other", run.scenario.name)
+
+
+def test_a_format_1_folder_gets_its_name_description_and_events_from_its_config(short_runs, tmp_path):
+    run = short_runs[0]
+    old = run.save(tmp_path / "old")
+    _as_format_1(old)
+    meta = json.loads((old / "run.json").read_text())
+    for key in ("name", "description", "declared_events"):
+        meta.pop(key)
+    (old / "run.json").write_text(json.dumps(meta))
+    loaded = Run.load(old)
+    assert (loaded.name, loaded.describe(), loaded.declared_events) == (run.name, run.describe(), (60,))
+    assert loaded.facts.spike_ratio == run.scenario.record.spike_ratio == 5.0
+
+
+def _ratio_folder(tmp_path: Path, facts: dict) -> Path:
+    """A hand-written folder whose one high step is 3x its running median (a spike at ratio 2, not at 5)."""
+    tmp_path.mkdir(parents=True)
+    (tmp_path / "run.json").write_text(json.dumps({"format_version": 2, "facts": {"source": "log", **facts}}))
+    pre = [1.0] * 40 + [3.0] + [1.0] * 9
+    (tmp_path / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": i + 1, "loss": 2.0 + (i == 40), "grad_norm_pre": g, "grad_norm_post": g}) + "\n"
+        for i, g in enumerate(pre)))
+    return tmp_path
+
+
+def test_the_summary_measures_recovery_at_the_ratio_the_record_states():
+    """The spike ratio the writer's detector used is a fact (facts.spike_ratio): a run from a
+    user's trainer or a folder by hand is measured at its own ratio; unknown (null): 5."""
+    import tempfile
+
+    from pytest_spikecheck.report.summary import measure
+
+    with tempfile.TemporaryDirectory() as tmp:
+        stated = Run.load(_ratio_folder(Path(tmp) / "stated", {"spike_ratio": 2.0}))
+        unknown = Run.load(_ratio_folder(Path(tmp) / "unknown", {}))
+        validate_run_folder(stated.folder)
+    assert stated.facts.spike_ratio == 2.0 and unknown.facts.spike_ratio is None
+    assert (measure(stated).spike_step, measure(stated).is_spike) == (41, True)
+    assert (measure(unknown).spike_step, measure(unknown).is_spike) == (41, False)
+    assert measure(stated).recovery == 1

@@ -561,7 +561,7 @@ class Recorder:
             clip=ClipSpec(kind="global", max_norm=self.max_norm) if math.isfinite(self.max_norm) else ClipSpec("none", None),
             qk_clip=qk, loss_scale="dynamic" if self.scaler is not None else None, accumulation=self.accumulation,
             batch_size=micro * self.accumulation if micro is not None else None, seed=self.seed,
-            package_version=__version__, torch_version=torch.__version__, python=platform.python_version())
+            spike_ratio=self.spike_ratio, package_version=__version__, torch_version=torch.__version__, python=platform.python_version())
         try:
             return dataclasses.replace(facts, **self.run_facts)
         except TypeError:

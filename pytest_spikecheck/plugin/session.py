@@ -12,9 +12,7 @@ first ``run()``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import math
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -128,7 +126,7 @@ class SpikecheckSession:
             self._runs[key.tag] = (run, source, provenance)
         run, source, provenance = self._runs[key.tag]
         if run.name != scenario.name:
-            run = dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
+            run = run.renamed(scenario.name)
         if scenario.name not in self.rows:
             from pytest_spikecheck.report.summary import summarise
 
@@ -157,7 +155,7 @@ class SpikecheckSession:
         if provenance is None:
             return run, "trained", None
         run.meta["from_disk_cache"] = provenance.session != self.session_id
-        run = dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
+        run = run.renamed(scenario.name)
         return run, "worker" if provenance.session == self.session_id else "disk", provenance
 
     def _train(self, scenario: Any) -> Any:
@@ -190,8 +188,8 @@ class SpikecheckSession:
         def write(folder: Path) -> None:
             marks = list(run.declared_events)
             plot_loss([run], folder / "loss.png", marks, title=f"{run.name}: loss")
-            max_norm = run.scenario.max_norm
-            plot_grad_norm([run], folder / "grad_norm.png", marks, None if math.isinf(max_norm) else max_norm,
+            clip = run.facts.clip if run.facts is not None else None  # the record's limit (adaptive: until warm)
+            plot_grad_norm([run], folder / "grad_norm.png", marks, clip.max_norm if clip is not None else None,
                            title=f"{run.name}: gradient norm, pre- and post-clip")
             if "attn_logit_max" in run.metrics:
                 plot_attention(run, folder / "logits.png", qk_clip_tau(run), QK_CLIP_FACTOR,

@@ -83,6 +83,10 @@ class RunFacts:
     batch_size: int | None = None  # samples per optimizer step (all micro-batches, all ranks)
     world_size: int | None = None
     seed: int | None = None
+    #: The pre-clip grad-norm ratio to its running median at which the writer's online detector
+    #: called a step a spike (the engine's ``record.spike_ratio``, the recorder's ``spike_ratio``):
+    #: what the summary's recovery is measured from. None: unknown (a log), the reader's default.
+    spike_ratio: float | None = None
     package_version: str | None = None
     torch_version: str | None = None
     python: str | None = None
@@ -177,7 +181,7 @@ def facts_from_scenario(resolved: Scenario, *, parameters: int | None, vocab_siz
         qk_clip=QKClipFacts(o.qk_clip, o.qk_clip_alpha, o.qk_clip_per_head) if o.qk_clip is not None else QKClipFacts(),
         amp_dtype=resolved.amp.dtype, loss_scale="none" if scale is None else scale,
         accumulation=resolved.sampler.accumulation, accumulate=resolved.sampler.accumulate, batch_size=resolved.sampler.batch_size, world_size=world_size,
-        seed=resolved.seed, **{k: versions.get(k) for k in ("package_version", "torch_version", "python")})
+        seed=resolved.seed, spike_ratio=resolved.record.spike_ratio, **{k: versions.get(k) for k in ("package_version", "torch_version", "python")})
 
 
 def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> RunFacts:
@@ -193,13 +197,27 @@ def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> R
     trainer = str(recorded.get("trainer") or meta.get("trainer") or "loop")
     clip = recorded.get("max_grad_norm")
     lr = recorded.get("lr")
+    ratio = (meta.get("record") or {}).get("spike_ratio")
     return RunFacts(
         source=trainer if trainer in ("hf", "lightning") else "recorder",
         model=ModelFacts(parameters=meta.get("parameters")),
         optimizers=(OptimizerGroup(lr=float(lr)),) if isinstance(lr, (int, float)) and math.isfinite(lr) else None,
         clip=ClipSpec(kind="global", max_norm=float(clip)) if clip else ClipSpec(kind="none", max_norm=None),
         accumulation=recorded.get("accumulation"), batch_size=recorded.get("batch_size"), seed=recorded.get("seed"),
-        **versions)
+        spike_ratio=float(ratio) if isinstance(ratio, (int, float)) else None, **versions)
+
+
+def meta_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> dict[str, Any]:
+    """run.json's own statements of what a run is, which format 1 left to the scenario: its
+    ``name``, its ``description`` (the set-up in words, without the name) and its
+    ``declared_events`` (the steps of its bursts), filled from ``scenario`` where ``meta`` lacks
+    them (in memory: a format-1 engine folder, or a Run built in code from a scenario). Without
+    a scenario nothing is filled: a recorded or hand-written run states its own or has none."""
+    if scenario is None:
+        return dict(meta)
+    stated = {"name": scenario.name, "description": scenario.describe_setup(),
+              "declared_events": list(scenario.burst_steps)}
+    return {**{k: v for k, v in stated.items() if k not in meta}, **meta}
 
 
 def _world_size(meta: Mapping[str, Any]) -> int | None:

@@ -24,6 +24,7 @@ a folder that other tools can read::
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +35,7 @@ import numpy as np
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records import integrity
 from pytest_spikecheck.records.events import Event, events_from_json, events_to_json
-from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts, facts_from_format_1
+from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts, facts_from_format_1, meta_from_format_1
 from pytest_spikecheck.records.series import MetricColumns
 from pytest_spikecheck.scenario import Scenario
 
@@ -100,6 +101,9 @@ class Run:
                 + (f", content hash {digest}" if digest else "") + ")")
 
     def __post_init__(self) -> None:
+        # what the run is (name, description, declared events) is run.json's to state; a format-1
+        # folder or a Run built from a scenario alone gets them from its scenario, here, once
+        self.meta = meta_from_format_1(self.meta, self.scenario)
         if self.facts is None:
             self.facts = facts_from_format_1(self.meta, self.scenario)
         if not isinstance(self.metrics, MetricColumns):
@@ -111,7 +115,15 @@ class Run:
     # -- convenience ------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return self.scenario.name if self.scenario is not None else str(self.meta.get("name") or "run")
+        """The run's name, as run.json states it ("run" where it states none; "" is a name)."""
+        name = self.meta.get("name")
+        return "run" if name is None else str(name)
+
+    def renamed(self, name: str) -> Run:
+        """This run under another name (a cache's copy of the same content, a sweep's point): run.json's
+        ``name`` and, for an engine run, its scenario's, so the two never disagree."""
+        return dataclasses.replace(self, scenario=self.scenario.replace(name=name) if self.scenario is not None else None,
+                                   meta={**self.meta, "name": name})
 
     @property
     def steps(self) -> np.ndarray:
@@ -129,8 +141,9 @@ class Run:
 
     @property
     def declared_events(self) -> tuple[int, ...]:
-        """Steps of the events the scenario declared (bursts, a new source's entry), in order."""
-        return tuple(self.meta.get("declared_events") or (self.scenario.burst_steps if self.scenario is not None else ()))
+        """Steps of the events the writer declared (bursts, a new source's entry), in order, as
+        run.json states them (none stated: none)."""
+        return tuple(int(s) for s in self.meta.get("declared_events") or ())
 
     @property
     def phase_boundaries(self) -> tuple[int, ...]:
@@ -154,11 +167,11 @@ class Run:
         return self.meta.get("recorded") or None
 
     def describe(self) -> str:
-        """One line saying what the run is: the scenario's description, or for a recorded run
-        the facts its trainer reported."""
+        """One line saying what the run is: run.json's ``description`` (an engine run's set-up), or
+        for a recorded run the facts its trainer reported, else what its facts say."""
         facts = self.recorded
-        if facts is None and self.scenario is not None:
-            return self.scenario.describe()
+        if facts is None and self.meta.get("description"):
+            return f"{self.name}: {self.meta['description']}"
         if facts is None:
             clip = self.facts.clip.describe() if self.facts is not None and self.facts.clip is not None else "clip not recorded"
             return f"{self.name}: {len(self)} steps written by {self.facts.source if self.facts else 'hand'}, {clip}"

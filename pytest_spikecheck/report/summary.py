@@ -156,9 +156,9 @@ def measure(run: Any) -> Measures:
     attn = np.asarray(metrics["attn_logit_max"], dtype=np.float64) if "attn_logit_max" in metrics else None
     has_eval = "eval_loss" in metrics and np.isfinite(np.asarray(metrics["eval_loss"], dtype=np.float64)).any()
     recovery = None
-    # recovery from a spike, not from noise: at the run's own detector ratio (an engine run's
-    # record section, a recorded run's detector settings), else the engine's default
-    said = run.scenario.record.spike_ratio if run.scenario is not None else (run.meta.get("record") or {}).get("spike_ratio")
+    # recovery from a spike, not from noise: at the ratio the run's own detector used (its facts'
+    # spike_ratio), else (unknown: a log, a folder by hand) the engine's default
+    said = run.facts.spike_ratio if run.facts is not None else None
     is_spike = step is not None and ratio >= (said if said is not None else RecordSpec().spike_ratio)
     if is_spike:
         recovery = recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss")

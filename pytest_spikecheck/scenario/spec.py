@@ -189,6 +189,11 @@ class Scenario:
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def describe(self) -> str:
+        return f"{self.name}: {self.describe_setup()}"
+
+    def describe_setup(self) -> str:
+        """What :meth:`describe` says after the name: steps, seed, clip, batches, precision, bursts
+        (what a run's run.json ``description`` states)."""
         r = self.resolved()
         clip = r.optimizer.clip.describe()
         bursts = ", ".join(f"{b.count}×{b.content}@{b.at_step}" for b in r.sampler.bursts) or "no bursts"
@@ -198,7 +203,7 @@ class Scenario:
         scale = r.amp.loss_scale
         amp = "" if r.amp.dtype == "float32" else (f", {r.amp.dtype} autocast" + (
             "" if scale is None else f" + loss scale {scale if scale == 'dynamic' else format(scale, 'g')}"))
-        return f"{self.name}: {r.steps} steps, seed {r.seed}, {clip}, {batches}{amp}, {bursts}"
+        return f"{r.steps} steps, seed {r.seed}, {clip}, {batches}{amp}, {bursts}"
 
 
 class _FrozenKwargs(Mapping):

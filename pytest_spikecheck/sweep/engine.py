@@ -205,7 +205,7 @@ class _Books:
     def record(self, point: Point, run: Any, status: str, where: str = "") -> None:
         renamed = run.name != point.name
         if renamed:  # the store's copy may carry another name for the same content
-            run = dataclasses.replace(run, scenario=run.scenario.replace(name=point.name))
+            run = run.renamed(point.name)
         self.runs[point.index] = run
         measured = measure(run)
         self.rows[point.index] = row_for(point, status, measured, where=where)

@@ -132,24 +132,9 @@ class _Training:
 
     @classmethod
     def build(cls, resolved: Scenario, device: torch.device, sharding: Sharding, backend: str) -> _Training:
-        dataset = build_dataset(resolved)
-        sources = [s.source for s in dataset.pool]
-        plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=dataset.n_corpus,
-                            burst_members=dataset.burst_members, is_rare=dataset.is_rare, sources=sources)
-        mixture = (mixture_weights(resolved.sampler.mixture, sources[: dataset.n_corpus], steps=resolved.steps,
-                                   seed=resolved.seed) if resolved.sampler.kind == "mixture" else None)
-        declared = _declared_events(resolved, plan, sources, mixture is not None)
+        dataset, plan, mixture, declared = _batches(resolved)
         torch.manual_seed(resolved.seed)  # inside train_with_sharding's fork_rng: the caller's RNG is untouched
-        model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
-        model = model.to(device=device, dtype=DTYPES[resolved.model.dtype])
-        model.train()
-        # The stats hook (models.gpt.GPT's docstring), on one process only: a rank's forward sees
-        # its part of the batch, so its attention logits and log Z are not the batch's.
-        if hasattr(model, "record_stats") and isinstance(sharding, SingleProcess):
-            model.record_stats = True
-        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        if not named:
-            raise ValueError("the model has no trainable parameters")
+        model, named = _model(resolved, dataset, device, sharding)
         optimizer = sharding.build_optimizer(model, resolved)
         precision = Precision.from_spec(resolved.amp, device, sharding)
         burst_ids = {i for members in dataset.burst_members.values() for i in members}
@@ -170,6 +155,34 @@ class _Training:
             attention=AttentionRecorder(), updates=UpdateRecorder(resolved, optimizer, named))
 
 
+def _batches(resolved: Scenario) -> tuple[Dataset, list[list[int]], Any, dict[int, str]]:
+    """The data of a run: the dataset, the batch plan (the pool's indices, step by step), a
+    mixture's source weights (None without one) and the events declared before training."""
+    dataset = build_dataset(resolved)
+    sources = [s.source for s in dataset.pool]
+    plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=dataset.n_corpus,
+                        burst_members=dataset.burst_members, is_rare=dataset.is_rare, sources=sources)
+    mixture = (mixture_weights(resolved.sampler.mixture, sources[: dataset.n_corpus], steps=resolved.steps,
+                               seed=resolved.seed) if resolved.sampler.kind == "mixture" else None)
+    return dataset, plan, mixture, _declared_events(resolved, plan, sources, mixture is not None)
+
+
+def _model(resolved: Scenario, dataset: Dataset, device: torch.device,
+           sharding: Sharding) -> tuple[torch.nn.Module, list[tuple[str, torch.nn.Parameter]]]:
+    """The model in training mode on ``device``, and its trainable parameters by name."""
+    model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
+    model = model.to(device=device, dtype=DTYPES[resolved.model.dtype])
+    model.train()
+    # The stats hook (models.gpt.GPT's docstring), on one process only: a rank's forward sees
+    # its part of the batch, so its attention logits and log Z are not the batch's.
+    if hasattr(model, "record_stats") and isinstance(sharding, SingleProcess):
+        model.record_stats = True
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise ValueError("the model has no trainable parameters")
+    return model, named
+
+
 def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
            callbacks: list[StepCallback], sharding: Sharding) -> Run:
     started = time.perf_counter()
@@ -181,39 +194,10 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
     train_seconds = 0.0
     for step in range(1, resolved.steps + 1):
         t0 = time.perf_counter()
-        lr = lr_at(step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
-        index = torch.tensor(t.plan[step - 1], device=device)
-        s = t.trainer.forward_backward_clip(step, t.plan[step - 1], t.inputs[index], t.targets[index],
-                                            lr=lr, max_norm=policy.limit())
-        policy.observe(s.grad_norm_pre)
-        t.compositions.add(s)
-        verdict = t.watch.judge(s)
-        if t.events.after_clip(s, verdict) is not None and verdict.is_spike:
-            t.evals.spike_at(step)
-        clip_limit = s.max_norm  # the limit this step's clip applied (inf: none), fixed or adaptive
-        if verdict.nonfinite:  # recorded, not stepped: the run stops here
-            stop.update(first_nonfinite={"step": step, **locate_nonfinite(t.model, s.x, s.y, t.named)},
-                        stop_reason="non-finite loss" if not math.isfinite(s.loss) else "non-finite gradient norm")
-            t.metrics.add(s, clip_factor=float(s.clip.scale), grad_norm_post=s.grad_norm_post,
-                          eval_loss=math.nan, adam_v_norm=math.nan, clip_limit=clip_limit)
-            train_seconds += time.perf_counter() - t0
-            break
-        why_skipped = verdict.skipped
-        t.events.before_update(s, verdict)
-        t.updates.before_update()
-        update_report = t.trainer.update(skip=why_skipped is not None)  # QK-Clip's qk_clipped_heads, when on
-        t.events.after_update(s)
-        update_report.update(t.updates.after_update())
-        if why_skipped is not None:
-            skipped[step] = why_skipped
-        v_sum = sharding.adam_v_sum(t.optimizer)
+        row = _one_step(t, step, resolved, policy, device, sharding, stop, skipped)
         train_seconds += time.perf_counter() - t0
-        t.watch.observe(s)
-        row = t.metrics.add(s, clip_factor=0.0 if why_skipped else float(s.clip.scale),
-                            grad_norm_post=0.0 if why_skipped else s.grad_norm_post,  # a skipped step hands the optimizer nothing
-                            eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum), clip_limit=clip_limit,
-                            **t.evals.optional_columns(), **update_report)
-        t.attention.add(s)
+        if row is None:  # a non-finite step: recorded, not stepped; the run stops here
+            break
         if callbacks and _stop_requested(callbacks, StepContext(step, row, t.plan[step - 1], resolved, t.model,
                                                                 t.optimizer, t.dataset, precision=t.trainer.precision)):
             stop["stopped_by"] = "callback"
@@ -224,6 +208,50 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
                                 world_size=getattr(sharding, "world_size", 1), groups=groups, versions=meta)
     return Run(scenario=resolved.replace(name=original.name), metrics=t.metrics.arrays(),
                batches=t.compositions.batches, events=t.events.events, meta=meta, skipped=skipped, facts=facts)
+
+
+def _one_step(t: _Training, step: int, resolved: Scenario, policy: Any, device: torch.device, sharding: Sharding,
+              stop: dict[str, Any], skipped: dict[int, str]) -> dict[str, Any] | None:
+    """Step ``step`` of the loop, up to the clip and the spike verdict (the update:
+    :func:`_update`); its metrics row, or None for a non-finite step (recorded in ``stop``, not
+    stepped)."""
+    lr = lr_at(step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
+    index = torch.tensor(t.plan[step - 1], device=device)
+    s = t.trainer.forward_backward_clip(step, t.plan[step - 1], t.inputs[index], t.targets[index],
+                                        lr=lr, max_norm=policy.limit())
+    policy.observe(s.grad_norm_pre)
+    t.compositions.add(s)
+    verdict = t.watch.judge(s)
+    if t.events.after_clip(s, verdict) is not None and verdict.is_spike:
+        t.evals.spike_at(step)
+    if verdict.nonfinite:
+        stop.update(first_nonfinite={"step": step, **locate_nonfinite(t.model, s.x, s.y, t.named)},
+                    stop_reason="non-finite loss" if not math.isfinite(s.loss) else "non-finite gradient norm")
+        t.metrics.add(s, clip_factor=float(s.clip.scale), grad_norm_post=s.grad_norm_post,
+                      eval_loss=math.nan, adam_v_norm=math.nan, clip_limit=s.max_norm)
+        return None
+    return _update(t, step, s, verdict, sharding, skipped)
+
+
+def _update(t: _Training, step: int, s: Any, verdict: Any, sharding: Sharding, skipped: dict[int, str]) -> dict[str, Any]:
+    """The rest of a finite step: the update (or its skip), the recorders around it, and the metrics row."""
+    why_skipped = verdict.skipped
+    t.events.before_update(s, verdict)
+    t.updates.before_update()
+    update_report = t.trainer.update(skip=why_skipped is not None)  # QK-Clip's qk_clipped_heads, when on
+    t.events.after_update(s)
+    update_report.update(t.updates.after_update())
+    if why_skipped is not None:
+        skipped[step] = why_skipped
+    v_sum = sharding.adam_v_sum(t.optimizer)
+    t.watch.observe(s)
+    # clip_limit: the limit this step's clip applied (inf: none), fixed or adaptive
+    row = t.metrics.add(s, clip_factor=0.0 if why_skipped else float(s.clip.scale),
+                        grad_norm_post=0.0 if why_skipped else s.grad_norm_post,  # a skipped step hands the optimizer nothing
+                        eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum), clip_limit=s.max_norm,
+                        **t.evals.optional_columns(), **update_report)
+    t.attention.add(s)
+    return row
 
 
 def _stop_requested(callbacks: list[StepCallback], ctx: StepContext) -> bool:
@@ -239,6 +267,7 @@ def _meta(t: _Training, original: Scenario, backend: str, device: torch.device, 
     return {
         "package_version": __version__, "torch_version": torch.__version__, "python": platform.python_version(),
         "backend": backend, "device": str(device), "threads": threads, "distributed": sharding.describe(),
+        "name": original.name, "description": original.describe_setup(),
         "content_hash": original.content_hash(), "breaks": [b.describe() for b in original.breaks],
         "parameters": sum(p.numel() for _, p in t.named), "vocab_size": t.dataset.tokenizer.vocab_size,
         "seconds": seconds, "train_seconds": train_seconds,

@@ -132,8 +132,6 @@ class Probe:
 
     def __init__(self, scenario: Scenario, at_step: int, *, backend: str = "auto", device: str = "cpu",
                  threads: int = 1) -> None:
-        from pytest_spikecheck.training.launch import train
-
         resolved = scenario.resolved()
         _check_probe(resolved, at_step)
         device = _resolve_device(device)
@@ -142,7 +140,31 @@ class Probe:
         self.threads = threads
         self.backend = resolve_backend(backend, device)
         self.device = torch.device(device)
+        captured = self._train_to_checkpoint(scenario, device)
+        self.model: torch.nn.Module = captured["model"]
+        self.optimizer: torch.optim.Optimizer = captured["optimizer"]
+        self.dataset: Dataset = captured["dataset"]
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self._precision = captured["precision"]
+        self._trainer = TrainingStep(self.model, self.optimizer, SingleProcess(self.params), backend=self.backend,
+                                     clip=resolved.optimizer.clip, accumulation=resolved.sampler.accumulation,
+                                     accumulate=resolved.sampler.accumulate, precision=self._precision)
+        self._save_checkpoint()
+        self._cpu_rng, self._cuda_rng = captured["cpu_rng"], captured["cuda_rng"]
+        self._inputs = torch.from_numpy(self.dataset.train.inputs).to(self.device)
+        self._targets = torch.from_numpy(self.dataset.train.targets).to(self.device)
+        self.lr = lr_at(at_step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
+        #: Median pre-clip norm of the BASELINE_WINDOW steps before S (the ratio's denominator).
+        self.baseline_grad_norm = baseline(self.history.metrics, "grad_norm_pre", at_step, BASELINE_WINDOW)
+        #: The batch the scenario's sampler serves at step S.
+        self.real_batch: tuple[int, ...] = self._batch_served_at(at_step)
 
+    def _train_to_checkpoint(self, scenario: Scenario, device: str) -> dict[str, Any]:
+        """Train ``scenario`` with ``train()`` up to step S-1 and return what it left there: the
+        model, optimizer, dataset and precision, and the RNG states (:attr:`history` keeps the run)."""
+        from pytest_spikecheck.training.launch import train
+
+        at_step = self.at_step
         captured: dict[str, Any] = {}
 
         def stop_before_step_s(ctx) -> None:
@@ -153,20 +175,17 @@ class Probe:
                 ctx.stop()
 
         started = time.perf_counter()
-        self.history = train(scenario, backend=self.backend, device=device, threads=threads,
+        self.history = train(scenario, backend=self.backend, device=device, threads=self.threads,
                              callbacks=[stop_before_step_s])
         self.checkpoint_seconds = time.perf_counter() - started
         if not captured:
             raise ValueError(f"{scenario.name} stopped at step {self.history.meta.get('stopped_at')} "
                              f"({self.history.meta.get('stop_reason')}) before reaching step {at_step - 1}")
-        self.model: torch.nn.Module = captured["model"]
-        self.optimizer: torch.optim.Optimizer = captured["optimizer"]
-        self.dataset: Dataset = captured["dataset"]
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self._precision = captured["precision"]
-        self._trainer = TrainingStep(self.model, self.optimizer, SingleProcess(self.params), backend=self.backend,
-                                     clip=resolved.optimizer.clip, accumulation=resolved.sampler.accumulation,
-                                     accumulate=resolved.sampler.accumulate, precision=self._precision)
+        return captured
+
+    def _save_checkpoint(self) -> None:
+        """Copies of everything a probe step changes (each call restores them): the loss scaler,
+        the parameters, the optimizer's state and the model's buffers."""
         self._saved_scaler = self._precision.state_dict() if self._precision is not None else None
         self._saved_params = [p.detach().clone() for p in self.params]
         # Every tensor the optimizer keeps state for: the parameters, and Muon's views of stacked matrices.
@@ -174,17 +193,13 @@ class Probe:
                                                           if torch.is_tensor(v)}) for key in self.optimizer.state]
         self._buffers = list(self.model.buffers())
         self._saved_buffers = [b.clone() for b in self._buffers]
-        self._cpu_rng, self._cuda_rng = captured["cpu_rng"], captured["cuda_rng"]
-        self._inputs = torch.from_numpy(self.dataset.train.inputs).to(self.device)
-        self._targets = torch.from_numpy(self.dataset.train.targets).to(self.device)
-        self.lr = lr_at(at_step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
-        #: Median pre-clip norm of the BASELINE_WINDOW steps before S (the ratio's denominator).
-        self.baseline_grad_norm = baseline(self.history.metrics, "grad_norm_pre", at_step, BASELINE_WINDOW)
+
+    def _batch_served_at(self, step: int) -> tuple[int, ...]:
+        resolved = self.scenario
         plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=self.dataset.n_corpus,
                             burst_members=self.dataset.burst_members, is_rare=self.dataset.is_rare,
                             sources=[sample.source for sample in self.dataset.pool])
-        #: The batch the scenario's sampler serves at step S.
-        self.real_batch: tuple[int, ...] = tuple(plan[at_step - 1])
+        return tuple(plan[step - 1])
 
     @property
     def pool_size(self) -> int:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import doctest
 import io
 import os
@@ -136,7 +135,7 @@ def _shared_train(real_train: Callable) -> Callable:
         if key not in _RUNS:
             _RUNS[key] = real_train(scenario, backend=backend, device=device, threads=threads)
         run = copy.deepcopy(_RUNS[key])
-        return dataclasses.replace(run, scenario=run.scenario.replace(name=scenario.name))
+        return run.renamed(scenario.name)
 
     return train
 
