@@ -30,7 +30,7 @@ from pytest_spikecheck.progress import Progress, ProgressTask
 from pytest_spikecheck.scenario.config import apply_config, dotted_config
 from pytest_spikecheck.sweep import Sweep, SweepInterrupted, load_sweep, spread, sweep
 from pytest_spikecheck.sweep.engine import STORE_DIR
-from pytest_spikecheck.sweep.result import SweepResult, row_for
+from pytest_spikecheck.sweep.result import PointRow, SweepResult, row_for
 from pytest_spikecheck.report.summary import Measures, measure, summarise
 from pytest_spikecheck.sweep.summary import MEASURES, lr_sensitivities
 
@@ -435,6 +435,7 @@ def test_the_plugins_rows_and_the_sweeps_rows_are_filled_from_one_typed_measure(
     assert isinstance(measured, Measures)
     point = Sweep(TINY, grid={"seed": [0]}).expand()[0]
     swept = row_for(point, "done", measured)
+    assert isinstance(swept, PointRow) and swept.measures == measured  # the same typed measures, not a copy in a dict
     assert {k: swept[k] for k in MEASURES if k in measured.to_json()} == {
         k: v for k, v in measured.to_json().items() if k in MEASURES}
     scenario_row = summarise(run)
@@ -457,3 +458,33 @@ def test_every_point_is_named_by_every_axis_even_at_the_presets_own_value():
     assert points[0].scenario.content_hash() == base.content_hash()  # the name is not the content
     models = Sweep(base=base, grid={"model.preset": ["micro", "mini"]}).expand()
     assert [p.name for p in models] == ["phase-19+steps=100+model=micro", "phase-19+steps=100+model=mini"]
+
+
+#: A row of sweep.json as the code before typed rows wrote it (a plain dict, the same columns).
+OLD_ROW = {"point": "p+lr=0.1", "recipe": "baseline", "optimizer.lr": 0.1, "seed": 0, "status": "done",
+           "final_eval_loss": None, "initial_loss": 5.9, "max_attn_logit": 12.5, "largest_spike_ratio": 7.5,
+           "spike_step": 41, "is_spike": True, "recovery": None, "diverged": True, "seconds": 1.5, "error": None,
+           "content_hash": "abc", "where": "host:1", "run": "runs/p+lr=0.1"}
+
+
+def test_sweep_rows_are_typed_and_keep_the_files_columns_and_old_rows_read_back(tmp_path, monkeypatch):
+    """A sweep's rows are PointRow (the plugin's Measures inside); as a mapping each is the flat
+    row the files write, in the same columns and order; a row of an older sweep.json reads back."""
+    result = _result(lambda p: (1.0 + p.value("optimizer.lr"), 2.5), recipes={"baseline": [], "qk": [QKLayerNorm()]})
+    assert all(isinstance(r, PointRow) and isinstance(r.measures, Measures) for r in result.rows)
+    assert list(result.rows[0]) == ["point", "recipe", "optimizer.lr", "model.preset", "seed", *MEASURES,
+                                    "content_hash", "where", "run"]
+    monkeypatch.setattr("pytest_spikecheck.sweep.panels.draw_panels", lambda result, out: [])  # no matplotlib here
+    result.write(tmp_path)
+    written = json.loads((tmp_path / "sweep.json").read_text())["rows"]
+    assert [PointRow.from_json(r).columns() for r in written] == written
+    header = (tmp_path / "sweep.csv").read_text().splitlines()[0]
+    assert header == ",".join(["point", "recipe", "optimizer.lr", "model.preset", "seed", *MEASURES, "content_hash",
+                               "where", "run"])
+    old = PointRow.from_json(OLD_ROW)
+    assert old.columns() == OLD_ROW and list(old) == list(OLD_ROW)
+    assert (old.measures.largest_spike_ratio, old.measures.diverged, old["optimizer.lr"]) == (7.5, True, 0.1)
+    failed = PointRow.from_json({**OLD_ROW, "status": "failed", "error": "RuntimeError: x"})
+    assert failed.measures is None and failed["seconds"] == 1.5 and failed["final_eval_loss"] is None
+    with pytest.raises(ConfigError, match="a sweep row needs status; it has point"):
+        PointRow.from_json({"point": "p"})

@@ -22,7 +22,7 @@ from pytest_spikecheck.progress import Progress
 from pytest_spikecheck.records.integrity import is_whole, link_run
 from pytest_spikecheck.report.summary import folder_name
 from pytest_spikecheck.scenario import Scenario
-from pytest_spikecheck.sweep.result import SweepResult, row_for
+from pytest_spikecheck.sweep.result import PointRow, SweepResult, row_for
 from pytest_spikecheck.sweep.spec import Point, Sweep, axis_value
 from pytest_spikecheck.sweep.summary import measure
 from pytest_spikecheck.sweep.worker import Outcome, PointJob
@@ -199,7 +199,7 @@ class _Books:
         self.name, self.axes, self.points, self.out, self.store, self.keys = name, axes, points, out, store, keys
         self.executor = executor
         self.runs: list[Any] = [None] * len(points)
-        self.rows: list[dict[str, Any] | None] = [None] * len(points)
+        self.rows: list[PointRow | None] = [None] * len(points)
         self.task = progress.task(name, total=len(points), unit="point")
 
     def record(self, point: Point, run: Any, status: str, where: str = "") -> None:
@@ -218,7 +218,7 @@ class _Books:
                     link_run(entry, folder)  # the store's files under a second name: each run on disk once
                 else:
                     run.save(folder)
-            self.rows[point.index]["run"] = f"runs/{folder.name}"
+            self.rows[point.index] = dataclasses.replace(self.rows[point.index], run=f"runs/{folder.name}")
         self.task.update(outcome=status)
         self.task.line(f"[{self.task.done}/{len(self.points)}] {point.name}: {status}"
                        + (f" in {measured.seconds:.1f} s" if status == "done" else "")
@@ -244,9 +244,7 @@ class _Books:
         rows = [row if row is not None else row_for(point, "not run") for point, row in zip(self.points, self.rows)]
         # every row names every axis: explicit points may set different ones; an axis a point does
         # not set holds its scenario's value (the base's), so rows sort and group on every axis
-        rows = [{"point": r["point"], **{a: r[a] if a in r else axis_value(p.scenario, a) for a in self.axes},
-                 **{k: v for k, v in r.items() if k != "point" and k not in self.axes}}
-                for p, r in zip(self.points, rows)]
+        rows = [r.with_axes(self.axes, lambda a, p=p: axis_value(p.scenario, a)) for p, r in zip(self.points, rows)]
         result = SweepResult(self.name, self.axes, self.points, rows, list(self.runs), executor=self.executor,
                              wall_seconds=wall_seconds, interrupted=interrupted)
         if self.out is not None:

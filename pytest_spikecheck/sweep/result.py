@@ -7,10 +7,12 @@ import csv
 import json
 import math
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
+from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.judge.text import fmt, table
 from pytest_spikecheck.sweep.spec import Point
 from pytest_spikecheck.report.columns import COLUMNS
@@ -27,15 +29,15 @@ _HEADINGS = {**{key: COLUMNS[key].heading for key in ("final_eval_loss", "max_at
 
 @dataclass
 class SweepResult:
-    """The outcome of :func:`~pytest_spikecheck.sweep.sweep`: ``rows`` (one dict per point: its
-    name, the axis values, then :data:`~pytest_spikecheck.sweep.summary.MEASURES`), ``runs``
+    """The outcome of :func:`~pytest_spikecheck.sweep.sweep`: ``rows`` (one :class:`PointRow` per
+    point: its name, the axis values, then :data:`~pytest_spikecheck.sweep.summary.MEASURES`), ``runs``
     (the :class:`~pytest_spikecheck.records.Run` of each point, None where it failed or did not
     run), and the summaries over seeds (:meth:`summaries`, :meth:`lr_sensitivities`)."""
 
     name: str
     axes: tuple[str, ...]
     points: list[Point]
-    rows: list[dict[str, Any]]
+    rows: list[PointRow]
     runs: list[Any] = field(repr=False)
     executor: str = ""
     wall_seconds: float = math.nan
@@ -47,7 +49,7 @@ class SweepResult:
         return Counter(row["status"] for row in self.rows)
 
     @property
-    def failed(self) -> list[dict[str, Any]]:
+    def failed(self) -> list[PointRow]:
         return [row for row in self.rows if row["status"] == "failed"]
 
     def counts_text(self) -> str:
@@ -153,18 +155,83 @@ def _json(value: Any) -> Any:
     return value
 
 
+#: The columns of a row after its measures (MEASURES): the point's content, where it trained,
+#: its run's folder under the output folder (None until written).
+_TAIL = ("content_hash", "where", "run")
+
+
+@dataclass(frozen=True)
+class PointRow(Mapping[str, Any]):
+    """One point of a sweep's table, typed: the point's name, its recipe and axis values, its
+    status, and its :class:`~pytest_spikecheck.report.summary.Measures` (the plugin's rows' type,
+    filled by the one :func:`~pytest_spikecheck.report.summary.measure`; None where the point was
+    not measured: failed or not run). Read as a mapping it is the flat row the files write
+    (column -> value in file order: ``point``, the axes, :data:`MEASURES`, ``content_hash``,
+    ``where``, ``run``), so ``row["status"]`` and ``row["optimizer.lr"]`` read as they did."""
+
+    point: str
+    axis_values: tuple[tuple[str, Any], ...]  # (column, value): the recipe and the axis values
+    status: str
+    measures: Measures | None = None
+    seconds: float | None = None  # a point not measured: its worker's wall time (None: none)
+    error: str | None = None
+    content_hash: str = ""
+    where: str = ""
+    run: str | None = None
+
+    @cached_property
+    def _columns(self) -> dict[str, Any]:
+        return self.columns()
+
+    def columns(self) -> dict[str, Any]:
+        """The flat row: column -> value, in the files' order (a new dict)."""
+        measured = self.measures.to_json() if self.measures is not None else {}
+        row = {"point": self.point, **dict(self.axis_values), **{m: measured.get(m) for m in MEASURES}}
+        if self.seconds is not None:
+            row["seconds"] = self.seconds
+        row.update({"status": self.status, "error": self.error, "content_hash": self.content_hash,
+                    "where": self.where, "run": self.run})
+        return row
+
+    def __getitem__(self, key: str) -> Any:
+        return self._columns[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns)
+
+    def __len__(self) -> int:
+        return len(self._columns)
+
+    def with_axes(self, axes: Sequence[str], value_of: Any) -> PointRow:
+        """This row naming every axis in ``axes``' order; an axis it does not set takes
+        ``value_of(axis)`` (its scenario's value)."""
+        mine = dict(self.axis_values)
+        return replace(self, axis_values=tuple((a, mine[a] if a in mine else value_of(a)) for a in axes))
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, Any]) -> PointRow:
+        """A row of sweep.json (or of sweep.csv read as JSON values) back as a typed row: the
+        columns between ``point`` and the measures are its axis values; a measured point's
+        measures are re-made from their columns (those a sweep row does not keep,
+        ``skipped_steps`` and ``loss_scale_min``, are None). A row without ``point`` or
+        ``status`` is one line naming what it lacks."""
+        missing = [k for k in ("point", "status") if k not in raw]
+        if missing:
+            raise ConfigError(f"a sweep row needs {' and '.join(missing)}; it has {', '.join(raw) or 'nothing'}")
+        known = {"point", *MEASURES, *_TAIL}
+        measured = raw["status"] in ("done", "cached")
+        measures = Measures(**{f.name: raw.get(f.name) for f in fields(Measures)}) if measured else None
+        return cls(point=str(raw["point"]), axis_values=tuple((k, v) for k, v in raw.items() if k not in known),
+                   status=str(raw["status"]), measures=measures,
+                   seconds=None if measured else raw.get("seconds"), error=raw.get("error"),
+                   content_hash=str(raw.get("content_hash") or ""), where=str(raw.get("where") or ""),
+                   run=raw.get("run"))
+
+
 def row_for(point: Point, status: str, measured: Measures | None = None, error: str | None = None,
-            where: str = "", *, seconds: float | None = None) -> dict[str, Any]:
-    """A table row: the point, its axis values, the measures (:class:`~pytest_spikecheck.report.summary.Measures`,
-    the plugin's rows' too; None where not measured: a failed point has only its ``seconds``)."""
-    row: dict[str, Any] = {"point": point.name}
-    if point.recipe is not None:
-        row["recipe"] = point.recipe
-    row.update(dict(point.values))
-    row.update({m: None for m in MEASURES})
-    row.update({k: v for k, v in (measured.to_json() if measured is not None else {}).items() if k in MEASURES})
-    if seconds is not None:
-        row["seconds"] = seconds
-    row.update({"status": status, "error": error, "content_hash": point.scenario.content_hash(), "where": where,
-                "run": None})  # the run's folder under the output folder, once it is written
-    return row
+            where: str = "", *, seconds: float | None = None) -> PointRow:
+    """A point's typed row: its name, recipe and axis values, its status and measures (None where
+    not measured: a failed point has only its ``seconds``)."""
+    values = ((("recipe", point.recipe),) if point.recipe is not None else ()) + tuple(point.values)
+    return PointRow(point.name, values, status, measured, seconds=seconds, error=error,
+                    content_hash=point.scenario.content_hash(), where=where)
