@@ -107,6 +107,8 @@ _MAGNITUDES = {
 }
 _SPECIAL_VALUES = (math.inf, -math.inf, math.nan, 0.0)
 _VALUE_KINDS = ("normal", "uniform", "constant", "sparse")
+#: How a case's max_norm is set: a ratio of its norm, exactly its norm, or an absolute value.
+_MAX_NORM_RULES = ("ratio", "exact", "absolute")
 _MAX_NORM_RATIOS = (1e-3, 0.5, 0.999, 1.001, 2.0, 1e3)
 
 
@@ -221,6 +223,8 @@ def _random_values(rng: np.random.Generator, size: int, kind: str, magnitude: fl
         return rng.uniform(-magnitude, magnitude, size)
     if kind == "constant":
         return np.full(size, magnitude)
+    if kind != "sparse":
+        raise ValueError(f"value kind must be one of {', '.join(_VALUE_KINDS)}, was {kind!r}")
     # "sparse": mostly zeros and a few large entries, like one rare token's embedding row
     values = np.zeros(size)
     hits = rng.choice(size, size=max(1, size // 100), replace=False) if size else []
@@ -255,8 +259,10 @@ def _make_case(
         max_norm = amount * norm if math.isfinite(norm) and norm > 0 else 1.0
     elif rule == "exact":
         max_norm = norm if math.isfinite(norm) else 1.0
-    else:  # "absolute", which also covers 0 and inf
+    elif rule == "absolute":  # which also covers 0 and inf
         max_norm = amount
+    else:
+        raise ValueError(f"max_norm rule must be one of {', '.join(_MAX_NORM_RULES)}, was {rule!r}")
     return ClipCase(tuple(arrays), dtype, float(max_norm), label)
 
 

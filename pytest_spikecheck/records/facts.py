@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 FORMAT_VERSION = 2
 #: Who wrote a run folder.
 SOURCES = ("engine", "recorder", "hf", "lightning", "log")
+#: Format 1's ``recorded.trainer`` (absent: ``loop``), and the source each is in format 2.
+FORMAT_1_TRAINERS = {"hf": "hf", "lightning": "lightning", "loop": "recorder"}
 
 
 @dataclass(frozen=True)
@@ -195,11 +197,13 @@ def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> R
         return facts_from_scenario(scenario, parameters=meta.get("parameters"), vocab_size=meta.get("vocab_size"),
                                    world_size=_world_size(meta), groups=None, versions=versions)
     trainer = str(recorded.get("trainer") or meta.get("trainer") or "loop")
+    if trainer not in FORMAT_1_TRAINERS:  # never "recorder" by default
+        raise ConfigError(f"run.json recorded.trainer must be one of {', '.join(FORMAT_1_TRAINERS)}, was {trainer!r}")
     clip = recorded.get("max_grad_norm")
     lr = recorded.get("lr")
     ratio = (meta.get("record") or {}).get("spike_ratio")
     return RunFacts(
-        source=trainer if trainer in ("hf", "lightning") else "recorder",
+        source=FORMAT_1_TRAINERS[trainer],
         model=ModelFacts(parameters=meta.get("parameters")),
         optimizers=(OptimizerGroup(lr=float(lr)),) if isinstance(lr, (int, float)) and math.isfinite(lr) else None,
         clip=ClipSpec(kind="global", max_norm=float(clip)) if clip else ClipSpec(kind="none", max_norm=None),

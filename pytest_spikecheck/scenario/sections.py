@@ -169,6 +169,11 @@ class ClipSpec:
         return f"clip {what}" + ("" if self.when == "after_unscale" else f" {self.when.replace('_', ' ')}")
 
 
+#: schedule.name values: linear warmup, then cosine decay to lr x min_lr_ratio, or constant.
+SCHEDULES = ("cosine", "constant")
+#: sampler.accumulate values: how the micro-batch losses of a step combine.
+ACCUMULATES = ("mean", "sum")
+
 #: Corpora the engine can build: Seed A's sentences, Seed B's three-source mixture, your own
 #: texts, or synthetic sequences whose second half repeats the first (learnt only by attention).
 CORPORA = ("phase19", "mixture", "texts", "induction")
@@ -380,7 +385,7 @@ def check_section_values(scenario: Scenario) -> None:
     check(k >= 1, f"sampler.accumulation must be >= 1, was {k}")
     check(s.batch_size % k == 0, f"sampler.batch_size {s.batch_size} is not a multiple of sampler.accumulation {k}: "
                                  f"each micro-batch holds batch_size / accumulation samples")
-    check(s.accumulate in ("mean", "sum"), f"sampler.accumulate must be mean or sum, was {s.accumulate!r}")
+    check(s.accumulate in ACCUMULATES, f"sampler.accumulate must be mean or sum, was {s.accumulate!r}")
     check(s.accumulate == "mean" or k >= 2, "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2: "
                                             "over one micro-batch the sum is the mean")
     check(o.clip_when != "per_microbatch" or k >= 2,
@@ -418,7 +423,7 @@ def check_section_values(scenario: Scenario) -> None:
     o.clip  # noqa: B018 (the kind's check, one line naming the known kinds)
     check(o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
           f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}")
-    check(sch.name in ("cosine", "constant"), f"schedule.name must be cosine or constant, was {sch.name!r}")
+    check(sch.name in SCHEDULES, f"schedule.name must be cosine or constant, was {sch.name!r}")
     check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
     check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
     check(scenario.data.corpus in CORPORA, f"data.corpus must be one of {', '.join(CORPORA)}, was {scenario.data.corpus!r}")

@@ -33,7 +33,8 @@ import torch
 from pytest_spikecheck.clipping import ClipResult, clip_grads_
 from pytest_spikecheck.judge.baseline import spike_baseline
 from pytest_spikecheck.models.config import HEAD_LOGITS_KEY, IGNORE_INDEX
-from pytest_spikecheck.scenario.sections import ClipSpec
+from pytest_spikecheck.errors import ConfigError
+from pytest_spikecheck.scenario.sections import ACCUMULATES, ClipSpec
 from pytest_spikecheck.training.optimizers import set_learning_rate
 from pytest_spikecheck.training.precision import Precision
 from pytest_spikecheck.training.sharding import Sharding
@@ -92,6 +93,8 @@ class TrainingStep:
         self.clip_scope = clip.scope  # global | per_tensor | shard_local (the sharding's, on several ranks)
         if clip.when == "muon_update" and not hasattr(optimizer, "clip_update"):
             raise ValueError(f"clip when muon_update needs the engine's Muon optimizer (an OptimizerSet), was {type(optimizer).__name__}")
+        if accumulate not in ACCUMULATES:  # never mean by default
+            raise ConfigError(f"accumulate must be one of {', '.join(ACCUMULATES)}, was {accumulate!r}")
         self.accumulation, self.accumulate = accumulation, accumulate
         self.precision = precision if precision is not None else Precision.float32()
         self._head_logits: list[torch.Tensor] = []
