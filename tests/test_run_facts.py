@@ -285,3 +285,24 @@ def test_the_summary_measures_recovery_at_the_ratio_the_record_states():
     assert (measure(stated).spike_step, measure(stated).is_spike) == (41, True)
     assert (measure(unknown).spike_step, measure(unknown).is_spike) == (41, False)
     assert measure(stated).recovery == 1
+
+
+def test_the_schema_and_the_docs_name_every_fact_and_what_the_run_is():
+    """docs/run-schema.json lists exactly RunFacts' fields (and its nested types'), and
+    docs/run-format.md names each, with run.json's name, description and declared_events."""
+    from dataclasses import fields
+
+    from pytest_spikecheck.records.facts import ModelFacts, OptimizerGroup, QKClipFacts
+    from run_schema import SCHEMA
+
+    run_json = json.loads(SCHEMA.read_text())["properties"]["run.json"]["properties"]
+    facts = run_json["facts"]["properties"]
+    assert list(facts) == [f.name for f in fields(RunFacts)]
+    nested = {"model": ModelFacts, "clip": ClipSpec, "qk_clip": QKClipFacts}
+    for key, cls in nested.items():
+        assert list(facts[key]["oneOf"][0]["properties"]) == [f.name for f in fields(cls)], key
+    assert list(facts["optimizers"]["items"]["properties"]) == [f.name for f in fields(OptimizerGroup)]
+    assert {"name", "description", "declared_events"} <= set(run_json)
+    doc = (SCHEMA.parent / "run-format.md").read_text()
+    missing = [f.name for f in fields(RunFacts) if f"`{f.name}`" not in doc]
+    assert missing == [] and all(f"`{k}`" in doc for k in ("name", "description", "declared_events"))
