@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    ClipMuonUpdate, ConfigError, GatedAttention, LogitSoftcap, QKClip, QKLayerNorm, Scenario, SkipStepCounter, ZLoss,
-    assert_muon_update_scale, assert_optimizer_steps, train,
+    ClipInfToLog, ClipMuonUpdate, ConfigError, GatedAttention, LogitSoftcap, QKClip, QKLayerNorm, Scenario, SkipStepCounter, ZLoss,
+    assert_finite, assert_muon_update_scale, assert_optimizer_steps, train,
 )
 from pytest_spikecheck.models.config import GPTConfig
 from pytest_spikecheck.records import Record
@@ -36,6 +36,40 @@ def test_the_breaks_are_named_in_yaml_and_refuse_what_they_cannot_mean():
         SkipStepCounter(ratio=1.0)
     with pytest.raises(ConfigError, match=r"^ClipMuonUpdate \(clip_when muon_update\) is declared on one process"):
         train(NANO.replace(optimizer__name="muon").with_breaks(ClipMuonUpdate()), nproc=2)
+
+
+def test_clip_inf_to_log_is_named_in_yaml_and_refuses_a_clip_or_several_ranks():
+    assert break_from_config("clip_inf_to_log") == ClipInfToLog()
+    resolved = NANO.with_breaks(ClipInfToLog()).resolved()
+    assert (resolved.optimizer.grad_clip, resolved.optimizer.clip_when) == (None, "inf_to_log")
+    with pytest.raises(ConfigError, match=r"^optimizer.clip_when inf_to_log \(ClipInfToLog\) is the logging call of a run "
+                                          r"that does not clip: grad_clip must be null, was 1.0$"):
+        NANO.replace(optimizer__clip_when="inf_to_log").resolved()
+    with pytest.raises(ConfigError, match=r"^ClipInfToLog \(clip_when inf_to_log\) is declared on one process"):
+        train(NANO.with_breaks(ClipInfToLog()), nproc=2)
+
+
+def _norms(pre: float, post: float, limit: float = float("inf")) -> Record:
+    steps = np.arange(1, 4)
+    return Record(metrics={"step": steps, "loss": np.array([3.0, 2.9, 2.8]), "grad_norm_pre": np.array([1.0, 1.1, pre]),
+                           "grad_norm_post": np.array([1.0, 1.1, post]), "clip_limit": np.full(3, limit)})
+
+
+def test_assert_finite_names_the_clip_coefficient_of_an_infinite_norm():
+    # the bug's signature: an infinite norm, then NaN gradients, with no clip
+    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 3 \(inf\); the gradient norm was inf and "
+                                             r"then every gradient NaN .*inf / inf = NaN .*clip_grad_norm_\(max_norm=inf\) "
+                                             r".*torch.nn.utils.get_total_norm"):
+        assert_finite(_norms(float("inf"), float("nan")))
+    # finite gradients whose float32 norm overflowed: said as that, not as the clip
+    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 3 \(inf\); every gradient is finite "
+                                             r"\(their float64 norm is 1.06e\+21\): only the norm overflowed"):
+        assert_finite(_norms(float("inf"), 1.06e21))
+    # a NaN gradient (NaN pre-clip norm), or NaN after a real clip: no cause claimed
+    for record in (_norms(float("nan"), float("nan")), _norms(float("inf"), float("nan"), limit=1.0)):
+        with pytest.raises(AssertionError) as caught:
+            assert_finite(record)
+        assert "inf / inf" not in str(caught.value) and "only the norm overflowed" not in str(caught.value)
 
 
 def test_assert_muon_update_scale_on_arrays():
