@@ -20,9 +20,13 @@ of that series as a flag, as our detectors do):
   detector, from that file.
 - **OLMo-core** (allenai/OLMo-core's spike z-score): value > mean + 6 sigma over 128 steps, on the loss and
   the grad norm; our ``olmo-core`` detector.
-- **ZClip** (its published rule, EMA z-score > 2.5, alpha 0.97, on the grad norm); our ``zclip`` detector.
-  (The ``zclip`` package installs without replacing torch - ``pip install --dry-run zclip`` - but clips a
-  model's gradients; it was not wired to logged norms here.)
+- **ZClip** (the ``zclip`` package, 1.0.0, the installed class itself: ``pip install --dry-run zclip``
+  keeps torch 2.13.0+cpu), at its defaults (alpha 0.97, z_thresh 2.5, warmup_steps 25, mode zscore,
+  clip_option adaptive_scaling) but ``max_grad_norm=None`` (its fixed max-norm clip is a separate
+  defence, not its detector): fed the logged grad norm point by point as the gradient of a one-element
+  parameter; a flag is each step at which it computes an adaptive clip value (its z-score above 2.5),
+  seen through a subclass that records ``_apply_clipping``'s ``clip_val``. A NaN norm enters its EMA as
+  its code does (and blinds it from then on).
 - **Megatron-Bridge** (loss >= 10 x its reference, the factor hard-coded 10); our ``megatron`` detector.
 - **FlagScale** ``SpikyLossDetector`` (FlagOpen/FlagScale flagscale/train/spiky_loss.py, commit e6e5643):
   ``(loss - last) / last >= 0.2`` flags; an unflagged loss becomes ``last``; a NaN loss (or a NaN
@@ -98,6 +102,31 @@ def lightning(steps: np.ndarray, values: np.ndarray) -> list[int]:
     return out
 
 
+def zclip(steps: np.ndarray, values: np.ndarray) -> list[int]:
+    import torch
+    from zclip import ZClip
+
+    class Watched(ZClip):
+        flagged = False
+
+        def _apply_clipping(self, model, clip_val, total_norm):
+            self.flagged = clip_val is not None
+            return super()._apply_clipping(model, clip_val, total_norm)
+
+    detector = Watched(max_grad_norm=None)
+    param = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    model = torch.nn.Module()
+    model.p = param
+    out = []
+    for s, v in zip(steps.tolist(), values.tolist()):
+        param.grad = torch.tensor([v], dtype=torch.float64)  # a gradient whose norm is the logged one
+        detector.flagged = False
+        detector.step(model)
+        if detector.flagged:
+            out.append(s)
+    return out
+
+
 def named(name: str):
     rule = get_detector(name)
     return lambda steps, values: [d.step for d in rule.detect(steps, values)]
@@ -108,7 +137,7 @@ ENTRANTS = {
     "Lightning SpikeDetection (the class)": (lightning, None),
     "llm-foundry KillLossSpike": (named("llm-foundry"), None),
     "OLMo-core z-score": (named("olmo-core"), named("olmo-core")),
-    "ZClip": (None, named("zclip")),
+    "ZClip (the package)": (None, zclip),
     "Megatron-Bridge (factor 10)": (named("megatron"), None),
     "FlagScale SpikyLossDetector": (flagscale, None),
 }

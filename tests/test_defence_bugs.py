@@ -124,6 +124,53 @@ def test_attn_logit_max_is_recorded_under_muon_without_qk_clip():
     assert np.all(np.isfinite(run.metrics["muon_update_ratio"]))  # the update recorder reads Muon's step too
 
 
+def test_attn_logit_max_is_recorded_by_the_recorder_without_qk_clip():
+    """The same rule for someone else's loop: the recorder turns on a model's stats hook and
+    records its attn_logit_max at every step, with no QK-Clip anywhere; with micro-batches handed
+    over one at a time (the HF and Lightning callbacks' gatherer) the step's value is their largest.
+    A model without the hook gets no column (not a column of NaN)."""
+    import torch
+
+    from pytest_spikecheck import record
+    from pytest_spikecheck.training.build import build_model
+    from pytest_spikecheck.training.step import model_stats
+
+    torch.manual_seed(0)
+    model = build_model(NANO, vocab_size=50)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rec = record(model, optimizer)
+    assert model.record_stats
+    x, y = torch.randint(0, 50, (4, 9)), torch.randint(0, 50, (4, 9))
+    seen = []
+    for _ in range(3):
+        logits, loss = model(x, y)
+        seen.append(model_stats(model)["attn_logit_max"])
+        loss.backward()
+        optimizer.step()
+        rec.step(loss=loss)
+        optimizer.zero_grad()
+    for _ in range(2):  # two steps of two micro-batches each, through the gatherer
+        parts = []
+        for rows in (slice(0, 2), slice(2, 4)):
+            _, loss = model(x[rows], y[rows])
+            parts.append(model_stats(model)["attn_logit_max"])
+            (loss / 2).backward()
+            rec.gather(loss=loss / 2, summed=True)
+        optimizer.step()
+        rec.step_gathered()
+        optimizer.zero_grad()
+        seen.append(max(parts))
+    column = rec.run().metrics["attn_logit_max"]
+    assert column.tolist() == pytest.approx(seen, rel=1e-6) and len(set(seen)) == 5
+    plain = torch.nn.Linear(3, 3)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.1)
+    rec2 = record(plain, sgd)
+    plain(torch.ones(1, 3)).sum().backward()
+    sgd.step()
+    rec2.step(loss=1.0)
+    assert "attn_logit_max" not in rec2.run().metrics
+
+
 def test_clip_at_inf_to_log_the_norm_turns_every_gradient_nan_in_torch_not_here():
     """The clip_inf_to_log bug (a review of Skovorp/feral PR 16; pytorch issue 46849): torch's
     clip_grad_norm_(max_norm=inf) at an infinite norm multiplies every gradient by inf/inf = NaN,

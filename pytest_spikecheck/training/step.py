@@ -161,7 +161,7 @@ class TrainingStep:
                     self._head_logits.append(heads)
             if len(parts) == 1:
                 return logits_parts[0], shares[0], part_stats[0][0]
-            return torch.cat([lg.detach() for lg in logits_parts]), torch.stack(shares).sum(), _combine_stats(part_stats)
+            return torch.cat([lg.detach() for lg in logits_parts]), torch.stack(shares).sum(), combine_stats(part_stats)
 
         return self.sharding.forward_backward(self.model, x, y, rows_backward)
 
@@ -207,7 +207,7 @@ def _micro_batches(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch
     return [(x[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def _combine_stats(parts: list[tuple[dict[str, float], float]]) -> dict[str, float]:
+def combine_stats(parts: list[tuple[dict[str, float], float]]) -> dict[str, float]:
     """The step's model stats from its micro-batches': a largest value (``*_max``,
     ``*_absmax``) is the largest over them, any other (a mean, the z-loss term) their
     token-weighted mean."""
