@@ -38,8 +38,13 @@ def test_the_breaks_are_named_in_yaml_and_refuse_what_they_cannot_mean():
         train(NANO.replace(optimizer__name="muon").with_breaks(ClipMuonUpdate()), nproc=2)
 
 
-def test_clip_inf_to_log_is_named_in_yaml_and_refuses_a_clip_or_several_ranks():
+def test_clip_inf_to_log_is_named_in_yaml_and_refuses_a_clip_or_several_ranks(tmp_path):
+    from run_schema import validate_run_folder
+
     assert break_from_config("clip_inf_to_log") == ClipInfToLog()
+    run = train(NANO.with_breaks(ClipInfToLog()))  # a healthy run: the call multiplies by 1, nothing shows
+    assert run.facts.clip.when == "inf_to_log" and run.facts.max_norm is None and np.isfinite(run["grad_norm_post"]).all()
+    validate_run_folder(run.save(tmp_path / "run"))
     resolved = NANO.with_breaks(ClipInfToLog()).resolved()
     assert (resolved.optimizer.grad_clip, resolved.optimizer.clip_when) == (None, "inf_to_log")
     with pytest.raises(ConfigError, match=r"^optimizer.clip_when inf_to_log \(ClipInfToLog\) is the logging call of a run "
