@@ -77,6 +77,37 @@ def test_assert_finite_names_the_clip_coefficient_of_an_infinite_norm():
         assert "inf / inf" not in str(caught.value) and "only the norm overflowed" not in str(caught.value)
 
 
+@pytest.mark.parametrize("log_with", ["clip_grad_norm_", "get_total_norm"])
+def test_a_recorded_loop_that_logs_the_norm_through_clip_inf_gets_the_same_cause(log_with):
+    """Someone else's loop under the recorder: an input of 3e19 gives a finite weight gradient whose
+    float32 norm overflows; logging it with clip_grad_norm_(max_norm=inf) inside rec.clipping()
+    turns it NaN, and assert_finite names that from the recorded norms alone; get_total_norm (the
+    fix) leaves it finite, and the failure names the overflowed norm instead."""
+    import math
+
+    import torch
+
+    from pytest_spikecheck import record
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+    rec = record(model, sgd)
+    loss = model(torch.full((1, 2), 3e19)).sum()
+    loss.backward()
+    with rec.clipping():
+        if log_with == "clip_grad_norm_":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf)
+        else:
+            torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    sgd.step()
+    rec.step(loss=loss)
+    cause = (r"the gradient norm was inf and then every gradient NaN" if log_with == "clip_grad_norm_"
+             else r"every gradient is finite \(their float64 norm is 4.24e\+19\): only the norm overflowed")
+    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 1 \(inf\); " + cause):
+        assert_finite(rec.run())
+
+
 def test_assert_muon_update_scale_on_arrays():
     steps = np.arange(1, 5)
     healthy = {"step": steps, "muon_update_ratio": np.array([0.88, 0.87, 0.9, 0.89])}
