@@ -68,6 +68,7 @@ _EXPORTS = {
     "ClipEachMicrobatch": "pytest_spikecheck.scenario.breaks",
     "AccumulateSum": "pytest_spikecheck.scenario.breaks",
     "ClipMuonUpdate": "pytest_spikecheck.scenario.breaks",
+    "ClipInfToLog": "pytest_spikecheck.scenario.breaks",
     "SkipStepCounter": "pytest_spikecheck.scenario.breaks",
     "Run": "pytest_spikecheck.records.run",
     "train": "pytest_spikecheck.training.launch",

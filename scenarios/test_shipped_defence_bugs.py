@@ -7,9 +7,14 @@ fixed twin (docs/defence-bugs.md has the catalogue and the public threads):
   attenuation equals the norm the clip divided by, as in the issue's table;
 - ``SkipStepCounter()`` (OLMo-core PR 317): a skip-step AdamW whose step counter never advanced;
   ``assert_optimizer_steps`` fails it at step 1, ``SkipSpikes()`` (the fixed twin) passes, and
-  the update is larger from step 3 on (Adam's bias correction stuck at step 1).
+  the update is larger from step 3 on (Adam's bias correction stuck at step 1);
+- ``ClipInfToLog()`` (a review comment on Skovorp/feral PR 16): ``clip_grad_norm_(max_norm=inf)``
+  called only to log the norm. Unclipped SGD at lr 1 diverges; at step 21 every gradient is still
+  finite (the largest 4.1e20) but torch's float32 norm overflows to inf, and the logging call
+  turns every gradient NaN. ``assert_finite`` names that cause; the fixed twin (the norm measured,
+  the gradients left alone) keeps them finite, and its failure names the overflowed norm instead.
 
-Run with ``pytest --spikecheck`` (four 8-step nano runs, ~1 s each on one thread).
+Run with ``pytest --spikecheck`` (four 8-step nano runs, ~1 s each on one thread, and two 21-step ones).
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    ClipMuonUpdate, Scenario, SkipSpikes, SkipStepCounter, assert_muon_update_scale, assert_optimizer_steps,
-    spikecheck_scenario,
+    ClipInfToLog, ClipMuonUpdate, HighLR, NoClip, Scenario, SkipSpikes, SkipStepCounter, assert_finite,
+    assert_muon_update_scale, assert_optimizer_steps, spikecheck_scenario,
 )
 from pytest_spikecheck.models.config import GPTConfig
 
@@ -27,6 +32,20 @@ STEPS = 8
 NANO = Scenario.preset("phase-19").replace(steps=STEPS, seed=0, model=GPTConfig(arch="gpt", n_layer=2, n_head=2, n_embd=32))
 # weight decay 0: Muon's whole step is its orthogonalised update, so the attenuation reads exactly
 MUON = NANO.replace(optimizer__name="muon", optimizer__lr=0.02, optimizer__weight_decay=0.0)
+
+
+# unclipped SGD at lr 1 diverges: its gradient grows ~1e3x a step until the float32 norm overflows
+DIVERGING_SGD = NANO.replace(steps=24, optimizer__name="sgd").with_breaks(HighLR(1.0))
+
+
+@spikecheck_scenario
+def sgd_norm_measured():
+    return DIVERGING_SGD.with_breaks(NoClip())
+
+
+@spikecheck_scenario
+def sgd_norm_logged_through_clip_inf():
+    return DIVERGING_SGD.with_breaks(ClipInfToLog())
 
 
 @spikecheck_scenario
@@ -78,3 +97,21 @@ def test_a_skip_step_adamw_whose_counter_never_advances_is_caught(skip_step_adam
     # each update larger: measured 1.34x at step 2, 1.93x at step 8 (the PR's note: ~2.2x the lr)
     assert bug[0] == pytest.approx(fixed[0], rel=1e-6)
     assert np.all(bug[1:] > 1.3 * fixed[1:]) and bug[-1] > 1.8 * fixed[-1]
+
+
+def test_logging_the_norm_through_clip_inf_turns_every_gradient_nan(sgd_norm_logged_through_clip_inf, sgd_norm_measured):
+    bug, fixed = sgd_norm_logged_through_clip_inf, sgd_norm_measured
+    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 21 \(inf\); the gradient norm was inf and "
+                                             r"then every gradient NaN .*clip_grad_norm_\(max_norm=inf\)"):
+        assert_finite(bug)
+    # the same run up to the overflow: the logging call changes nothing while the norm is finite
+    assert np.array_equal(bug["grad_norm_pre"], fixed["grad_norm_pre"])
+    assert np.array_equal(bug["loss"], fixed["loss"]) and np.isfinite(bug["loss"]).all()
+    assert np.array_equal(bug["grad_norm_post"][:-1], fixed["grad_norm_post"][:-1])
+    # at step 21 both norms are inf in float32; the twin's gradients are finite (their float64 norm
+    # ~1.1e21, above float32's ~1.8e19 limit on summed squares), the bug's are all NaN
+    assert bug["step"][-1] == fixed["step"][-1] == 21 and np.isinf(fixed["grad_norm_pre"][-1])
+    assert np.isnan(bug["grad_norm_post"][-1]) and 1e20 < fixed["grad_norm_post"][-1] < 1e38
+    # the twin diverges as well (no clip, lr 1); its failure names the overflowed norm, not the clip
+    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 21 \(inf\); every gradient is finite"):
+        assert_finite(fixed)

@@ -3,7 +3,7 @@ ship, on the held-out split of the labelled real-log corpus (tests/data/reallogs
 tests/reallogs.py scores it), and on the whole corpus beside it. Writes the league section of
 docs/detectors.md.
 
-    python scripts/detector_league.py            # ~5 min on 2 cores (the engine runs ~3): rewrite the section
+    python scripts/detector_league.py            # 6.5 min on 2 loaded cores, the engine runs trained: rewrite the section
     python scripts/detector_league.py --print    # print it instead
 
 Entrants, each on the series its framework watches (a named rule also sees every non-finite value
@@ -20,9 +20,13 @@ of that series as a flag, as our detectors do):
   detector, from that file.
 - **OLMo-core** (allenai/OLMo-core's spike z-score): value > mean + 6 sigma over 128 steps, on the loss and
   the grad norm; our ``olmo-core`` detector.
-- **ZClip** (its published rule, EMA z-score > 2.5, alpha 0.97, on the grad norm); our ``zclip`` detector.
-  (The ``zclip`` package installs without replacing torch - ``pip install --dry-run zclip`` - but clips a
-  model's gradients; it was not wired to logged norms here.)
+- **ZClip** (the ``zclip`` package, 1.0.0, the installed class itself: ``pip install --dry-run zclip``
+  keeps torch 2.13.0+cpu), at its defaults (alpha 0.97, z_thresh 2.5, warmup_steps 25, mode zscore,
+  clip_option adaptive_scaling) but ``max_grad_norm=None`` (its fixed max-norm clip is a separate
+  defence, not its detector): fed the logged grad norm point by point as the gradient of a one-element
+  parameter; a flag is each step at which it computes an adaptive clip value (its z-score above 2.5),
+  seen through a subclass that records ``_apply_clipping``'s ``clip_val``. A NaN norm enters its EMA as
+  its code does (and blinds it from then on).
 - **Megatron-Bridge** (loss >= 10 x its reference, the factor hard-coded 10); our ``megatron`` detector.
 - **FlagScale** ``SpikyLossDetector`` (FlagOpen/FlagScale flagscale/train/spiky_loss.py, commit e6e5643):
   ``(loss - last) / last >= 0.2`` flags; an unflagged loss becomes ``last``; a NaN loss (or a NaN
@@ -32,7 +36,11 @@ of that series as a flag, as our detectors do):
 Columns: *events found* (a labelled onset with a flag within +-2 logged intervals), *healthy logs flagged*
 (negative logs with any flag), *false alarms per 10,000 healthy steps* (flags on negative logs per 10,000
 of their logged points), *latency* (median and largest, over the found events, of the steps from the onset
-to the first flag within the window, 0 for a flag up to 2 intervals early). Engine runs with known event steps are not part of this table yet.
+to the first flag within the window, 0 for a flag up to 2 intervals early). Engine runs with known event steps
+are the third table. Muon's max-logit explosion (Phase-19, Muon lr 0.4, no weight decay, seed 42, 150 steps,
+as scenarios/test_muon_max_logit.py) has a table of its own: its event is the attention logit, which none of
+the frameworks' rules watch, and its latency column counts the steps from each entrant's first flag to the
+step the loss diverges (ln 2 nats above its running minimum, the loss-jump floor), where it does.
 """
 
 from __future__ import annotations
@@ -98,6 +106,31 @@ def lightning(steps: np.ndarray, values: np.ndarray) -> list[int]:
     return out
 
 
+def zclip(steps: np.ndarray, values: np.ndarray) -> list[int]:
+    import torch
+    from zclip import ZClip
+
+    class Watched(ZClip):
+        flagged = False
+
+        def _apply_clipping(self, model, clip_val, total_norm):
+            self.flagged = clip_val is not None
+            return super()._apply_clipping(model, clip_val, total_norm)
+
+    detector = Watched(max_grad_norm=None)
+    param = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+    model = torch.nn.Module()
+    model.p = param
+    out = []
+    for s, v in zip(steps.tolist(), values.tolist()):
+        param.grad = torch.tensor([v], dtype=torch.float64)  # a gradient whose norm is the logged one
+        detector.flagged = False
+        detector.step(model)
+        if detector.flagged:
+            out.append(s)
+    return out
+
+
 def named(name: str):
     rule = get_detector(name)
     return lambda steps, values: [d.step for d in rule.detect(steps, values)]
@@ -108,7 +141,7 @@ ENTRANTS = {
     "Lightning SpikeDetection (the class)": (lightning, None),
     "llm-foundry KillLossSpike": (named("llm-foundry"), None),
     "OLMo-core z-score": (named("olmo-core"), named("olmo-core")),
-    "ZClip": (None, named("zclip")),
+    "ZClip (the package)": (None, zclip),
     "Megatron-Bridge (factor 10)": (named("megatron"), None),
     "FlagScale SpikyLossDetector": (flagscale, None),
 }
@@ -193,6 +226,62 @@ ENGINE = (
     ("high LR 0.1 + QK-LayerNorm (high-lr-qk-layernorm), clean", "high-lr-qk-layernorm", None),
     ("Phase-19, seed 42, 150 steps, no break, clean", None, None),
 )
+
+
+#: Muon's max-logit explosion: its config (scenarios/test_muon_max_logit.py's recipe at seed 42) and the
+#: logit bound that dates the event (Kimi K2's tau, QK-Clip's default).
+MUON_CONFIG = "preset: phase-19\nseed: 42\nsteps: 150\noptimizer: {name: muon, lr: 0.4, weight_decay: 0.0}\n"
+MUON_TAU = 100.0
+
+
+def _trained(out: Path, name: str, config: str) -> Path:
+    from pytest_spikecheck.cli.commands import main as spikecheck
+
+    target = out / name
+    if not (target / "metrics.jsonl").exists():
+        source = out / f"{name}-config"
+        source.mkdir(parents=True, exist_ok=True)
+        (source / "config.yaml").write_text(config)
+        spikecheck(["train", str(source), "--out", str(target), "--quiet"])
+    return target / "metrics.jsonl"
+
+
+def loss_divergence(steps: np.ndarray, loss: np.ndarray) -> int | None:
+    """The first step whose loss is ln 2 nats or more above the lowest loss before it (non-finite: diverged)."""
+    low = math.inf
+    for s, v in zip(steps.tolist(), loss.tolist()):
+        if not math.isfinite(v) or v >= low + math.log(2):
+            return int(s)
+        low = min(low, v)
+    return None
+
+
+def muon_table(out: Path) -> str:
+    record = read_runs(_trained(out, "muon-max-logit", MUON_CONFIG))[0]
+    steps = np.asarray(record.metrics["step"])
+    logits, loss = np.asarray(record.metrics["attn_logit_max"]), np.asarray(record.metrics["loss"])
+    onset = int(steps[np.flatnonzero(logits > MUON_TAU)[0]])
+    diverged = loss_divergence(steps, loss)
+    low = np.minimum.accumulate(loss)
+    rise = loss - np.concatenate([[np.inf], low[:-1]])
+    worst = int(np.argmax(rise[1:])) + 1
+    first = {"ours: assert_logits_bounded(attention=100) on attn_logit_max": [int(steps[np.flatnonzero(logits > MUON_TAU)[0]])],
+             "**ours** (default policy)": engine_flags(out / "muon-max-logit" / "metrics.jsonl", "ours")[0]}
+    first.update({name: engine_flags(out / "muon-max-logit" / "metrics.jsonl", name)[0] for name in ENTRANTS})
+    lines = [f"**Muon's max-logit explosion** (Phase-19, Muon lr 0.4 on the hidden matrices, no weight decay, seed 42, "
+             f"{steps.size} steps): the largest attention logit passes {MUON_TAU:g} (Kimi K2's tau) at step {onset} and "
+             f"reaches {logits.max():,.0f}; the loss "
+             + (f"diverges (ln 2 above its running minimum) at step {diverged}." if diverged is not None else
+                f"never diverges in {steps.size} steps: its largest rise above its running minimum is "
+                f"{rise[worst]:+.2f} nats (step {int(steps[worst])}) and it ends at {loss[-1]:.2f}: the model stops "
+                f"learning while the logit grows, it does not blow up (the loss-based latency has no end point)."), "",
+             "| entrant | first flag (step) | steps after the logit passes tau | steps before the loss diverges |",
+             "|---|---|---|---|"]
+    for name, flags in first.items():
+        f = min(flags) if flags else None
+        lines.append(f"| {name} | {f if f is not None else '—'} | {f - onset if f is not None else '—'} | "
+                     f"{(diverged - f if diverged is not None else 'the loss does not diverge') if f is not None else '—'} |")
+    return "\n".join(lines + [""])
 
 
 def engine_runs(out: Path) -> list[tuple[str, Path, int | None]]:
@@ -302,7 +391,7 @@ def main() -> int:
     parser.add_argument("--runs", type=Path, default=ROOT / ".cache" / "detector_league",
                         help="where the engine runs are trained (reused when there)")
     args = parser.parse_args()
-    text = section(table() + "\n" + engine_table(args.runs))
+    text = section(table() + "\n" + engine_table(args.runs) + "\n" + muon_table(args.runs))
     if args.print:
         print(text)
         return 0

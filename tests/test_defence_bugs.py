@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    ClipMuonUpdate, ConfigError, GatedAttention, LogitSoftcap, QKClip, QKLayerNorm, Scenario, SkipStepCounter, ZLoss,
-    assert_muon_update_scale, assert_optimizer_steps, train,
+    ClipInfToLog, ClipMuonUpdate, ConfigError, GatedAttention, LogitSoftcap, QKClip, QKLayerNorm, Scenario, SkipStepCounter, ZLoss,
+    assert_finite, assert_muon_update_scale, assert_optimizer_steps, train,
 )
 from pytest_spikecheck.models.config import GPTConfig
 from pytest_spikecheck.records import Record
@@ -36,6 +36,76 @@ def test_the_breaks_are_named_in_yaml_and_refuse_what_they_cannot_mean():
         SkipStepCounter(ratio=1.0)
     with pytest.raises(ConfigError, match=r"^ClipMuonUpdate \(clip_when muon_update\) is declared on one process"):
         train(NANO.replace(optimizer__name="muon").with_breaks(ClipMuonUpdate()), nproc=2)
+
+
+def test_clip_inf_to_log_is_named_in_yaml_and_refuses_a_clip_or_several_ranks(tmp_path):
+    from run_schema import validate_run_folder
+
+    assert break_from_config("clip_inf_to_log") == ClipInfToLog()
+    run = train(NANO.with_breaks(ClipInfToLog()))  # a healthy run: the call multiplies by 1, nothing shows
+    assert run.facts.clip.when == "inf_to_log" and run.facts.max_norm is None and np.isfinite(run["grad_norm_post"]).all()
+    validate_run_folder(run.save(tmp_path / "run"))
+    resolved = NANO.with_breaks(ClipInfToLog()).resolved()
+    assert (resolved.optimizer.grad_clip, resolved.optimizer.clip_when) == (None, "inf_to_log")
+    with pytest.raises(ConfigError, match=r"^optimizer.clip_when inf_to_log \(ClipInfToLog\) is the logging call of a run "
+                                          r"that does not clip: grad_clip must be null, was 1.0$"):
+        NANO.replace(optimizer__clip_when="inf_to_log").resolved()
+    with pytest.raises(ConfigError, match=r"^ClipInfToLog \(clip_when inf_to_log\) is declared on one process"):
+        train(NANO.with_breaks(ClipInfToLog()), nproc=2)
+
+
+def _norms(pre: float, post: float, limit: float = float("inf")) -> Record:
+    steps = np.arange(1, 4)
+    return Record(metrics={"step": steps, "loss": np.array([3.0, 2.9, 2.8]), "grad_norm_pre": np.array([1.0, 1.1, pre]),
+                           "grad_norm_post": np.array([1.0, 1.1, post]), "clip_limit": np.full(3, limit)})
+
+
+def test_assert_finite_names_the_clip_coefficient_of_an_infinite_norm():
+    # the bug's signature: an infinite norm, then NaN gradients, with no clip
+    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 3 \(inf\); the gradient norm was inf and "
+                                             r"then every gradient NaN .*inf / inf = NaN .*clip_grad_norm_\(max_norm=inf\) "
+                                             r".*torch.nn.utils.get_total_norm"):
+        assert_finite(_norms(float("inf"), float("nan")))
+    # finite gradients whose float32 norm overflowed: said as that, not as the clip
+    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 3 \(inf\); every gradient is finite "
+                                             r"\(their float64 norm is 1.06e\+21\): only the norm overflowed"):
+        assert_finite(_norms(float("inf"), 1.06e21))
+    # a NaN gradient (NaN pre-clip norm), or NaN after a real clip: no cause claimed
+    for record in (_norms(float("nan"), float("nan")), _norms(float("inf"), float("nan"), limit=1.0)):
+        with pytest.raises(AssertionError) as caught:
+            assert_finite(record)
+        assert "inf / inf" not in str(caught.value) and "only the norm overflowed" not in str(caught.value)
+
+
+@pytest.mark.parametrize("log_with", ["clip_grad_norm_", "get_total_norm"])
+def test_a_recorded_loop_that_logs_the_norm_through_clip_inf_gets_the_same_cause(log_with):
+    """Someone else's loop under the recorder: an input of 3e19 gives a finite weight gradient whose
+    float32 norm overflows; logging it with clip_grad_norm_(max_norm=inf) inside rec.clipping()
+    turns it NaN, and assert_finite names that from the recorded norms alone; get_total_norm (the
+    fix) leaves it finite, and the failure names the overflowed norm instead."""
+    import math
+
+    import torch
+
+    from pytest_spikecheck import record
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+    rec = record(model, sgd)
+    loss = model(torch.full((1, 2), 3e19)).sum()
+    loss.backward()
+    with rec.clipping():
+        if log_with == "clip_grad_norm_":
+            torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=math.inf)
+        else:
+            torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    sgd.step()
+    rec.step(loss=loss)
+    cause = (r"the gradient norm was inf and then every gradient NaN" if log_with == "clip_grad_norm_"
+             else r"every gradient is finite \(their float64 norm is 4.24e\+19\): only the norm overflowed")
+    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 1 \(inf\); " + cause):
+        assert_finite(rec.run())
 
 
 def test_assert_muon_update_scale_on_arrays():
@@ -88,6 +158,53 @@ def test_attn_logit_max_is_recorded_under_muon_without_qk_clip():
     run = train(NANO.replace(optimizer__name="muon", optimizer__lr=0.02))
     assert np.all(np.isfinite(run.metrics["attn_logit_max"])) and "qk_clipped_heads" not in run.metrics
     assert np.all(np.isfinite(run.metrics["muon_update_ratio"]))  # the update recorder reads Muon's step too
+
+
+def test_attn_logit_max_is_recorded_by_the_recorder_without_qk_clip():
+    """The same rule for someone else's loop: the recorder turns on a model's stats hook and
+    records its attn_logit_max at every step, with no QK-Clip anywhere; with micro-batches handed
+    over one at a time (the HF and Lightning callbacks' gatherer) the step's value is their largest.
+    A model without the hook gets no column (not a column of NaN)."""
+    import torch
+
+    from pytest_spikecheck import record
+    from pytest_spikecheck.training.build import build_model
+    from pytest_spikecheck.training.step import model_stats
+
+    torch.manual_seed(0)
+    model = build_model(NANO, vocab_size=50)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    rec = record(model, optimizer)
+    assert model.record_stats
+    x, y = torch.randint(0, 50, (4, 9)), torch.randint(0, 50, (4, 9))
+    seen = []
+    for _ in range(3):
+        logits, loss = model(x, y)
+        seen.append(model_stats(model)["attn_logit_max"])
+        loss.backward()
+        optimizer.step()
+        rec.step(loss=loss)
+        optimizer.zero_grad()
+    for _ in range(2):  # two steps of two micro-batches each, through the gatherer
+        parts = []
+        for rows in (slice(0, 2), slice(2, 4)):
+            _, loss = model(x[rows], y[rows])
+            parts.append(model_stats(model)["attn_logit_max"])
+            (loss / 2).backward()
+            rec.gather(loss=loss / 2, summed=True)
+        optimizer.step()
+        rec.step_gathered()
+        optimizer.zero_grad()
+        seen.append(max(parts))
+    column = rec.run().metrics["attn_logit_max"]
+    assert column.tolist() == pytest.approx(seen, rel=1e-6) and len(set(seen)) == 5
+    plain = torch.nn.Linear(3, 3)
+    sgd = torch.optim.SGD(plain.parameters(), lr=0.1)
+    rec2 = record(plain, sgd)
+    plain(torch.ones(1, 3)).sum().backward()
+    sgd.step()
+    rec2.step(loss=1.0)
+    assert "attn_logit_max" not in rec2.run().metrics
 
 
 def test_clip_at_inf_to_log_the_norm_turns_every_gradient_nan_in_torch_not_here():

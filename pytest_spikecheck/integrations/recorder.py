@@ -49,13 +49,13 @@ from pytest_spikecheck.integrations.burst import BurstStream
 from pytest_spikecheck.judge.text import fmt_scale
 from pytest_spikecheck.records.events import Event
 from pytest_spikecheck.records.facts import ModelFacts, QKClipFacts, RunFacts
-from pytest_spikecheck.records.run import TRAINER_NAMES, Run
+from pytest_spikecheck.records.run import MODEL_STAT_KEYS, TRAINER_NAMES, Run
 from pytest_spikecheck.scenario.sections import ClipSpec, RecordSpec, SamplerSpec, check_max_norm
 from pytest_spikecheck.training.optimizers import observed_groups
 from pytest_spikecheck.training.qk_clip import QKClipHook
 from pytest_spikecheck.training.recorders import MetricsRecorder, adam_surprise, token_loss_table
 from pytest_spikecheck.training.sharding import EventView, SingleProcess, float64_norm
-from pytest_spikecheck.training.step import SKIPPED_OVERFLOW, SpikeWatch, StepVerdict
+from pytest_spikecheck.training.step import SKIPPED_OVERFLOW, SpikeWatch, StepVerdict, combine_stats, model_stats
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,8 @@ class MicroBatch:
     logits: Any = None
     targets: Any = None
     summed: bool = False  # the micro-batch losses add up to the step's (each already divided)
+    #: the model's stats hook after this micro-batch's forward (attn_logit_max, ...; empty without one)
+    stats: dict[str, float] = field(default_factory=dict)
 
 
 def gathered_loss(parts: Sequence[MicroBatch]) -> float:
@@ -274,6 +276,11 @@ class Recorder:
         # skipped (a loss scaler's overflow). An optimizer without step hooks: measured at step().
         hook = getattr(self.optimizer, "register_step_post_hook", None)
         self._step_hook = hook(self._after_optimizer_step) if callable(hook) else None
+        # A model with the spikecheck stats hook (ours, the preflight's proxies, yours) reports its
+        # largest attention logit on every training forward: recorded every step, whatever the
+        # defences (Megatron-Bridge PR 5329 logged it only with QK-Clip on).
+        if hasattr(self.model, "record_stats"):
+            self.model.record_stats = True
         self._started = time.perf_counter()
 
     @property
@@ -396,14 +403,16 @@ class Recorder:
         self.after_clip()
 
     def step(self, *, loss: Any, lr: float | None = None, batch: Sequence[int] | None = None,
-             logits: Any = None, targets: Any = None, eval_loss: float = math.nan) -> dict[str, float]:
+             logits: Any = None, targets: Any = None, eval_loss: float = math.nan,
+             stats: Mapping[str, float] | None = None) -> dict[str, float]:
         """Close the optimizer step: its row, its batch composition and (at an event step) its
         event record. Call it after the optimizer's step and before zero_grad, once per optimizer
         step (with accumulation, after the last micro-batch). Without an earlier
         before_clip/after_clip it measures both now (an unclipped loop needs nothing else).
         ``batch``: the dataset indices of the step's samples (default: the stream's plan);
         ``logits``/``targets`` aligned (targets[..., t] is what logits[..., t, :] predicts; -100
-        ignored) for the per-token losses, or a list of them, one per micro-batch."""
+        ignored) for the per-token losses, or a list of them, one per micro-batch. ``stats``: the
+        model's stats of the step (default: what its stats hook left after the last forward)."""
         if self._pending is None:
             self._measure_before_clip(still_scaled=False)
         p = self._pending
@@ -441,11 +450,17 @@ class Recorder:
         row = self._metrics.add_row(step=p.step, loss=loss_value, grad_norm_pre=p.grad_norm_pre,
                                     grad_norm_post=post, clip_factor=clip_factor,
                                     lr=p.lr if lr is None else float(lr), eval_loss=float(eval_loss),
-                                    adam_v_norm=math.sqrt(v_sum), loss_scale=p.loss_scale, clip_limit=self.max_norm)
+                                    adam_v_norm=math.sqrt(v_sum), loss_scale=p.loss_scale, clip_limit=self.max_norm,
+                                    **self._model_stats(stats))
         if not p.verdict.overflow:
             self._watch.observe_norm(p.step, p.grad_norm_pre)
         self._pending = None
         return row
+
+    def _model_stats(self, stats: Mapping[str, float] | None) -> dict[str, float]:
+        """The step's model-stat columns (MODEL_STAT_KEYS) the model reported; none without a stats hook."""
+        stats = model_stats(self.model) if stats is None else stats
+        return {k: float(stats[k]) for k in MODEL_STAT_KEYS if k in stats}
 
     # -- micro-batches handed over one at a time (the HF and Lightning callbacks) --------------
     def gather(self, *, loss: Any = None, logits: Any = None, targets: Any = None, summed: bool = False) -> None:
@@ -455,7 +470,7 @@ class Recorder:
         micro-batch losses add up to the step's loss (each is already divided: HF's
         ``num_items_in_batch``, Lightning's loss / ``accumulate_grad_batches``); else the step's
         loss is their mean. :meth:`step_gathered` closes the step with them."""
-        self._gathered.append(MicroBatch(loss, logits, targets, summed))
+        self._gathered.append(MicroBatch(loss, logits, targets, summed, model_stats(self.model)))
 
     @property
     def gathered(self) -> int:
@@ -468,8 +483,10 @@ class Recorder:
         per-token losses); the gatherer starts empty for the next step."""
         parts, self._gathered = self._gathered, []
         both = bool(parts) and all(m.logits is not None and m.targets is not None for m in parts)
+        # the step's stats from its micro-batches' (a largest value the largest, others their mean)
+        stats = combine_stats([(m.stats, 1 / len(parts)) for m in parts]) if parts and all(m.stats for m in parts) else None
         return self.step(loss=gathered_loss(parts), logits=[m.logits for m in parts] if both else None,
-                         targets=[m.targets for m in parts] if both else None, **options)
+                         targets=[m.targets for m in parts] if both else None, stats=stats, **options)
 
     def set_eval_loss(self, step: int, value: float) -> None:
         """The eval loss measured after step ``step`` (a trainer that evaluates on its own schedule)."""

@@ -21,7 +21,7 @@ from pytest_spikecheck.judge.analysis import (
 from pytest_spikecheck.judge.baseline import MIN_BASELINE_POINTS
 from pytest_spikecheck.judge.detectors import get_detector
 from pytest_spikecheck.judge.diagnosis import LOSS_SCALE_LIKE
-from pytest_spikecheck.judge.finiteness import Finiteness, judge_finite
+from pytest_spikecheck.judge.finiteness import Finiteness, is_gradient_norm, judge_finite, nonfinite_norm_cause
 from pytest_spikecheck.judge.policy import judge_log, pick_metric
 from pytest_spikecheck.errors import ConfigError, SpikeCheckError
 from pytest_spikecheck.records import Record, as_record
@@ -369,6 +369,8 @@ def assert_finite(run: Any, strict: bool = False) -> Finiteness:
         if rec.run is not None and rec.run.meta.get("first_nonfinite"):
             info = rec.run.meta["first_nonfinite"]
             where = f"; first non-finite tensor: {info.get('tensor', '?')} in {info.get('module', '?')} at step {info.get('step', step)}"
+        cause = nonfinite_norm_cause(rec, step) if is_gradient_norm(name) else None
+        where = f"; {cause}{where}" if cause else where
         excused = "".join(f"\n(excused: {g.text()})" for g in finite.excused_groups())
         _fail(f"non-finite {name} at step {step} ({fmt(first.first_value)}){where}{excused}",
               rec, step, name, diagnose_step=False, assertion="assert_finite", measured=first.first_value)

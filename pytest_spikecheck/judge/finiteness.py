@@ -165,3 +165,35 @@ def judge_finite(rec: Record, names: list[str] | None = None, strict: bool = Fal
         if fails.any():
             group(name, FAILS, fails, values, "fails the run")
     return Finiteness(strict, tuple(groups), tuple(sorted(int(s) for s in skipped)), excused)
+
+
+def nonfinite_norm_cause(rec: Record, step: int) -> str | None:
+    """Why the gradient norm at ``step`` is not finite, where the record's pre- and post-clip norms
+    (``grad_norm_pre``, ``grad_norm_post``; the engine measures the second in float64 on the
+    gradients the optimizer would receive) tell it; None where they do not.
+
+    - an infinite pre-clip norm, then a NaN post-clip norm with no clip limit: between the two
+      something multiplied every gradient by NaN; torch's ``clip_grad_norm_`` at ``max_norm=inf``
+      does (its coefficient inf / (inf + 1e-6) = NaN), the call people make only to log the norm;
+    - an infinite pre-clip norm and a finite post-clip norm: every gradient is finite, only the
+      norm overflowed (torch sums the squares in the gradients' dtype: float32 overflows near 1.8e19)."""
+    m = rec.metrics
+    if "grad_norm_pre" not in m or "grad_norm_post" not in m:
+        return None
+    rows = np.flatnonzero(np.asarray(m["step"]) == step)
+    if not rows.size:
+        return None
+    i = rows[0]
+    pre, post = float(m["grad_norm_pre"][i]), float(m["grad_norm_post"][i])
+    limit = float(m["clip_limit"][i]) if "clip_limit" in m else float("inf")
+    if not np.isinf(pre):
+        return None
+    if np.isnan(post) and np.isinf(limit):
+        return ("the gradient norm was inf and then every gradient NaN (the post-clip norm is NaN, with no clip): "
+                "a clip coefficient max_norm / norm = inf / inf = NaN multiplied them, as "
+                "torch.nn.utils.clip_grad_norm_(max_norm=inf) does when it is called only to log the norm; "
+                "log it with torch.nn.utils.get_total_norm, which leaves the gradients alone")
+    if np.isfinite(post):
+        return (f"every gradient is finite (their float64 norm is {fmt(post)}): only the norm overflowed, its squares "
+                f"summed in the gradients' dtype (float32 overflows above ~1.8e19)")
+    return None

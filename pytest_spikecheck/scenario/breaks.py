@@ -466,3 +466,20 @@ class SkipStepCounter(Break):
 
     def apply(self, scenario: Scenario) -> Scenario:
         return scenario.replace(optimizer__skip_spike_ratio=float(self.ratio), optimizer__step_counter="frozen")
+
+
+@dataclass(frozen=True)
+class ClipInfToLog(Break):
+    """A run that does not clip but calls ``torch.nn.utils.clip_grad_norm_(params,
+    max_norm=float('inf'))`` every step only to log the norm (a review comment on Skovorp/feral
+    PR 16). It is no read-only measurement: when the total norm is infinite, torch's coefficient
+    ``max_norm / (norm + 1e-6)`` is inf/inf = NaN and every gradient, the finite ones too, is
+    multiplied by it. torch sums the squares in the gradients' dtype, so the norm of finite float32
+    gradients is already inf above ~1.8e19 (a diverging run gets there). ``assert_finite`` names
+    the cause (an infinite norm, then every gradient NaN); the fix logs the norm with
+    ``torch.nn.utils.get_total_norm``, which leaves the gradients alone."""
+
+    config_name: ClassVar[str] = "clip_inf_to_log"
+
+    def apply(self, scenario: Scenario) -> Scenario:
+        return scenario.replace(optimizer__grad_clip=None, optimizer__clip_when="inf_to_log")

@@ -82,8 +82,10 @@ CLIP_KINDS = ("none", "global", "per_tensor", "shard_local", "adaptive")
 #: on the loss-scaled gradients (``before_unscale``: ClipBeforeUnscale, a bug); on each
 #: micro-batch's gradient before they are summed (``per_microbatch``: ClipEachMicrobatch, a bug); on
 #: Muon's orthogonalised update in place of its matrices' gradients (``muon_update``: ClipMuonUpdate,
-#: the bug of DeepSpeed issue 8439).
-CLIP_WHENS = ("after_unscale", "before_unscale", "per_microbatch", "muon_update")
+#: the bug of DeepSpeed issue 8439); no clip, but torch's ``clip_grad_norm_`` called at max_norm inf
+#: only to log the norm (``inf_to_log``: ClipInfToLog; an infinite norm makes its coefficient
+#: inf/inf = NaN and every gradient NaN).
+CLIP_WHENS = ("after_unscale", "before_unscale", "per_microbatch", "muon_update", "inf_to_log")
 #: The YAML spelling before ClipSpec (``optimizer.clip_mode``), still read: each old value as
 #: (clip_kind, clip_when). Documented in docs/run-format.md.
 CLIP_MODE_ALIAS = {"global": ("global", "after_unscale"), "per_tensor": ("per_tensor", "after_unscale"),
@@ -233,7 +235,7 @@ class OptimizerSpec:
     weight_decay: float = 0.1  # applied to matrices (embeddings included), not to biases and norms
     grad_clip: float | None = 1.0  # global-L2 max_norm; None (YAML null) or inf = no clipping
     clip_kind: str = "global"  # global | per_tensor | adaptive | shard_local (CLIP_KINDS; "none" is grad_clip null)
-    clip_when: str = "after_unscale"  # after_unscale | before_unscale | per_microbatch (CLIP_WHENS; the last two are bugs)
+    clip_when: str = "after_unscale"  # after_unscale | before_unscale | per_microbatch | muon_update | inf_to_log (CLIP_WHENS; all but the first are bugs)
     adaptive_z: float = 2.5  # adaptive: clip at EMA mean + z * EMA std of the pre-clip norm ...
     adaptive_alpha: float = 0.97  # ... with this EMA decay (ZClip's defaults); grad_clip until warm
     skip_spike_ratio: float | None = None  # skip the optimizer step when pre-clip norm / median >= this
@@ -417,6 +419,9 @@ def check_section_values(scenario: Scenario) -> None:
     check(o.clip_when != "muon_update" or (o.name == "muon" and o.grad_clip is not None and o.clip_kind == "global"),
           "optimizer.clip_when muon_update (ClipMuonUpdate) needs optimizer.name muon and a global clip "
           f"(grad_clip a number, clip_kind global), was name {o.name!r}, grad_clip {o.grad_clip!r}, clip_kind {o.clip_kind!r}")
+    check(o.clip_when != "inf_to_log" or o.grad_clip is None,
+          "optimizer.clip_when inf_to_log (ClipInfToLog) is the logging call of a run that does not clip: "
+          f"grad_clip must be null, was {o.grad_clip!r}")
     check(o.step_counter in ("advance", "frozen"), f"optimizer.step_counter must be advance or frozen, was {o.step_counter!r}")
     check(o.step_counter == "advance" or o.name == "adamw",
           f"optimizer.step_counter frozen (SkipStepCounter) is AdamW's counter; optimizer.name was {o.name!r}")

@@ -99,6 +99,9 @@ def check_distributed_scenario(resolved: Scenario, nproc: int) -> None:
     if resolved.optimizer.clip.when == "muon_update":
         raise ConfigError("ClipMuonUpdate (clip_when muon_update) is declared on one process: its clip norm needs the "
                           "whole AdamW part's gradients, and each rank holds a shard; train it with nproc 1")
+    if resolved.optimizer.clip.when == "inf_to_log":
+        raise ConfigError("ClipInfToLog (clip_when inf_to_log) is declared on one process: torch's clip_grad_norm_ "
+                          "sees one rank's shard only; train it with nproc 1")
     k = resolved.sampler.accumulation
     if resolved.sampler.batch_size < nproc * k:
         times = f" x accumulation {k}" if k > 1 else ""

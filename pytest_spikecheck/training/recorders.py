@@ -420,9 +420,10 @@ def locate_nonfinite(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     bad_grads = [n for n, p in named if p.grad is not None and not torch.isfinite(p.grad).all()]
     if bad_grads:
         return {"tensor": "grad", "module": bad_grads[0],
-                "detail": f"the forward pass is finite; the backward pass made {len(bad_grads)} gradient(s) "
-                          f"non-finite: {', '.join(bad_grads[:4])}"}
-    return {"tensor": "loss", "module": "(loss)", "detail": "every module output is finite; the loss itself is not"}
+                "detail": f"the forward pass is finite; {len(bad_grads)} gradient(s) were non-finite after the backward "
+                          f"pass and the clip: {', '.join(bad_grads[:4])}"}
+    return {"tensor": "loss", "module": "(loss)",
+            "detail": "every module output and every gradient is finite: the loss or the gradients' norm overflowed"}
 
 
 def _update_stats(before: list[torch.Tensor], named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, Any]:

@@ -12,6 +12,9 @@ Inside the step, as people train:
   its share of the whole batch's target tokens, so the gradients add up to those of the
   token-weighted mean over the batch (what k = 1 computes; the ``AccumulateSum`` bug sums the
   micro-batch means instead). Clip, measurement and the optimizer step happen once per step.
+- **the norm logged through torch's clip** (``ClipInfToLog``, a bug): a run that does not clip
+  calls ``torch.nn.utils.clip_grad_norm_(params, max_norm=inf)`` after measuring, as people do to
+  log the norm; the measurement is the engine's, the NaN that call makes of an infinite norm is torch's.
 - **mixed precision** (:mod:`.precision`): the forward and the loss under autocast, the loss
   scaled before backward, the gradients unscaled before the clip (``ClipBeforeUnscale``: after
   it), a step whose unscaled gradients overflowed skipped. The norms recorded are always those
@@ -120,6 +123,9 @@ class TrainingStep:
         else:
             overflow = precision.unscale(self.optimizer)
             clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_scope)
+            if self.clip_order == "inf_to_log":  # the bug (ClipInfToLog): no clip, but torch's own clip called
+                # only to log the norm; an infinite norm makes its coefficient inf/inf = NaN, every gradient NaN
+                torch.nn.utils.clip_grad_norm_(self.sharding.params, max_norm=math.inf)
         post = self.sharding.grad_norm()
         # The loss column is the cross-entropy: an auxiliary z-loss the model added is reported apart.
         cross_entropy = float(loss) - stats["z_loss"] if "z_loss" in stats else float(loss)
@@ -158,7 +164,7 @@ class TrainingStep:
                     self._head_logits.append(heads)
             if len(parts) == 1:
                 return logits_parts[0], shares[0], part_stats[0][0]
-            return torch.cat([lg.detach() for lg in logits_parts]), torch.stack(shares).sum(), _combine_stats(part_stats)
+            return torch.cat([lg.detach() for lg in logits_parts]), torch.stack(shares).sum(), combine_stats(part_stats)
 
         return self.sharding.forward_backward(self.model, x, y, rows_backward)
 
@@ -204,7 +210,7 @@ def _micro_batches(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch
     return [(x[a:b], y[a:b]) for a, b in zip(bounds, bounds[1:]) if b > a]
 
 
-def _combine_stats(parts: list[tuple[dict[str, float], float]]) -> dict[str, float]:
+def combine_stats(parts: list[tuple[dict[str, float], float]]) -> dict[str, float]:
     """The step's model stats from its micro-batches': a largest value (``*_max``,
     ``*_absmax``) is the largest over them, any other (a mean, the z-loss term) their
     token-weighted mean."""
