@@ -378,16 +378,9 @@ class EventRecorder:
         self._before = None
 
 
-def locate_nonfinite(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                      named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, str]:
-    """Where the first non-finite value of a step came from, found after the fact (no cost on
-    healthy steps): parameters already non-finite, else the first module whose forward output
-    is non-finite (replayed with forward hooks on the same batch), else the backward pass."""
-    bad_params = [n for n, p in named if not torch.isfinite(p).all()]
-    if bad_params:
-        return {"tensor": "weight", "module": bad_params[0],
-                "detail": f"{len(bad_params)} parameter tensor(s) were already non-finite before this step's forward "
-                          f"pass (the previous optimizer update wrote them): {', '.join(bad_params[:4])}"}
+def _first_nonfinite_module_output(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, str]:
+    """Replays the forward pass with a hook on every module and names the first whose output is
+    non-finite (or its parent, when the value already came in broken); empty when all are finite."""
     found: dict[str, str] = {}
 
     def nonfinite(values: Any) -> bool:
@@ -415,6 +408,20 @@ def locate_nonfinite(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
     finally:
         for h in handles:
             h.remove()
+    return found
+
+
+def locate_nonfinite(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                      named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, str]:
+    """Where the first non-finite value of a step came from, found after the fact (no cost on
+    healthy steps): parameters already non-finite, else the first module whose forward output
+    is non-finite (replayed with forward hooks on the same batch), else the backward pass."""
+    bad_params = [n for n, p in named if not torch.isfinite(p).all()]
+    if bad_params:
+        return {"tensor": "weight", "module": bad_params[0],
+                "detail": f"{len(bad_params)} parameter tensor(s) were already non-finite before this step's forward "
+                          f"pass (the previous optimizer update wrote them): {', '.join(bad_params[:4])}"}
+    found = _first_nonfinite_module_output(model, x, y)
     if found:
         return found
     bad_grads = [n for n, p in named if p.grad is not None and not torch.isfinite(p.grad).all()]
