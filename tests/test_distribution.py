@@ -220,6 +220,7 @@ _PROBE = """
 import hashlib, importlib.metadata as md, importlib.resources, importlib.util, json, sys
 import pytest_spikecheck
 from pytest_spikecheck.clipping.cupy_backend import cupy_unavailable_reason, kernel_source
+from pytest_spikecheck.training.store import package_digest
 kernels = importlib.resources.files("pytest_spikecheck.kernels")
 print(json.dumps({
     "package": pytest_spikecheck.__file__,
@@ -229,6 +230,7 @@ print(json.dumps({
                 for p in kernels.iterdir() if p.name.endswith((".cu", ".h", ".cpp"))},
     "clip_cu_has_kernels": "__global__" in kernel_source(),
     "cupy": cupy_unavailable_reason(),
+    "digest": package_digest(),
     "version": pytest_spikecheck.__version__,
     "metadata_version": md.version("pytest-spikecheck"),
     "distributions": sum(d.metadata["Name"] == "pytest-spikecheck" for d in md.distributions()),
@@ -318,6 +320,11 @@ def test_the_installed_wheel_works_outside_the_tree(dist: Dist) -> None:
                     for p in (ROOT / "kernels").iterdir() if p.name.endswith((".cu", ".h", ".cpp"))}
     assert probe["sources"] == tree_kernels and probe["clip_cu_has_kernels"]
     assert probe["cupy"] is None or isinstance(probe["cupy"], str)  # asked without a crash, GPU or not
+    # the run store's key for "the same source" (training/store.py) is the tree's: runs cached by a
+    # clone are valid for the installed wheel and back
+    from pytest_spikecheck.training.store import package_digest
+
+    assert probe["digest"] == package_digest()
 
     (home / "exp").mkdir()
     (home / "exp" / "config.yaml").write_text("preset: phase-19\nsteps: 3\n")
