@@ -60,3 +60,11 @@ test: $(VENV)/.setup-dev chromium
 
 clean:
 	rm -rf out experiments/*/run .pytest_cache
+
+# The sdist and the wheel in dist/, checked by twine (docs/releasing.md). The wheel is built from
+# the sdist (python -m build's default), so what the sdist lacks the wheel lacks too.
+.PHONY: dist
+dist: $(VENV)/.setup-dev
+	rm -rf dist
+	$(BIN)/python -m build --no-isolation --outdir dist .
+	$(BIN)/python -m twine check --strict dist/*
