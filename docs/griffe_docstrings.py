@@ -4,7 +4,9 @@ renders badly into their Markdown spelling for the API reference, without touchi
 
 - roles such as ``:class:`~.spec.Scenario``` or ``:func:`train``` become code (`` `Scenario` ``);
 - a run of doctest lines (``>>> ...`` and their output) becomes a fenced ``python`` block (Markdown
-  would read ``>>>`` as a quotation).
+  would read ``>>>`` as a quotation);
+- reST's ``::`` that announces an indented literal block becomes ``:`` (the indented block is a
+  Markdown code block already).
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ def markdown_docstring(text: str) -> str:
                 i += 1
             out += [f"{indent}```python", *(indent + b for b in block), f"{indent}```"]
             continue
-        out.append(lines[i])
+        line = lines[i]
+        if line.rstrip().endswith("::") and not line.strip().startswith("..."):
+            line = line.rstrip()[:-1] if line.strip() != "::" else ""
+        out.append(line)
         i += 1
     return "\n".join(out)
 

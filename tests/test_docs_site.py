@@ -150,6 +150,33 @@ def test_the_api_check_fails_on_a_dropped_name_and_a_stale_signature(site):
     assert "assert_recovers: the signature lacks within" in api_problems(stale)
 
 
+def test_the_examples_in_the_public_docstrings_run():
+    """The reference shows the docstrings' ``>>>`` examples: each must do what it shows."""
+    import doctest
+
+    import pytest_spikecheck
+
+    finder, runner = doctest.DocTestFinder(recurse=False), doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+    ran = 0
+    for name in _hooks().public_api():
+        for test in finder.find(getattr(pytest_spikecheck, name), name, globs={name: getattr(pytest_spikecheck, name)}):
+            ran += len(test.examples)
+            runner.run(test)
+    assert runner.failures == 0 and ran >= 7  # Scenario's and get_detector's, at least
+
+
+def test_the_docstring_extension_writes_markdown():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("griffe_docstrings", ROOT / "docs" / "griffe_docstrings.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.markdown_docstring("Returns a :class:`~.records.run.Run` (:func:`train`).") == "Returns a `Run` (`train`)."
+    assert module.markdown_docstring("Like this::\n\n    x = 1") == "Like this:\n\n    x = 1"
+    assert module.markdown_docstring("An example.\n\n>>> 1 + 1\n2\n\nDone.") == (
+        "An example.\n\n```python\n>>> 1 + 1\n2\n```\n\nDone.")
+
+
 # ------------------------------------------------------------------------------------ the CLI
 
 
