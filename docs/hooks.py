@@ -56,6 +56,8 @@ def _md(text: str) -> str:
 
 def _code(text: Any) -> str:
     text = str(text)
+    if not text:
+        return '`""`'
     fence = "``" if "`" in text else "`"
     pad = " " if "`" in text else ""
     return f"{fence}{pad}{text}{pad}{fence}".replace("|", "\\|")
@@ -235,8 +237,11 @@ def breaks_page() -> str:
         out.append(f"| [`{name}`](#{name}) | `{cls.__name__}` | {params} |")
     out.append("")
     for name, cls in registry.items():
-        where = f"pytest_spikecheck.{cls.__name__}" if cls.__name__ in exported else f"{cls.__module__}.{cls.__name__}"
-        out += [f"## `{name}` {{ #{name} }}", "", f"Class `{where}`; in YAML `{_yaml_spelling(cls)}`.", "",
+        if cls.__name__ in exported:
+            where = f"[`pytest_spikecheck.{cls.__name__}`](api.md#{public_api()[cls.__name__]}.{cls.__name__})"
+        else:
+            where = f"`{cls.__module__}.{cls.__name__}`"
+        out += [f"## `{name}` {{ #{name} }}", "", f"Class {where}; in YAML `{_yaml_spelling(cls)}`.", "",
                 _docstring(cls), ""]
         hints = typing.get_type_hints(cls)
         rows = [f"| `{f.name}` | `{_md(_type_name(hints.get(f.name, f.type)))}` | {_default(f)} |"
@@ -272,22 +277,27 @@ def _docstring(obj: Any) -> str:
 
 def field_comments(cls: type) -> dict[str, str]:
     """The comment on each field of a dataclass's source (``name: type = default  # comment``),
-    with its continuation lines (comment lines right after it that go on in lower case)."""
+    with its continuation lines (comment lines right after it that go on in lower case) and the
+    comment lines right above it."""
     lines = inspect.getsource(cls).splitlines()
     names = {f.name for f in dataclasses.fields(cls)}
     comments: dict[str, str] = {}
-    current = None
+    current, above = None, []
     for line in lines:
         m = re.match(r"\s+(\w+)\s*:[^#]*?(?:#\s?(?P<comment>.*))?$", line)
         if m and m[1] in names and not line.lstrip().startswith("#"):
             current = m[1]
-            comments[current] = (m["comment"] or "").strip()
+            comments[current] = " ".join([*above, (m["comment"] or "").strip()]).strip()
+            above = []
             continue
         c = re.match(r"\s+#\s?(?P<text>.*)$", line)
         if c and current and c["text"][:1] and (c["text"][0].islower() or c["text"][0] in "(.…"):
             comments[current] = f"{comments[current]} {c['text'].strip()}".strip()
-        else:
+        elif c and c["text"].strip():  # a comment above the next field (it explains a group, or that field)
             current = None
+            above.append(c["text"].strip())
+        else:
+            current, above = None, []
     return comments
 
 
