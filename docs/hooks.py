@@ -262,7 +262,10 @@ def _default(f: dataclasses.Field) -> str:
 def _docstring(obj: Any) -> str:
     """A docstring as Markdown: reST's double backticks are Markdown code spans already; the
     ``:class:`X``` roles become plain code."""
-    doc = inspect.getdoc(obj) or ""
+    return _markdown(inspect.getdoc(obj) or "")
+
+
+def _markdown(doc: str) -> str:
     import sys
 
     if str(DOCS) not in sys.path:  # griffe_docstrings.py beside this file
@@ -290,7 +293,7 @@ def field_comments(cls: type) -> dict[str, str]:
             comments[current] = " ".join([*above, (m["comment"] or "").strip()]).strip()
             above = []
             continue
-        c = re.match(r"\s+#\s?(?P<text>.*)$", line)
+        c = re.match(r"\s+#:?\s?(?P<text>.*)$", line)
         if c and current and c["text"][:1] and (c["text"][0].islower() or c["text"][0] in "(.…"):
             comments[current] = f"{comments[current]} {c['text'].strip()}".strip()
         elif c and c["text"].strip():  # a comment above the next field (it explains a group, or that field)
@@ -298,19 +301,27 @@ def field_comments(cls: type) -> dict[str, str]:
             above.append(c["text"].strip())
         else:
             current, above = None, []
-    return comments
+    return {name: _markdown(text) for name, text in comments.items()}
+
+
+def _allowed(path: str) -> str:
+    """A numeric field's range, as the scenario checks it (``RANGES``; docs/limits.md)."""
+    from pytest_spikecheck.scenario.sections import RANGES
+
+    return _code(RANGES[path].text()) if path in RANGES else ""
 
 
 def _section_rows(section: str, cls: type) -> list[str]:
     defaults = cls()
     comments = field_comments(cls)
     hints = typing.get_type_hints(cls)
-    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    rows = ["| key | type | default | range | meaning |", "|---|---|---|---|---|"]
     for f in dataclasses.fields(cls):
         default = getattr(defaults, f.name)
         shown = _yaml_value(default) if not dataclasses.is_dataclass(default) else "(below)"
-        rows.append(f"| `{section}.{f.name}` | `{_md(_type_name(hints.get(f.name, f.type)))}` | "
-                    f"{_code(shown)} | {_md(comments.get(f.name, ''))} |")
+        path = f"{section}.{f.name}"
+        rows.append(f"| `{path}` | `{_md(_type_name(hints.get(f.name, f.type)))}` | "
+                    f"{_code(shown)} | {_allowed(path)} | {_md(comments.get(f.name, ''))} |")
     return rows
 
 
@@ -332,12 +343,15 @@ def yaml_page() -> str:
            "out of range is one line naming the file and the key, before anything trains.", "",
            "## A scenario's config.yaml", "",
            f"Top-level keys: `preset`, {', '.join(f'`{k}`' for k in sorted(CONFIG_KEYS))}.", "",
-           "| key | default | meaning |", "|---|---|---|",
-           f"| `preset` | none | a named starting point: {', '.join(f'`{p}`' for p in preset_names())}; "
+           "Numbers outside their range, and NaN or infinity, are refused ([limits](../limits.md)).", "",
+           "| key | default | range | meaning |", "|---|---|---|---|",
+           f"| `preset` | none | | a named starting point: {', '.join(f'`{p}`' for p in preset_names())}; "
            "the other keys change it |"]
     for key in SCALARS:
-        out.append(f"| `{key}` | {_code(_yaml_value(getattr(scenario, key)))} | {_md(top_comments.get(key, ''))} |")
-    out.append("| `breaks` | `[]` | a list of breaks, each a YAML name or a one-key mapping "
+        default = "derived from the content" if key == "name" else _code(_yaml_value(getattr(scenario, key)))
+        out.append(f"| `{key}` | {default} | {_allowed(key)} | "
+                   f"{_md(top_comments.get(key, ''))} |")
+    out.append("| `breaks` | `[]` | | a list of breaks, each a YAML name or a one-key mapping "
                "`{name: {parameter: value}}`: the [break catalogue](breaks.md) |")
     out += ["", "```yaml", "# experiments/19-break-no-clip/config.yaml",
             (DOCS.parent / "experiments" / "19-break-no-clip" / "config.yaml").read_text().rstrip(), "```", ""]
