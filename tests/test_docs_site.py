@@ -322,8 +322,12 @@ def test_the_documentation_test_covers_every_nav_page_with_a_block():
     assert set(docs_harness.PAGES) == {"README.md", *nav}
 
 
-def test_the_readme_regions_the_getting_started_page_includes_exist():
+def test_the_readme_regions_the_pages_include_exist():
+    """The pages show the README's blocks that train the demo's runs by including them (one copy,
+    doc-tested once: a second copy on another page would train the runs again on another worker)."""
     hooks = _hooks()
-    page = (ROOT / "docs" / "getting-started.md").read_text()
-    included = hooks.include(page)
+    included = hooks.include((ROOT / "docs" / "getting-started.md").read_text())
     assert "<!-- include:" not in included and "make demo" in included and "](docs/" not in included
+    assert "def test_spike(phase19_break):" in hooks.include((ROOT / "docs" / "plugin.md").read_text())
+    with pytest.raises(ValueError, match="no region 'gone'"):
+        hooks.include("<!-- include: README.md gone -->")
