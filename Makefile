@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 # would make pip download a multi-GB CUDA build, so it is installed first, on its own.
 TORCH  := torch==2.13.0
 
-.PHONY: demo demo-high-lr test setup setup-dev chromium clean
+.PHONY: demo demo-high-lr test setup setup-dev chromium docs docs-build clean
 
 $(VENV)/.setup-base: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -58,8 +58,18 @@ test: $(VENV)/.setup-dev chromium
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope
 
+# The documentation site (mkdocs.yml, pages in docs/; the reference pages are generated from the code by
+# docs/hooks.py). `make docs` serves it on http://127.0.0.1:8000 and rebuilds on every edit; `make docs-build`
+# writes site/ (open site/index.html from the disk: it loads nothing from the network). `make test` builds it
+# with --strict too (tests/test_docs_site.py).
+docs: $(VENV)/.setup-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+docs-build: $(VENV)/.setup-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf out experiments/*/run .pytest_cache
+	rm -rf out experiments/*/run .pytest_cache site
 
 # The sdist and the wheel in dist/, checked by twine (docs/releasing.md). The wheel is built from
 # the sdist (python -m build's default), so what the sdist lacks the wheel lacks too.

@@ -1,4 +1,4 @@
-"""The README's assertions table is the code's: each row's signature is ``inspect.signature``
+"""The assertions table of the user guide (docs/assertions.md, moved there from the README) is the code's: each row's signature is ``inspect.signature``
 of the function it names, every assertion the package exports has a row, and the sentence
 above the table names every module they live in."""
 
@@ -12,7 +12,7 @@ import pytest
 
 import pytest_spikecheck
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "assertions.md"
 
 
 def _literal(value: object) -> str:
@@ -42,7 +42,7 @@ def render(name: str, function) -> str:
 
 
 def table_rows(text: str) -> dict[str, str]:
-    """The assertions table of the README: name -> the signature cell (without backticks)."""
+    """The assertions table of the page: name -> the signature cell (without backticks)."""
     start = text.index("| assertion | passes when |")
     rows = {}
     for line in text[start:].splitlines()[2:]:
@@ -68,7 +68,7 @@ def test_the_row_is_the_signature(name):
 
 def test_the_sentence_names_every_module_that_defines_one():
     text = README.read_text()
-    intro = text[text.index("## Assertions"):text.index("| assertion | passes when |")]
+    intro = text[text.index("# Assertions"):text.index("| assertion | passes when |")]
     for function in exported_assertions().values():
         assert f"`{function.__module__}`" in intro, function.__module__
 

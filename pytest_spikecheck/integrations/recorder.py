@@ -194,7 +194,15 @@ def gathered_loss(parts: Sequence[MicroBatch]) -> float:
 
 @dataclass
 class Recorder:
-    """See the module docstring. ``max_norm``: the clip your trainer applies (None, 0 or inf:
+    """Records your own training loop as a run folder, measuring the gradient norms itself.
+
+    Built by :func:`record`; beside any loop that owns a torch model and optimizer it measures
+    the pre- and post-clip global norms, the lr, Adam's √Σv, the batch's samples and rare tokens,
+    and at declared and spike steps the per-token losses; :meth:`save` writes a folder that
+    ``spikecheck diagnose``/``compare`` and every assertion read (the module docstring has the
+    loop). The framework callbacks (Hugging Face, Lightning) drive the same object.
+
+    ``max_norm``: the clip your trainer applies (None, 0 or inf:
     none); it is written into the records, never used to compute a norm. ``stream`` (from
     :func:`~pytest_spikecheck.integrations.burst.inject_burst`) names each step's samples and
     declares its burst; ``catalog`` describes the samples (ids, sources, rare tokens).
@@ -619,5 +627,14 @@ def _clip_factor(pre: float, post: float) -> float:
 
 
 def record(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, **options: Any) -> Recorder:
-    """A :class:`Recorder` for ``model`` trained with ``optimizer`` (options: see Recorder)."""
+    """A :class:`Recorder` for ``model`` trained with ``optimizer``: the one call a loop needs.
+
+    ``options`` are the Recorder's keyword arguments (``max_norm``, ``catalog``, ``stream``,
+    ``accumulation``, ``scaler``, ``seed``, ...). Returns the recorder; wrap your clip in
+    ``with rec.clipping():``, call ``rec.step(loss=..., logits=..., targets=...)`` once per
+    optimizer step (before ``zero_grad``), then ``rec.save(folder)``. A mismatch with the
+    stream (another accumulation) raises ``ConfigError`` here, before any step::
+
+        rec = record(model, optimizer, max_norm=1.0, catalog=catalog, stream=stream)
+    """
     return Recorder(model, optimizer, **options)

@@ -585,7 +585,22 @@ DETECTORS: dict[str, type[Detector]] = {
 
 
 def get_detector(spec: str | Detector, **params: Any) -> Detector:
-    """A detector by name (``"zclip"``) with optional parameters, or a Detector passed through."""
+    """A detector by name (``"zclip"``) with optional parameters, or a Detector passed through.
+
+    ``spec`` is one of the names of ``DETECTORS`` (``ratio``, ``llm-foundry``, ``lightning``,
+    ``olmo-core``, ``zclip``, ``megatron``) or a :class:`Detector` (``params`` then replace its
+    fields). ``params`` are the detector's own fields, at their published defaults when left out.
+    Returns the detector; its ``detect(steps, values)`` lists a ``Detection`` (step, value,
+    baseline, score) per flagged step. Raises ``ValueError`` naming the choices for an unknown
+    name or parameter.
+
+    >>> import numpy as np
+    >>> values = np.ones(200); values[150] = 50.0
+    >>> [(d.step, d.score) for d in get_detector("ratio").detect(np.arange(1, 201), values)]
+    [(151, 50.0)]
+    >>> get_detector("olmo-core", sigmas=4)
+    OLMoCore(sigmas=4, window=128, min_history=20)
+    """
     if isinstance(spec, Detector):
         return replace(spec, **params) if params else spec
     try:

@@ -18,7 +18,14 @@ __all__ = ["Verdict", "collecting", "emit"]
 
 @dataclass(frozen=True)
 class Verdict:
-    """One assertion's judgement of one record."""
+    """One assertion's judgement of one record.
+
+    ``assertion`` names it (``assert_clip_contains``), ``passed`` says how it went and ``reason``
+    why, in one line; ``metric``, ``measured``, ``limit`` and ``step`` are the figure it judged
+    (None where it has none); ``scenario`` the run's name. A failure carries it
+    (``SpikeCheckError.verdict``); the assertions that return nothing else return it; the plugin
+    collects each test's for the terminal summary, JUnit XML, the job summary and the report page.
+    """
 
     assertion: str  # "assert_clip_contains"
     passed: bool

@@ -78,6 +78,23 @@ def recorded_by(directory: str | Path) -> str | None:
 
 @dataclass
 class Run:
+    """One training run, step by step: what ``train`` returns, a recorder saves and every
+    assertion, diagnosis and report reads.
+
+    ``metrics`` holds one array per column (``step``, ``loss``, ``grad_norm_pre``,
+    ``grad_norm_post``, ``clip_factor``, ``lr``, ``eval_loss``, ...; the columns of
+    ``metrics.jsonl``), ``batches`` each step's batch composition, ``events`` the detailed
+    records (per-token losses, per-tensor norms, Adam statistics) at bursts and detected spikes.
+    ``save(folder)`` writes the run folder (config.yaml, metrics.jsonl, batches.jsonl,
+    events.json, run.json; the [run-folder schema](run-folder.md)) and
+    ``Run.load(folder)`` reads it back, also a folder someone else wrote to that schema. A folder
+    that is not a run raises ``ConfigError``::
+
+        run = train(scenario)
+        run.save("runs/phase19-break")
+        again = Run.load("runs/phase19-break")      # again.metrics["grad_norm_pre"][311]
+    """
+
     #: The resolved scenario of an engine run (what retrains it); None for a run recorded from
     #: another trainer or written by hand: how those were trained is in :attr:`facts` only.
     scenario: Scenario | None

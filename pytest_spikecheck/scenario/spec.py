@@ -49,7 +49,17 @@ from pytest_spikecheck.scenario.sections import (
 
 @dataclass(frozen=True)
 class Scenario:
-    """A declared training run. Build one with :meth:`preset`, :meth:`from_yaml` or the constructor."""
+    """A declared training run. Build one with :meth:`preset`, :meth:`from_yaml` or the constructor.
+
+    Frozen and hashable: ``replace(...)`` (a section's field as ``optimizer__lr=3e-3``) and
+    ``with_breaks(...)`` return new scenarios; ``content_hash()`` identifies what trains (the name
+    aside). Every value is checked when the scenario is built: a bad one raises ``ConfigError``.
+
+    >>> from pytest_spikecheck import NoClip, RareTokenBurst, Scenario
+    >>> s = Scenario.preset("phase-19").replace(steps=120).with_breaks(NoClip(), RareTokenBurst(count=3, at_step=60))
+    >>> s.name, s.steps, s.resolved().optimizer.grad_clip
+    ('phase-19+steps=120+no_clip+burst(3×greek@60)', 120, None)
+    """
 
     #: Given by hand, or (the default) derived from the content: the preset, the changed fields
     #: and the breaks, e.g. ``phase-19+steps=120+no_clip+burst(3×greek@60)``; see :func:`derived_name`.

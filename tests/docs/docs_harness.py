@@ -49,8 +49,37 @@ from sybil.parsers.markdown.lexers import RawFencedCodeBlockLexer
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
-#: The pages whose blocks run (globs relative to the repository root).
-PAGES = ["README.md", "docs/logs.md", "docs/testing.md"]
+
+
+def site_pages(root: Path = ROOT) -> list[str]:
+    """The pages of the documentation site's nav (mkdocs.yml) that are files of docs/ with a
+    fenced block, relative to the repository root (the reference pages are generated at build
+    time: they have no file here)."""
+    import yaml
+
+    def walk(node: Any) -> Iterable[str]:
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, list):
+            for item in node:
+                yield from walk(item)
+        elif isinstance(node, dict):
+            for value in node.values():
+                yield from walk(value)
+
+    config = yaml.safe_load((root / "mkdocs.yml").read_text())
+    docs = root / config.get("docs_dir", "docs")
+    pages = []
+    for page in walk(config["nav"]):
+        path = docs / page
+        if page.endswith(".md") and path.is_file() and "```" in path.read_text():
+            pages.append(path.relative_to(root).as_posix())
+    return pages
+
+
+#: The pages whose blocks run (relative to the repository root): the README and every page of the
+#: site's nav that has a block.
+PAGES = ["README.md", *site_pages()]
 
 MARKER = "*Not run by the docs test: REASON.*"
 _MARKER = re.compile(r"^\*Not run by the docs test: (?P<reason>[^\n]+?)\*[ \t]*$", re.MULTILINE)
