@@ -56,7 +56,7 @@ chromium:
 test: $(VENV)/.setup-dev chromium
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope
+	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope --no-loadscope-reorder
 
 clean:
 	rm -rf out experiments/*/run .pytest_cache
