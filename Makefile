@@ -56,7 +56,7 @@ chromium:
 test: $(VENV)/.setup-dev chromium
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports --no-cache
-	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope
+	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope --no-loadscope-reorder
 
 # The documentation site (mkdocs.yml, pages in docs/; the reference pages are generated from the code by
 # docs/hooks.py). `make docs` serves it on http://127.0.0.1:8000 and rebuilds on every edit; `make docs-build`

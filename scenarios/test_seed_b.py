@@ -17,10 +17,14 @@ from pytest_spikecheck.judge.analysis import loss_jump, spike_ratio
 
 STEPS = 400  # shorter than Phase-19's 500 to keep the suite fast; the events sit at 312
 ENTRY = 312
+#: The bandit's runs have no event to reach: 200 steps hold 9 switches after step 60 (the test
+#: needs 5). Measured on 2026-12-01 (AMD EPYC VM): largest switch ratio 1.93x without clip,
+#: 2.10x with clip 1.0 (docs/testing.md, Suite time), against the test's limit of 10x.
+BANDIT_STEPS = 200
 
 
 def _bandit(*breaks) -> Scenario:
-    return Scenario.preset("seed-b").replace(steps=STEPS).with_breaks(MixtureShift(), *breaks)
+    return Scenario.preset("seed-b").replace(steps=BANDIT_STEPS).with_breaks(MixtureShift(), *breaks)
 
 
 def _new_source(*breaks) -> Scenario:
