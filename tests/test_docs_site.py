@@ -179,6 +179,15 @@ def test_the_docstring_extension_writes_markdown():
 # ------------------------------------------------------------------------------------ the CLI
 
 
+def _section(page: str, anchor: str, anchors: list[str]) -> str | None:
+    """The page from the element with ``id=anchor`` to the next of ``anchors`` (None: no such element)."""
+    start = page.find(f'id="{anchor}"')
+    if start < 0:
+        return None
+    ends = [i for i in (page.find(f'id="{other}"', start + 1) for other in anchors) if i > start]
+    return page[start:min(ends, default=len(page))]
+
+
 def cli_problems(page: str) -> list[str]:
     """Each subcommand of ``spikecheck`` without its section, and each argument missing from its table."""
     from pytest_spikecheck.cli.commands import build_parser
@@ -187,13 +196,10 @@ def cli_problems(page: str) -> list[str]:
     _, commands = hooks._subcommands(build_parser())
     problems = []
     for name, parser in commands.items():
-        anchor = f'id="spikecheck-{name}"'
-        if anchor not in page:
+        section = _section(page, f"spikecheck-{name}", [f"spikecheck-{n}" for n in commands])
+        if section is None:
             problems.append(f"spikecheck {name}: no section")
             continue
-        start = page.index(anchor)
-        end = min([i for i in (page.find(f'id="spikecheck-{n}"', start + 1) for n in commands) if i > start] or [len(page)])
-        section = page[start:end]
         cells = [html.unescape(c) for c in re.findall(r"<td><code>(.*?)</code></td>", section)]
         for action in parser._actions:
             if action.help == "==SUPPRESS==" or type(action).__name__ == "_HelpAction":
@@ -223,13 +229,11 @@ def break_problems(page: str) -> list[str]:
     problems = []
     registry = _hooks()._registry()
     for name, cls in registry.items():
-        anchor = f'id="{name}"'
-        if anchor not in page:
+        section = _section(page, name, list(registry))
+        if section is None:
             problems.append(f"{name}: no section")
             continue
-        start = page.index(anchor)
-        ends = [page.find(f'id="{other}"', start + 1) for other in registry]
-        text = _text(page[start:min([e for e in ends if e > start] or [len(page)])])
+        text = _text(section)
         for needed in [cls.__name__, *(f.name for f in dataclasses.fields(cls))]:
             if needed not in text:
                 problems.append(f"{name}: {needed} is not in its section")
