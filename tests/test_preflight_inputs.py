@@ -224,3 +224,38 @@ def test_assert_preflight_checks_the_margin_at_every_width_and_the_extrapolated_
         assert_preflight(result(falling, 1e-3), defences_hold=["as-given"], lr_margin=2.0)
     with pytest.raises(SpikeCheckError, match="'qk-norm' was not studied"):
         assert_preflight(result(steady, 1e-3), defences_hold=["qk-norm"])
+
+
+def test_the_sweep_starts_the_widest_proxy_first_by_its_own_size_not_the_presets():
+    """Point.cost reads the proxy's hidden_size and depth from the factory's config (and the
+    corpus's batch size): the engine hands the executor the dearest points first. No training:
+    the executor records the order and fails every point."""
+    from pytest_spikecheck.preflight.study import plan_study, study_sweep
+    from pytest_spikecheck.sweep import sweep
+    from pytest_spikecheck.sweep.worker import Outcome
+
+    study = plan_study(check_config(LLAMA, "llama"), recipe_from_dict({"lr": 1e-3}), widths=[64, 128, 256],
+                       head_dim=16, lr_factors=[1.0], defences=["as-given"], seeds=[0], steps=10)
+    plan = study_sweep(study)
+    by = {(p.scenario.data.corpus, p.scenario.model_kwargs["config"]["hidden_size"]): p.cost for p in plan.expand()}
+    assert by[("phase19", 128)] == 4 * by[("phase19", 64)] and by[("phase19", 256)] == 16 * by[("phase19", 64)]
+    assert by[("induction", 64)] == 4 * by[("phase19", 64)]  # batches of 32 against 8
+    deep = plan_study(check_config(LLAMA, "llama"), recipe_from_dict({"lr": 1e-3}), widths=[64], head_dim=16,
+                      lr_factors=[1.0], defences=["as-given"], seeds=[0], steps=10, corpora=["phase19"], layers=4)
+    assert study_sweep(deep).expand()[0].cost == 2 * by[("phase19", 64)]
+
+    class Recording:
+        order: list[int] = []
+
+        def run(self, jobs, deliver):
+            for job in jobs:
+                self.order.append(job.index)
+                deliver(Outcome(job.index, error="not trained", seconds=0.0, where="test"))
+
+    recording = Recording()
+    sweep(plan, executor=recording, progress=False)
+    points = plan.expand()
+    started = [(points[i].scenario.data.corpus, points[i].scenario.model_kwargs["config"]["hidden_size"])
+               for i in recording.order]
+    assert started[0] == ("induction", 256) and started[-1] == ("phase19", 64)
+    assert [by[s] for s in started] == sorted(by.values(), reverse=True)
