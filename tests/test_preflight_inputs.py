@@ -263,14 +263,14 @@ def test_the_sweep_starts_the_widest_proxy_first_by_its_own_size_not_the_presets
 
 def test_quick_is_the_documented_subset():
     """--quick (docs/preflight.md): widths 64 and 128, the recipe's LR x 1, 2, 4, as-given and
-    qk-norm, seed 0, both corpora, 60 steps: 24 points on Llama-3.2-1B, 12 on Qwen3-1.7B (its own
+    qk-norm, seed 0, both corpora, 100 steps: 24 points on Llama-3.2-1B, 12 on Qwen3-1.7B (its own
     q/k-norm is the qk-norm defence)."""
     from pytest_spikecheck.preflight.study import plan_study
 
     recipe = recipe_from_dict({"lr": 3e-3})
     llama = plan_study(read_config(CONFIGS / "llama-3.2-1b.json"), recipe, quick=True, head_dim=16)
     assert (llama.widths, llama.lr_factors, llama.defences, llama.seeds, llama.steps) == (
-        (64, 128), (1.0, 2.0, 4.0), ("as-given", "qk-norm"), (0,), 60)
+        (64, 128), (1.0, 2.0, 4.0), ("as-given", "qk-norm"), (0,), 100)
     assert llama.corpora == ("phase19", "induction") and llama.n_points == 24
     qwen3 = plan_study(read_config(CONFIGS / "qwen3-1.7b.json"), recipe, quick=True, head_dim=16)
     assert qwen3.defences == ("as-given",) and qwen3.n_points == 12

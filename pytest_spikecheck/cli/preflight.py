@@ -97,7 +97,7 @@ def add_parser(sub: Any, positive_int: Any) -> None:
     p.add_argument("--seeds", type=_list(int), default=None, metavar="S,S,...", help="Default: 0,1,2 (--quick: 0)")
     p.add_argument("--corpora", type=_words, default=None, metavar="C,C", help="phase19, induction. Default: both")
     p.add_argument("--steps", type=positive_int, default=None, metavar="N",
-                   help="training steps per point. Default: 150 (--quick: 60)")
+                   help="training steps per point. Default: 150 (--quick: 100)")
     p.add_argument("--quick", action="store_true", help="the documented subset (docs/preflight.md): <= 15 min on 2 cores")
     p.add_argument("--executor", default="local", choices=["local", "ray"], help="Default: %(default)s")
     p.add_argument("--address", default=None, metavar="ADDR", help="with --executor ray: 'auto' or ray://HOST:10001")

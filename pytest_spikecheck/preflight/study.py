@@ -40,7 +40,7 @@ DEFAULT_LR_FACTORS = tuple(2.0 ** k for k in range(-3, 4))
 DEFENCES = ("as-given", "qk-norm", "qk-clip", "z-loss", "clip-1")
 CORPORA = ("phase19", "induction")
 #: Training steps per point (the full study, and --quick).
-STEPS, QUICK_STEPS = 150, 60
+STEPS, QUICK_STEPS = 150, 100
 #: The proxies' sequence length (block size): the Phase-19 preset's.
 BLOCK_SIZE = 32
 #: --quick: the documented subset (docs/preflight.md, "--quick"): the two smallest widths, three
