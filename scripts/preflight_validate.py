@@ -5,6 +5,7 @@ within one grid step (a factor of 2 on the default grid) of the measured one.
 
     .venv/bin/python scripts/preflight_validate.py [--widths 64,128,256] [--head-dim 16] [--seeds 0,1,2]
         [--steps 150] [--corpus induction] [--jobs 2] [--executor local|ray] [--only NAME,...]
+        [--lr-factors 0.5,1,2,4,8] [--lr-scale 1]
 
 Five recipes on two configs (AdamW and Muon, with and without qk-norm; Llama-3.2-1B and Qwen3-1.7B
 from tests/data/hf_configs, the Qwen3 one has q/k-norm of its own). Every point goes through the
@@ -60,12 +61,13 @@ def main() -> None:
     p.add_argument("--executor", default="local")
     p.add_argument("--only", default=None, help="comma-separated recipe names")
     p.add_argument("--lr-scale", type=float, default=1.0, help="multiply each recipe's LR (and so its grid) by this")
+    p.add_argument("--lr-factors", default=None, help="the LR grid as factors of the recipe's LR. Default: the study's")
     args = p.parse_args()
     chosen = [n.strip() for n in args.only.split(",")] if args.only else list(RECIPES)
     lines = ["| recipe | widths | first failing LR per width (median over seeds) | predicted at the largest | "
              "measured | within one grid step |", "|---|---|---|---:|---:|---|"]
     print(f"widths {args.widths}, head_dim {args.head_dim}, seeds {args.seeds}, {args.steps} steps, corpus {args.corpus}, "
-          f"LR x {args.lr_scale:g}")
+          f"LR x {args.lr_scale:g}, grid x {args.lr_factors or 'the default'}")
     hits = misses = none = 0
     for name in chosen:
         config, recipe, defence = RECIPES[name]
@@ -73,6 +75,7 @@ def main() -> None:
         result = preflight(CONFIGS / config, recipe, widths=[int(w) for w in args.widths.split(",")],
                            head_dim=args.head_dim, seeds=[int(s) for s in args.seeds.split(",")], steps=args.steps,
                            corpora=[args.corpus], defences=[defence], executor=args.executor, jobs=args.jobs,
+                           lr_factors=[float(f) for f in args.lr_factors.split(",")] if args.lr_factors else None,
                            out=ROOT / "out" / "preflight-validate" / name.replace(" ", "_").replace("(", "").replace(")", ""),
                            progress="lines")
         study = result.study(args.corpus, defence)

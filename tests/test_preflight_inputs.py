@@ -224,3 +224,52 @@ def test_assert_preflight_checks_the_margin_at_every_width_and_the_extrapolated_
         assert_preflight(result(falling, 1e-3), defences_hold=["as-given"], lr_margin=2.0)
     with pytest.raises(SpikeCheckError, match="'qk-norm' was not studied"):
         assert_preflight(result(steady, 1e-3), defences_hold=["qk-norm"])
+
+
+def test_the_sweep_starts_the_widest_proxy_first_by_its_own_size_not_the_presets():
+    """Point.cost reads the proxy's hidden_size and depth from the factory's config (and the
+    corpus's batch size): the engine hands the executor the dearest points first. No training:
+    the executor records the order and fails every point."""
+    from pytest_spikecheck.preflight.study import plan_study, study_sweep
+    from pytest_spikecheck.sweep import sweep
+    from pytest_spikecheck.sweep.spec import factory_size
+    from pytest_spikecheck.sweep.worker import Outcome
+
+    study = plan_study(check_config(LLAMA, "llama"), recipe_from_dict({"lr": 1e-3}), widths=[64, 256],
+                       head_dim=16, lr_factors=[1.0], defences=["as-given"], seeds=[0], steps=10)
+    plan = study_sweep(study)
+    points = plan.expand()
+    by = {(p.scenario.data.corpus, p.scenario.model_kwargs["config"]["hidden_size"]): p.cost for p in points}
+    assert by[("phase19", 256)] == 16 * by[("phase19", 64)]
+    assert by[("induction", 64)] == 4 * by[("phase19", 64)]  # batches of 32 against 8
+    assert factory_size({"config": {"hidden_size": 96, "num_hidden_layers": 4}}, 64, 2) == (96, 4)
+    assert factory_size({"n_embd": 48, "n_layer": 3}, 64, 2) == (48, 3) and factory_size({}, 64, 2) == (64, 2)
+
+    class Recording:
+        order: list[int] = []
+
+        def run(self, jobs, deliver):
+            for job in jobs:
+                self.order.append(job.index)
+                deliver(Outcome(job.index, error="not trained", seconds=0.0, where="test"))
+
+    recording = Recording()
+    sweep(plan, executor=recording, progress=False)
+    started = [(points[i].scenario.data.corpus, points[i].scenario.model_kwargs["config"]["hidden_size"])
+               for i in recording.order]
+    assert started == [("induction", 256), ("phase19", 256), ("induction", 64), ("phase19", 64)]
+
+
+def test_quick_is_the_documented_subset():
+    """--quick (docs/preflight.md): widths 64 and 128, the recipe's LR x 1, 2, 4, as-given and
+    qk-norm, seed 0, both corpora, 100 steps: 24 points on Llama-3.2-1B, 12 on Qwen3-1.7B (its own
+    q/k-norm is the qk-norm defence)."""
+    from pytest_spikecheck.preflight.study import plan_study
+
+    recipe = recipe_from_dict({"lr": 3e-3})
+    llama = plan_study(read_config(CONFIGS / "llama-3.2-1b.json"), recipe, quick=True, head_dim=16)
+    assert (llama.widths, llama.lr_factors, llama.defences, llama.seeds, llama.steps) == (
+        (64, 128), (1.0, 2.0, 4.0), ("as-given", "qk-norm"), (0,), 100)
+    assert llama.corpora == ("phase19", "induction") and llama.n_points == 24
+    qwen3 = plan_study(read_config(CONFIGS / "qwen3-1.7b.json"), recipe, quick=True, head_dim=16)
+    assert qwen3.defences == ("as-given",) and qwen3.n_points == 12

@@ -91,7 +91,7 @@ def add_parser(sub: Any, positive_int: Any) -> None:
                    help="scale: head_dim kept, heads grow with width; keep: the config's head counts. Default: %(default)s")
     p.add_argument("--layers", type=positive_int, default=2, metavar="N", help="proxy depth. Default: %(default)s")
     p.add_argument("--lr-factors", type=_list(float), default=None, metavar="F,F,...",
-                   help="the LR grid as factors of the recipe's LR. Default: 1/8,1/4,...,8 (--quick: 1/2,1,2,4)")
+                   help="the LR grid as factors of the recipe's LR. Default: 1/8,1/4,...,8 (--quick: 1,2,4)")
     p.add_argument("--defences", type=_words, default=None, metavar="D,D,...",
                    help="as-given, qk-norm, qk-clip, z-loss, clip-1. Default: all that apply (--quick: as-given,qk-norm)")
     p.add_argument("--seeds", type=_list(int), default=None, metavar="S,S,...", help="Default: 0,1,2 (--quick: 0)")

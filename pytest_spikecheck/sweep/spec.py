@@ -52,9 +52,32 @@ class Point:
 
     @property
     def cost(self) -> float:
-        """A rough relative cost (steps x layers x width²) to start the dearest points first."""
-        model = self.scenario.resolved().model
-        return float(self.scenario.steps) * model.n_layer * model.n_embd ** 2
+        """A rough relative cost, to start the dearest points first: steps x tokens per step
+        (batch size x block size) x layers x width². Width and depth are the model's as it is
+        trained: the preset's, or for a model factory the ones its keyword arguments give
+        (:func:`factory_size`), so that a sweep over factory widths is ordered by them."""
+        resolved = self.scenario.resolved()
+        model = resolved.model
+        width, layers = model.n_embd, model.n_layer
+        if resolved.model_factory is not None:
+            width, layers = factory_size(resolved.model_kwargs, width, layers)
+        tokens = resolved.sampler.batch_size * model.block_size
+        return float(resolved.steps) * tokens * layers * width ** 2
+
+
+def factory_size(kwargs: Mapping[str, Any], width: int, layers: int) -> tuple[int, int]:
+    """(width, layers) of a model factory's model as its keyword arguments name them: a Hugging
+    Face ``config`` mapping's ``hidden_size`` / ``num_hidden_layers`` (the preflight's proxies),
+    or ``n_embd`` / ``n_layer`` (our presets' names); ``width`` and ``layers`` where they name
+    neither."""
+    config = kwargs.get("config")
+    for source, w, n in ((config if isinstance(config, Mapping) else {}, "hidden_size", "num_hidden_layers"),
+                         (kwargs, "n_embd", "n_layer")):
+        if isinstance(source.get(w), int):
+            width = source[w]
+        if isinstance(source.get(n), int):
+            layers = source[n]
+    return width, layers
 
 
 @dataclass
