@@ -45,25 +45,30 @@ def write_log(path: Path, steps: int, seed: int = 0) -> Path:
     lr = 3e-4 * np.minimum(1.0, s / 2000) * (0.1 + 0.9 * 0.5 * (1 + np.cos(np.pi * s / steps)))
     with open(path, "w") as f:
         for i in range(steps):
-            f.write(f'{{"step": {s[i]}, "loss": {loss[i]:.6f}, "grad_norm": {norm[i]:.6f}, "lr": {lr[i]:.6e}, '
-                    f'"epoch": {s[i] / 10000:.4f}}}\n')
+            f.write(
+                f'{{"step": {s[i]}, "loss": {loss[i]:.6f}, "grad_norm": {norm[i]:.6f}, "lr": {lr[i]:.6e}, '
+                f'"epoch": {s[i] / 10000:.4f}}}\n'
+            )
     return path
 
 
 def run_child(log: Path, source: Path) -> tuple[float, float, float, dict]:
     """(wall seconds, peak RSS in MB, CPU seconds, the JSON report) of one ``spikecheck check`` process."""
     env = {**os.environ, "PYTHONPATH": str(source), "OMP_NUM_THREADS": "1"}
-    code = ("import resource, sys, time; t = time.perf_counter(); "
-            "from pytest_spikecheck.cli.commands import main; rc = main(['check', sys.argv[1], '--json']); "
-            "sys.stderr.write(f'WALL {time.perf_counter() - t}\\n'); "
-            "u = resource.getrusage(resource.RUSAGE_SELF); sys.stderr.write(f'RSS {u.ru_maxrss}\\nCPU {u.ru_utime + u.ru_stime}\\n'); "
-            "sys.exit(rc)")
+    code = (
+        "import resource, sys, time; t = time.perf_counter(); "
+        "from pytest_spikecheck.cli.commands import main; rc = main(['check', sys.argv[1], '--json']); "
+        "sys.stderr.write(f'WALL {time.perf_counter() - t}\\n'); "
+        "u = resource.getrusage(resource.RUSAGE_SELF); sys.stderr.write(f'RSS {u.ru_maxrss}\\nCPU {u.ru_utime + u.ru_stime}\\n'); "
+        "sys.exit(rc)"
+    )
     # From the checkout's own folder: `python -c` puts the working directory first on sys.path.
     proc = subprocess.run([sys.executable, "-c", code, str(log)], env=env, capture_output=True, text=True, cwd=source)
     if proc.returncode not in (0, 1):
         raise SystemExit(f"check failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    found = {line.split()[0]: float(line.split()[1]) for line in proc.stderr.splitlines()
-             if line.startswith(("WALL", "RSS", "CPU"))}
+    found = {
+        line.split()[0]: float(line.split()[1]) for line in proc.stderr.splitlines() if line.startswith(("WALL", "RSS", "CPU"))
+    }
     # The wall time is the command's own (imports included, interpreter start-up not); CPU is its user +
     # system time (what a loaded machine's other jobs cannot inflate); ru_maxrss is in KiB on Linux.
     return found["WALL"], found["RSS"] / 1024, found["CPU"], json.loads(proc.stdout)
@@ -93,8 +98,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, nargs="+", default=[200_000, 1_000_000])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--source", type=Path, default=None, help="also run the check from this checkout")
-    parser.add_argument("--other-steps", type=int, nargs="*", default=None,
-                        help="the sizes the other checkout runs at (default: every size)")
+    parser.add_argument(
+        "--other-steps", type=int, nargs="*", default=None, help="the sizes the other checkout runs at (default: every size)"
+    )
     parser.add_argument("--dir", type=Path, default=Path("/tmp"), help="where the synthetic logs are written")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
@@ -115,17 +121,27 @@ def main() -> int:
                 found[name] = spikes(report)
         for name, triples in ((n, t) for n, t in runs.items() if t):
             walls, cpus = [w for w, _, _ in triples], [c for _, _, c in triples]
-            size["sources"][name] = {"wall_s": walls, "median_s": statistics.median(walls), "cpu_s": cpus,
-                                     "median_cpu_s": statistics.median(cpus),
-                                     "peak_rss_mb": max(m for _, m, _ in triples), "spikes": found[name]}
+            size["sources"][name] = {
+                "wall_s": walls,
+                "median_s": statistics.median(walls),
+                "cpu_s": cpus,
+                "median_cpu_s": statistics.median(cpus),
+                "peak_rss_mb": max(m for _, m, _ in triples),
+                "spikes": found[name],
+            }
         size["phases"] = phases(log)
         if len(found) > 1 and len(set(map(tuple, found.values()))) > 1:
             raise SystemExit(f"the sources disagree at {steps} steps: {found}")
         results["sizes"].append(size)
-        line = ", ".join(f"{n}: {v['median_s']:.2f} s [{min(v['wall_s']):.2f}-{max(v['wall_s']):.2f}] "
-                         f"(CPU {v['median_cpu_s']:.2f} s), {v['peak_rss_mb']:.0f} MB" for n, v in size["sources"].items())
-        print(f"{steps:>9,} steps ({size['megabytes']:.0f} MB): {line}; this: read {size['phases']['read_s']:.2f} s, "
-              f"judge {size['phases']['judge_s']:.2f} s; spikes {found['this']}")
+        line = ", ".join(
+            f"{n}: {v['median_s']:.2f} s [{min(v['wall_s']):.2f}-{max(v['wall_s']):.2f}] "
+            f"(CPU {v['median_cpu_s']:.2f} s), {v['peak_rss_mb']:.0f} MB"
+            for n, v in size["sources"].items()
+        )
+        print(
+            f"{steps:>9,} steps ({size['megabytes']:.0f} MB): {line}; this: read {size['phases']['read_s']:.2f} s, "
+            f"judge {size['phases']['judge_s']:.2f} s; spikes {found['this']}"
+        )
     results["load_after"] = os.getloadavg()
     print(f"load average before {results['load'][0]:.2f}, after {results['load_after'][0]:.2f} ({results['cpus']} CPUs)")
     if args.json:

@@ -49,20 +49,28 @@ DTYPES = {"float32": (torch.float32, 4), "bfloat16": (torch.bfloat16, 2)}
 GPU_ONLY_SHAPES = ("andrea-120m", "gpt2-124m")
 
 
-def gpt2_small_shapes(vocab_size: int = 50257, n_embd: int = 768, n_layer: int = 12,
-                      block_size: int = 1024) -> list[tuple[int, ...]]:
+def gpt2_small_shapes(
+    vocab_size: int = 50257, n_embd: int = 768, n_layer: int = 12, block_size: int = 1024
+) -> list[tuple[int, ...]]:
     """The gradient shapes of GPT-2 small (124M parameters; the LM head is tied to wte)."""
     shapes: list[tuple[int, ...]] = [(vocab_size, n_embd), (block_size, n_embd)]
     for _ in range(n_layer):
         shapes += [
-            (n_embd,), (n_embd,),                        # ln_1
-            (3 * n_embd, n_embd), (3 * n_embd,),         # attention qkv
-            (n_embd, n_embd), (n_embd,),                 # attention out
-            (n_embd,), (n_embd,),                        # ln_2
-            (4 * n_embd, n_embd), (4 * n_embd,),         # mlp in
-            (n_embd, 4 * n_embd), (n_embd,),             # mlp out
+            (n_embd,),
+            (n_embd,),  # ln_1
+            (3 * n_embd, n_embd),
+            (3 * n_embd,),  # attention qkv
+            (n_embd, n_embd),
+            (n_embd,),  # attention out
+            (n_embd,),
+            (n_embd,),  # ln_2
+            (4 * n_embd, n_embd),
+            (4 * n_embd,),  # mlp in
+            (n_embd, 4 * n_embd),
+            (n_embd,),  # mlp out
         ]
-    return shapes + [(n_embd,), (n_embd,)]              # ln_f
+    return shapes + [(n_embd,), (n_embd,)]  # ln_f
+
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -115,13 +123,16 @@ def test_clip(benchmark, implementation, shape, case, dtype):
     num_parameters = sum(p.numel() for p in params)
 
     if implementation == REFERENCE:
+
         def clip():
             torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
     else:
+
         def clip():
             clip_grad_norm_(params, max_norm, backend=implementation)
 
     if device == "cuda":
+
         def run():
             clip()
             torch.cuda.synchronize()
@@ -130,10 +141,15 @@ def test_clip(benchmark, implementation, shape, case, dtype):
 
     benchmark.group = "clip"
     benchmark.extra_info.update(
-        implementation=implementation, shape=shape, case=case, dtype=dtype, device=device,
+        implementation=implementation,
+        shape=shape,
+        case=case,
+        dtype=dtype,
+        device=device,
         device_name=torch.cuda.get_device_name() if device == "cuda" else "cpu",
         torch_threads=torch.get_num_threads(),
-        parameters=num_parameters, bytes_moved=bytes_per_parameter * num_parameters,
+        parameters=num_parameters,
+        bytes_moved=bytes_per_parameter * num_parameters,
     )
     run()  # warm up: compile kernels, build tables
     if implementation == "emulator":

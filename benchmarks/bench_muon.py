@@ -96,8 +96,14 @@ def main() -> int:
     args = parser.parse_args()
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
-    result = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "cpu": platform.processor() or platform.machine(),
-              "load_before": load_before, "optimizer_step_ms": {}, "newton_schulz_ms": {}}
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "torch": torch.__version__,
+        "cpu": platform.processor() or platform.machine(),
+        "load_before": load_before,
+        "optimizer_step_ms": {},
+        "newton_schulz_ms": {},
+    }
     for arch in ("gpt", "llama"):
         result["optimizer_step_ms"][arch] = optimizer_step_ms(arch)
         shapes = muon_shapes(arch)
@@ -107,12 +113,16 @@ def main() -> int:
     result["load_after"] = os.getloadavg()[0]
     ratios = [m / a for a, m in zip(steps["adamw"], steps["muon"])]
     for arch, ms in result["optimizer_step_ms"].items():
-        print(f"{arch}: optimizer step AdamW {ms['adamw']:.2f} ms, Muon + AdamW part {ms['muon']:.2f} ms "
-              f"({ms['muon'] / ms['adamw']:.1f}x); Newton-Schulz per matrix {result['newton_schulz_ms'][arch]}")
+        print(
+            f"{arch}: optimizer step AdamW {ms['adamw']:.2f} ms, Muon + AdamW part {ms['muon']:.2f} ms "
+            f"({ms['muon'] / ms['adamw']:.1f}x); Newton-Schulz per matrix {result['newton_schulz_ms'][arch]}"
+        )
     for name, values in steps.items():
         print(f"training step ({name}): {statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}] ms")
-    print(f"Muon / AdamW per training step: {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]; "
-          f"load average {load_before:.1f} before, {result['load_after']:.1f} after")
+    print(
+        f"Muon / AdamW per training step: {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}]; "
+        f"load average {load_before:.1f} before, {result['load_after']:.1f} after"
+    )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)

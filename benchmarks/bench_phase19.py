@@ -36,9 +36,10 @@ from bench_recorder import UserLoop  # noqa: E402  (the bare loop: the same mode
 def pair_wall_time(out: Path) -> float:
     exe = [sys.executable, "-m", "pytest_spikecheck.cli", "train", "--quiet", "--threads", "1"]
     start = time.perf_counter()
-    procs = [subprocess.Popen([*exe, str(ROOT / "experiments" / name), "--out", str(out / name)],
-                              stdout=subprocess.DEVNULL)
-             for name in ("19-control", "19-break-no-clip")]
+    procs = [
+        subprocess.Popen([*exe, str(ROOT / "experiments" / name), "--out", str(out / name)], stdout=subprocess.DEVNULL)
+        for name in ("19-control", "19-break-no-clip")
+    ]
     codes = [p.wait() for p in procs]
     if any(codes):
         raise SystemExit(f"training failed: exit codes {codes}")
@@ -75,8 +76,9 @@ def _without(measurements: tuple[str, ...]) -> ExitStack:
 
     patches = {
         "model statistics": lambda: mock.patch.object(GPT, "record_stats", property(lambda m: False, lambda m, on: None)),
-        "post-clip norm": lambda: mock.patch.object(SingleProcess, "grad_norm",
-                                                    lambda self: torch.zeros((), dtype=torch.float64)),
+        "post-clip norm": lambda: mock.patch.object(
+            SingleProcess, "grad_norm", lambda self: torch.zeros((), dtype=torch.float64)
+        ),
         "sum of v": lambda: mock.patch.object(SingleProcess, "adam_v_sum", lambda self, optimizer: 1.0),
         "pre-clip per-tensor norms": lambda: mock.patch.object(SingleProcess, "clip", clip_without_pre_clip_norms),
     }
@@ -121,9 +123,13 @@ def main() -> int:
         scenario = scenario.replace(steps=args.steps, **({"breaks": ()} if past_the_end else {}))
     train(scenario.replace(steps=20, breaks=()))  # warm the tokenizer cache and torch's kernels (no burst: 20 steps)
     if args.itemise:
-        result = {"date": time.strftime("%Y-%m-%d"), "torch": __import__("torch").__version__,
-                  "batch_size": scenario.resolved().sampler.batch_size, "steps": scenario.steps,
-                  "harness_over_bare": itemise(scenario, args.repeats)}
+        result = {
+            "date": time.strftime("%Y-%m-%d"),
+            "torch": __import__("torch").__version__,
+            "batch_size": scenario.resolved().sampler.batch_size,
+            "steps": scenario.steps,
+            "harness_over_bare": itemise(scenario, args.repeats),
+        }
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return 0
@@ -151,14 +157,17 @@ def main() -> int:
         "outside_training_steps_seconds_per_run": outside,
     }
     if pairs:
-        print(f"pair wall time (2 parallel 1-thread processes): median {statistics.median(pairs):.2f} s "
-              f"[{min(pairs):.2f}–{max(pairs):.2f}] over {len(pairs)}")
-    print(f"harness {statistics.median(result['harness_ms_per_step']):.2f} ms/step vs bare loop "
-          f"{statistics.median(result['bare_ms_per_step']):.2f} ms/step, steps alternating in one process: "
-          f"median ratio {result['harness_over_bare']:.3f}x over {args.repeats} runs "
-          f"[{min(ratios):.3f}–{max(ratios):.3f}]")
-    print(f"outside the training steps (data, model set-up, evaluations): "
-          f"{statistics.median(outside):.2f} s per run")
+        print(
+            f"pair wall time (2 parallel 1-thread processes): median {statistics.median(pairs):.2f} s "
+            f"[{min(pairs):.2f}–{max(pairs):.2f}] over {len(pairs)}"
+        )
+    print(
+        f"harness {statistics.median(result['harness_ms_per_step']):.2f} ms/step vs bare loop "
+        f"{statistics.median(result['bare_ms_per_step']):.2f} ms/step, steps alternating in one process: "
+        f"median ratio {result['harness_over_bare']:.3f}x over {args.repeats} runs "
+        f"[{min(ratios):.3f}–{max(ratios):.3f}]"
+    )
+    print(f"outside the training steps (data, model set-up, evaluations): {statistics.median(outside):.2f} s per run")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

@@ -49,13 +49,24 @@ def probe_rates(repeats: int, probes: int) -> dict:
         for batch in batches:
             probe(batch)
         rates.append(probes / (time.perf_counter() - start))
-    return {"checkpoint_seconds": probe.checkpoint_seconds, "probes_per_repeat": probes,
-            "batch": f"{batch_size}x{scenario.resolved().model.block_size}", "probes_per_second": rates}
+    return {
+        "checkpoint_seconds": probe.checkpoint_seconds,
+        "probes_per_repeat": probes,
+        "batch": f"{batch_size}x{scenario.resolved().model.block_size}",
+        "probes_per_second": rates,
+    }
 
 
 def search_timings(repeats: int) -> list[dict]:
-    command = [sys.executable, "-m", "pytest_spikecheck.cli", "search", str(ROOT / "experiments" / "19-search"),
-               "--at-step", "312"]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest_spikecheck.cli",
+        "search",
+        str(ROOT / "experiments" / "19-search"),
+        "--at-step",
+        "312",
+    ]
     out = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -78,7 +89,9 @@ def main() -> int:
     args = parser.parse_args()
     load_before = os.getloadavg()
     result = {
-        "date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "cpus": os.cpu_count(),
+        "date": time.strftime("%Y-%m-%d"),
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
         "load_average_before": load_before,
         "probe": probe_rates(args.repeats, args.probes),
         "search": search_timings(args.repeats),
@@ -88,12 +101,15 @@ def main() -> int:
 
     result["torch"] = torch.__version__
     p, s = result["probe"], result["search"]
-    print(f"probes: {min(p['probes_per_second']):.0f}–{max(p['probes_per_second']):.0f} per second "
-          f"({args.repeats}×{args.probes}, batch {p['batch']}), checkpoint {p['checkpoint_seconds']:.1f} s")
-    print("search: " + "; ".join(f"{r['probes']} probes in {r['search_seconds']:.1f} s, command {r['command_seconds']:.1f} s"
-                                 for r in s))
-    print(f"load average before {load_before[0]:.1f}, after {result['load_average_after'][0]:.1f} "
-          f"({result['cpus']} CPUs)")
+    print(
+        f"probes: {min(p['probes_per_second']):.0f}–{max(p['probes_per_second']):.0f} per second "
+        f"({args.repeats}×{args.probes}, batch {p['batch']}), checkpoint {p['checkpoint_seconds']:.1f} s"
+    )
+    print(
+        "search: "
+        + "; ".join(f"{r['probes']} probes in {r['search_seconds']:.1f} s, command {r['command_seconds']:.1f} s" for r in s)
+    )
+    print(f"load average before {load_before[0]:.1f}, after {result['load_average_after'][0]:.1f} ({result['cpus']} CPUs)")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

@@ -44,16 +44,21 @@ class UserLoop:
 
         r = self.r = scenario.resolved()
         data = build_dataset(r)
-        self.plan = plan_batches(r.sampler, steps=r.steps, seed=r.seed, n_corpus=data.n_corpus,
-                                 burst_members=data.burst_members, is_rare=data.is_rare)
+        self.plan = plan_batches(
+            r.sampler, steps=r.steps, seed=r.seed, n_corpus=data.n_corpus, burst_members=data.burst_members, is_rare=data.is_rare
+        )
         torch.manual_seed(r.seed)
         self.model = build_model(r, data.tokenizer.vocab_size)
         self.opt = build_optimizer(self.model, r)
         self.inputs, self.targets = torch.from_numpy(data.train.inputs), torch.from_numpy(data.train.targets)
         self.rec = None
         if recorded:
-            catalog = SampleCatalog.from_tokens(list(data.train.targets), vocab_size=data.tokenizer.vocab_size,
-                                                ids=[s.id for s in data.pool], token_str=data.tokenizer.token)
+            catalog = SampleCatalog.from_tokens(
+                list(data.train.targets),
+                vocab_size=data.tokenizer.vocab_size,
+                ids=[s.id for s in data.pool],
+                token_str=data.tokenizer.token,
+            )
             self.rec = record(self.model, self.opt, max_norm=r.max_norm, catalog=catalog, spike_ratio=math.inf)
 
     def step(self, step: int) -> float:
@@ -118,13 +123,18 @@ def parts_in_place(scenario) -> dict[str, float]:
                 return function(*args, **kwargs)
             finally:
                 spent[label] = spent.get(label, 0.0) + time.perf_counter() - start
+
         return call
 
     with ExitStack() as patches:
         # The post-clip norm is measured when the optimizer's step returns (its step post-hook).
-        for cls, name, label in [(Recorder, "before_clip", "before_clip"), (Recorder, "after_clip", "after_clip"),
-                                 (Recorder, "_after_optimizer_step", "post-clip (optimizer step hook)"),
-                                 (Recorder, "step", "step"), (SingleProcess, "adam_v_sum", "step: sum of v")]:
+        for cls, name, label in [
+            (Recorder, "before_clip", "before_clip"),
+            (Recorder, "after_clip", "after_clip"),
+            (Recorder, "_after_optimizer_step", "post-clip (optimizer step hook)"),
+            (Recorder, "step", "step"),
+            (SingleProcess, "adam_v_sum", "step: sum of v"),
+        ]:
             patches.enter_context(mock.patch.object(cls, name, timed(getattr(cls, name), label)))
         paired_run(scenario)
     return {label: 1e3 * seconds / scenario.steps for label, seconds in spent.items()}
@@ -158,10 +168,12 @@ def main() -> int:
     if args.parts:
         result["ms_per_step_in_place"] = parts_in_place(scenario)
         print("in place, ms per step: " + ", ".join(f"{k} {v:.3f}" for k, v in result["ms_per_step_in_place"].items()))
-    print(f"recorded loop {statistics.median(result['recorded_ms_per_step']):.2f} ms/step vs bare loop "
-          f"{statistics.median(result['bare_ms_per_step']):.2f} ms/step (medians over {args.repeats} paired runs, steps alternating): "
-          f"{result['recorded_over_bare']:.3f}x; fastest run of each: {min(result['recorded_ms_per_step']):.2f} vs "
-          f"{min(result['bare_ms_per_step']):.2f} ms/step, {result['recorded_over_bare_min']:.3f}x")
+    print(
+        f"recorded loop {statistics.median(result['recorded_ms_per_step']):.2f} ms/step vs bare loop "
+        f"{statistics.median(result['bare_ms_per_step']):.2f} ms/step (medians over {args.repeats} paired runs, steps alternating): "
+        f"{result['recorded_over_bare']:.3f}x; fastest run of each: {min(result['recorded_ms_per_step']):.2f} vs "
+        f"{min(result['bare_ms_per_step']):.2f} ms/step, {result['recorded_over_bare_min']:.3f}x"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

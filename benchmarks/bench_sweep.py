@@ -81,8 +81,7 @@ def _executor(plan, executor: str, jobs: int) -> dict:
     if result.failed:
         raise SystemExit(f"{executor}: {result.failed[0]['error']}")
     first_seconds = min(r["seconds"] for r in result.rows)  # the earliest back is one of the cheapest
-    return {"wall": wall, "startup": first.at - started - first_seconds,
-            "train_seconds": [r["seconds"] for r in result.rows]}
+    return {"wall": wall, "startup": first.at - started - first_seconds, "train_seconds": [r["seconds"] for r in result.rows]}
 
 
 def table(data: dict) -> list[str]:
@@ -92,9 +91,13 @@ def table(data: dict) -> list[str]:
     def cell(values, spec):
         return f"{statistics.median(values):{spec}} [{min(values):{spec}}–{max(values):{spec}}]"
 
-    lines = [f"{n} points of {data['steps']} steps ({data['model']} Phase-19), {len(rounds)} rounds; median [min–max]", "",
-             "| executor | wall (s) | start-up (s) | per-point overhead vs train() alone (s) | of it, beyond the executor's "
-             "own runs (s) | throughput (points/min) |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"{n} points of {data['steps']} steps ({data['model']} Phase-19), {len(rounds)} rounds; median [min–max]",
+        "",
+        "| executor | wall (s) | start-up (s) | per-point overhead vs train() alone (s) | of it, beyond the executor's "
+        "own runs (s) | throughput (points/min) |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, executor, jobs in WAYS:
         ways = [r["ways"][label] for r in rounds]
         walls = [w["wall"] for w in ways]
@@ -104,15 +107,22 @@ def table(data: dict) -> list[str]:
         beyond = [(w["wall"] - sum(w["train_seconds"]) / jobs) / n for w in ways]
         rates = [60 * n / w for w in walls]
         startup = cell([w["startup"] for w in ways], ".1f") if executor else "—"
-        lines.append(f"| {label} | {cell(walls, '.1f')} | {startup} | {cell(against, '.2f') if executor else '—'} | "
-                     f"{cell(beyond, '.2f') if executor else '—'} | {cell(rates, '.1f')} |")
+        lines.append(
+            f"| {label} | {cell(walls, '.1f')} | {startup} | {cell(against, '.2f') if executor else '—'} | "
+            f"{cell(beyond, '.2f') if executor else '—'} | {cell(rates, '.1f')} |"
+        )
     loads = ", ".join(f"{r['load_before'][0]:.1f}→{r['load_after'][0]:.1f}" for r in rounds)
     lines += ["", f"load average (1 min) before→after each round: {loads}; {data.get('machine', '?')}, {data['cpus']} CPUs"]
     return lines
 
 
-WAYS = (("train() alone", None, 1), ("local, 1 job", "local", 1), ("local, 2 jobs", "local", 2),
-        ("ray, 1 CPU", "ray", 1), ("ray, 2 CPUs", "ray", 2))
+WAYS = (
+    ("train() alone", None, 1),
+    ("local, 1 job", "local", 1),
+    ("local, 2 jobs", "local", 2),
+    ("ray, 1 CPU", "ray", 1),
+    ("ray, 2 CPUs", "ray", 2),
+)
 
 
 def main() -> int:
@@ -138,14 +148,21 @@ def main() -> int:
     rounds = []
     for i in range(args.repeats):
         load_before = os.getloadavg()
-        order = WAYS[i % len(WAYS):] + WAYS[:i % len(WAYS)]
+        order = WAYS[i % len(WAYS) :] + WAYS[: i % len(WAYS)]
         measured = {}
         for label, executor, jobs in order:
             measured[label] = _reference(scenarios) if executor is None else _executor(plan, executor, jobs)
             print(f"round {i + 1}: {label}: {measured[label]['wall']:.1f} s", file=sys.stderr, flush=True)
         rounds.append({"load_before": load_before, "load_after": os.getloadavg(), "ways": measured})
-    data = {"date": time.strftime("%Y-%m-%d"), "points": args.points, "steps": args.steps, "model": args.model,
-            "rounds": rounds, "cpus": os.cpu_count(), "machine": platform.processor() or platform.machine()}
+    data = {
+        "date": time.strftime("%Y-%m-%d"),
+        "points": args.points,
+        "steps": args.steps,
+        "model": args.model,
+        "rounds": rounds,
+        "cpus": os.cpu_count(),
+        "machine": platform.processor() or platform.machine(),
+    }
     lines = table(data)
     print("\n".join(lines))
     if args.json:

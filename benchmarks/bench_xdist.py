@@ -29,10 +29,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MODES = {"-n 0": ["-n", "0"], "-n 2 --dist load": ["-n", "2", "--dist", "load"],
-         "-n 2 --dist loadscope": ["-n", "2", "--dist", "loadscope"]}
+MODES = {
+    "-n 0": ["-n", "0"],
+    "-n 2 --dist load": ["-n", "2", "--dist", "load"],
+    "-n 2 --dist loadscope": ["-n", "2", "--dist", "loadscope"],
+}
 
-COUNTING = '''
+COUNTING = """
 
 import os as _os
 
@@ -43,7 +46,7 @@ def make_model(vocab_size, **kwargs):  # bench_xdist.py: one line per model buil
     with open(_os.environ["BENCH_XDIST_BUILDS"], "a") as f:
         f.write("built\\n")
     return _make_model(vocab_size, **kwargs)
-'''
+"""
 
 
 def run_once(folder: Path, args: list[str], env: dict[str, str]) -> dict:
@@ -51,13 +54,23 @@ def run_once(folder: Path, args: list[str], env: dict[str, str]) -> dict:
     builds.unlink(missing_ok=True)
     load = os.getloadavg()[0]
     started = time.perf_counter()
-    result = subprocess.run([sys.executable, "-m", "pytest", "--spikecheck", "-p", "no:randomly", "-p", "no:cacheprovider",
-                             *args], cwd=folder, env={**env, "BENCH_XDIST_BUILDS": str(builds)},
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "--spikecheck", "-p", "no:randomly", "-p", "no:cacheprovider", *args],
+        cwd=folder,
+        env={**env, "BENCH_XDIST_BUILDS": str(builds)},
+        capture_output=True,
+        text=True,
+    )
     seconds = time.perf_counter() - started
     counts = re.search(r"^\d+ scenarios? checked \(.*\)\.$", result.stdout, re.M)
-    return {"seconds": seconds, "exit": result.returncode, "trainings": len(builds.read_text().split()) if builds.exists() else 0,
-            "counts": counts.group(0) if counts else None, "load_before": load, "load_after": os.getloadavg()[0]}
+    return {
+        "seconds": seconds,
+        "exit": result.returncode,
+        "trainings": len(builds.read_text().split()) if builds.exists() else 0,
+        "counts": counts.group(0) if counts else None,
+        "load_before": load,
+        "load_after": os.getloadavg()[0],
+    }
 
 
 def main() -> int:
@@ -81,16 +94,27 @@ def main() -> int:
     summary = {}
     for mode, measured in runs.items():
         seconds = [m["seconds"] for m in measured]
-        summary[mode] = {"median_s": statistics.median(seconds), "min_s": min(seconds), "max_s": max(seconds),
-                         "trainings": sorted({m["trainings"] for m in measured}), "exits": sorted({m["exit"] for m in measured}),
-                         "counts": sorted({m["counts"] for m in measured if m["counts"]}),
-                         "load": [round(min(m["load_before"] for m in measured), 2), round(max(m["load_after"] for m in measured), 2)]}
+        summary[mode] = {
+            "median_s": statistics.median(seconds),
+            "min_s": min(seconds),
+            "max_s": max(seconds),
+            "trainings": sorted({m["trainings"] for m in measured}),
+            "exits": sorted({m["exit"] for m in measured}),
+            "counts": sorted({m["counts"] for m in measured if m["counts"]}),
+            "load": [round(min(m["load_before"] for m in measured), 2), round(max(m["load_after"] for m in measured), 2)],
+        }
         s = summary[mode]
-        print(f"{mode:24s} {s['median_s']:6.1f} s [{s['min_s']:.1f}–{s['max_s']:.1f}]  trainings {s['trainings']}  "
-              f"exit {s['exits']}  load {s['load'][0]}–{s['load'][1]}  {' | '.join(s['counts'])}")
+        print(
+            f"{mode:24s} {s['median_s']:6.1f} s [{s['min_s']:.1f}–{s['max_s']:.1f}]  trainings {s['trainings']}  "
+            f"exit {s['exits']}  load {s['load'][0]}–{s['load'][1]}  {' | '.join(s['counts'])}"
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"code": args.code or "this checkout", "repeats": args.repeats,
-                                               "summary": summary, "runs": runs}, indent=2) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {"code": args.code or "this checkout", "repeats": args.repeats, "summary": summary, "runs": runs}, indent=2
+            )
+            + "\n"
+        )
     return 0
 
 

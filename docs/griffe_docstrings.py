@@ -30,7 +30,7 @@ def markdown_docstring(text: str) -> str:
             indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
             block = []
             while i < len(lines) and lines[i].strip() and lines[i].startswith(indent):
-                block.append(lines[i][len(indent):])
+                block.append(lines[i][len(indent) :])
                 i += 1
             out += [f"{indent}```python", *(indent + b for b in block), f"{indent}```"]
             continue

@@ -81,11 +81,15 @@ def api_page() -> str:
     groups: dict[str, list[str]] = {}
     for name, module in public_api().items():
         groups.setdefault(API_GROUPS.get(module, "Other"), []).append(name)
-    out = ["# Python API", "",
-           "Every public name of the package, importable from `pytest_spikecheck` (lazily: `import "
-           "pytest_spikecheck` imports neither torch nor matplotlib). Generated from the docstrings and "
-           f"signatures of version {pytest_spikecheck.__version__} by mkdocstrings; each entry names the "
-           "module that defines it.", ""]
+    out = [
+        "# Python API",
+        "",
+        "Every public name of the package, importable from `pytest_spikecheck` (lazily: `import "
+        "pytest_spikecheck` imports neither torch nor matplotlib). Generated from the docstrings and "
+        f"signatures of version {pytest_spikecheck.__version__} by mkdocstrings; each entry names the "
+        "module that defines it.",
+        "",
+    ]
     order = list(dict.fromkeys(API_GROUPS.values())) + ["Other"]
     for title in order:
         if title not in groups:
@@ -101,8 +105,14 @@ def api_page() -> str:
             if module == "pytest_spikecheck.models.config":
                 out += _constant(name, module)
                 continue
-            out += [f"::: {module}.{name}", "    options:", "      heading_level: 3",
-                    f"      heading: \"{name}\"", f"      toc_label: \"{name}\"", ""]
+            out += [
+                f"::: {module}.{name}",
+                "    options:",
+                "      heading_level: 3",
+                f'      heading: "{name}"',
+                f'      toc_label: "{name}"',
+                "",
+            ]
     return "\n".join(out) + "\n"
 
 
@@ -120,8 +130,7 @@ def _constant(name: str, module: str) -> list[str]:
             break
         doc.insert(0, line[2:].strip())
     anchor = f"{module}.{name}"
-    return [f"### `{name}` {{ #{anchor} }}", "", f"`{name} = {getattr(mod, name)!r}` (in `{module}`)", "",
-            " ".join(doc), ""]
+    return [f"### `{name}` {{ #{anchor} }}", "", f"`{name} = {getattr(mod, name)!r}` (in `{module}`)", "", " ".join(doc), ""]
 
 
 # ------------------------------------------------------------------------------------- the CLI
@@ -162,15 +171,34 @@ def cli_page() -> str:
     parser = build_parser()
     sub, commands = _subcommands(parser)
     helps = {a.dest: a.help for a in sub._choices_actions}
-    out = ["# Command line", "", "Generated from the argument parsers of `spikecheck` "
-           "(`pytest_spikecheck.cli.commands.build_parser`). `spikecheck COMMAND --help` prints the same.", "",
-           "```text", parser.format_usage().rstrip(), "```", "", _md(parser.description or ""), "",
-           "| command | what it does |", "|---|---|"]
+    out = [
+        "# Command line",
+        "",
+        "Generated from the argument parsers of `spikecheck` "
+        "(`pytest_spikecheck.cli.commands.build_parser`). `spikecheck COMMAND --help` prints the same.",
+        "",
+        "```text",
+        parser.format_usage().rstrip(),
+        "```",
+        "",
+        _md(parser.description or ""),
+        "",
+        "| command | what it does |",
+        "|---|---|",
+    ]
     out += [f"| [`{name}`](#spikecheck-{name}) | {_md(helps.get(name, ''))} |" for name in commands]
     out += ["", *_option_rows(parser), ""]
     for name, command in commands.items():
-        out += [f"## spikecheck {name} {{ #spikecheck-{name} }}", "", _md(helps.get(name, "")), "",
-                "```text", command.format_usage().rstrip(), "```", ""]
+        out += [
+            f"## spikecheck {name} {{ #spikecheck-{name} }}",
+            "",
+            _md(helps.get(name, "")),
+            "",
+            "```text",
+            command.format_usage().rstrip(),
+            "```",
+            "",
+        ]
         if command.description:
             out += [_md(command.description), ""]
         out += [*_option_rows(command), ""]
@@ -225,13 +253,18 @@ def breaks_page() -> str:
 
     exported = set(pytest_spikecheck.__all__)
     registry = _registry()
-    out = ["# Break catalogue", "",
-           f"The {len(registry)} breaks and defences of the break registry "
-           "(`pytest_spikecheck.scenario.break_base`), generated from their classes. In Python a break is "
-           "an instance (`Scenario.preset(\"phase-19\").with_breaks(NoClip())`); in a `config.yaml` or a "
-           "sweep's recipe it is its YAML name, alone or with its parameters (`breaks: [no_clip, "
-           "{rare_token_burst: {count: 3, at_step: 312}}]`). A parameter left out keeps its default.", "",
-           "| YAML name | class | parameters |", "|---|---|---|"]
+    out = [
+        "# Break catalogue",
+        "",
+        f"The {len(registry)} breaks and defences of the break registry "
+        "(`pytest_spikecheck.scenario.break_base`), generated from their classes. In Python a break is "
+        'an instance (`Scenario.preset("phase-19").with_breaks(NoClip())`); in a `config.yaml` or a '
+        "sweep's recipe it is its YAML name, alone or with its parameters (`breaks: [no_clip, "
+        "{rare_token_burst: {count: 3, at_step: 312}}]`). A parameter left out keeps its default.",
+        "",
+        "| YAML name | class | parameters |",
+        "|---|---|---|",
+    ]
     for name, cls in registry.items():
         params = ", ".join(f.name for f in dataclasses.fields(cls)) or "none"
         out.append(f"| [`{name}`](#{name}) | `{cls.__name__}` | {params} |")
@@ -241,11 +274,11 @@ def breaks_page() -> str:
             where = f"[`pytest_spikecheck.{cls.__name__}`](api.md#{public_api()[cls.__name__]}.{cls.__name__})"
         else:
             where = f"`{cls.__module__}.{cls.__name__}`"
-        out += [f"## `{name}` {{ #{name} }}", "", f"Class {where}; in YAML `{_yaml_spelling(cls)}`.", "",
-                _docstring(cls), ""]
+        out += [f"## `{name}` {{ #{name} }}", "", f"Class {where}; in YAML `{_yaml_spelling(cls)}`.", "", _docstring(cls), ""]
         hints = typing.get_type_hints(cls)
-        rows = [f"| `{f.name}` | `{_md(_type_name(hints.get(f.name, f.type)))}` | {_default(f)} |"
-                for f in dataclasses.fields(cls)]
+        rows = [
+            f"| `{f.name}` | `{_md(_type_name(hints.get(f.name, f.type)))}` | {_default(f)} |" for f in dataclasses.fields(cls)
+        ]
         if rows:
             out += ["| parameter | type | default |", "|---|---|---|", *rows, ""]
     return "\n".join(out) + "\n"
@@ -320,8 +353,10 @@ def _section_rows(section: str, cls: type) -> list[str]:
         default = getattr(defaults, f.name)
         shown = _yaml_value(default) if not dataclasses.is_dataclass(default) else "(below)"
         path = f"{section}.{f.name}"
-        rows.append(f"| `{path}` | `{_md(_type_name(hints.get(f.name, f.type)))}` | "
-                    f"{_code(shown)} | {_allowed(path)} | {_md(comments.get(f.name, ''))} |")
+        rows.append(
+            f"| `{path}` | `{_md(_type_name(hints.get(f.name, f.type)))}` | "
+            f"{_code(shown)} | {_allowed(path)} | {_md(comments.get(f.name, ''))} |"
+        )
     return rows
 
 
@@ -337,47 +372,83 @@ def yaml_page() -> str:
 
     scenario = Scenario()
     top_comments = field_comments(Scenario)
-    out = ["# YAML schema: scenarios and sweep files", "",
-           "Generated from the dataclasses that the YAML codec (`pytest_spikecheck.scenario.config`) reads "
-           "and checks. Every key is checked: an unknown key, a key given twice, a value of the wrong type or "
-           "out of range is one line naming the file and the key, before anything trains.", "",
-           "## A scenario's config.yaml", "",
-           f"Top-level keys: `preset`, {', '.join(f'`{k}`' for k in sorted(CONFIG_KEYS))}.", "",
-           "Numbers outside their range, and NaN or infinity, are refused ([limits](../limits.md)).", "",
-           "| key | default | range | meaning |", "|---|---|---|---|",
-           f"| `preset` | none | | a named starting point: {', '.join(f'`{p}`' for p in preset_names())}; "
-           "the other keys change it |"]
+    out = [
+        "# YAML schema: scenarios and sweep files",
+        "",
+        "Generated from the dataclasses that the YAML codec (`pytest_spikecheck.scenario.config`) reads "
+        "and checks. Every key is checked: an unknown key, a key given twice, a value of the wrong type or "
+        "out of range is one line naming the file and the key, before anything trains.",
+        "",
+        "## A scenario's config.yaml",
+        "",
+        f"Top-level keys: `preset`, {', '.join(f'`{k}`' for k in sorted(CONFIG_KEYS))}.",
+        "",
+        "Numbers outside their range, and NaN or infinity, are refused ([limits](../limits.md)).",
+        "",
+        "| key | default | range | meaning |",
+        "|---|---|---|---|",
+        f"| `preset` | none | | a named starting point: {', '.join(f'`{p}`' for p in preset_names())}; "
+        "the other keys change it |",
+    ]
     for key in SCALARS:
         default = "derived from the content" if key == "name" else _code(_yaml_value(getattr(scenario, key)))
-        out.append(f"| `{key}` | {default} | {_allowed(key)} | "
-                   f"{_md(top_comments.get(key, ''))} |")
-    out.append("| `breaks` | `[]` | | a list of breaks, each a YAML name or a one-key mapping "
-               "`{name: {parameter: value}}`: the [break catalogue](breaks.md) |")
-    out += ["", "```yaml", "# experiments/19-break-no-clip/config.yaml",
-            (DOCS.parent / "experiments" / "19-break-no-clip" / "config.yaml").read_text().rstrip(), "```", ""]
+        out.append(f"| `{key}` | {default} | {_allowed(key)} | {_md(top_comments.get(key, ''))} |")
+    out.append(
+        "| `breaks` | `[]` | | a list of breaks, each a YAML name or a one-key mapping "
+        "`{name: {parameter: value}}`: the [break catalogue](breaks.md) |"
+    )
+    out += [
+        "",
+        "```yaml",
+        "# experiments/19-break-no-clip/config.yaml",
+        (DOCS.parent / "experiments" / "19-break-no-clip" / "config.yaml").read_text().rstrip(),
+        "```",
+        "",
+    ]
     for section, cls in SECTIONS.items():
         out += [f"### `{section}`", ""]
         doc = _docstring(cls)
         if doc and not doc.startswith(cls.__name__ + "("):
             out += [doc, ""]
         if section == "model":
-            out += ["`model.preset` picks a shape first: "
-                    + ", ".join(f"`{name}` ({p.n_embd} wide, {p.n_layer} layers)" for name, p in PRESETS.items())
-                    + ". `model.factory` (an import path `package.module:function`) and `model.kwargs` train your "
-                      "own model instead ([your own model](../scenarios.md#your-own-model)).", ""]
+            out += [
+                "`model.preset` picks a shape first: "
+                + ", ".join(f"`{name}` ({p.n_embd} wide, {p.n_layer} layers)" for name, p in PRESETS.items())
+                + ". `model.factory` (an import path `package.module:function`) and `model.kwargs` train your "
+                "own model instead ([your own model](../scenarios.md#your-own-model)).",
+                "",
+            ]
         out += _section_rows(section, cls)
         out.append("")
         for f in dataclasses.fields(cls):
             nested = getattr(cls(), f.name)
             if dataclasses.is_dataclass(nested):
-                out += [f"#### `{section}.{f.name}`", "", _docstring(type(nested)), "",
-                        *_section_rows(f"{section}.{f.name}", type(nested)), ""]
-    out += ["## A sweep file", "",
-            f"Top-level keys: {', '.join(f'`{k}`' for k in SWEEP_KEYS)}, and any key of a config.yaml "
-            f"({', '.join(f'`{k}`' for k in sorted(CONFIG_KEYS - {'name'}))}) as an override of the base.", "",
-            _docstring(load_sweep), "", "In Python, `pytest_spikecheck.Sweep`:", "", _docstring(Sweep), "",
-            "```yaml", "# experiments/sweeps/lr-sensitivity-by-width.yaml",
-            (DOCS.parent / "experiments" / "sweeps" / "lr-sensitivity-by-width.yaml").read_text().rstrip(), "```", ""]
+                out += [
+                    f"#### `{section}.{f.name}`",
+                    "",
+                    _docstring(type(nested)),
+                    "",
+                    *_section_rows(f"{section}.{f.name}", type(nested)),
+                    "",
+                ]
+    out += [
+        "## A sweep file",
+        "",
+        f"Top-level keys: {', '.join(f'`{k}`' for k in SWEEP_KEYS)}, and any key of a config.yaml "
+        f"({', '.join(f'`{k}`' for k in sorted(CONFIG_KEYS - {'name'}))}) as an override of the base.",
+        "",
+        _docstring(load_sweep),
+        "",
+        "In Python, `pytest_spikecheck.Sweep`:",
+        "",
+        _docstring(Sweep),
+        "",
+        "```yaml",
+        "# experiments/sweeps/lr-sensitivity-by-width.yaml",
+        (DOCS.parent / "experiments" / "sweeps" / "lr-sensitivity-by-width.yaml").read_text().rstrip(),
+        "```",
+        "",
+    ]
     return "\n".join(out) + "\n"
 
 
@@ -400,8 +471,7 @@ def _schema_type(node: dict) -> str:
 
 
 def _schema_rows(node: dict, path: str, required: bool, rows: list[str]) -> None:
-    rows.append(f"| `{path}` | {_md(_schema_type(node))} | {'yes' if required else ''} | "
-                f"{_md(node.get('description', ''))} |")
+    rows.append(f"| `{path}` | {_md(_schema_type(node))} | {'yes' if required else ''} | {_md(node.get('description', ''))} |")
     variants = [node] + [n for n in node.get("oneOf", node.get("anyOf", [])) if isinstance(n, dict)]
     for variant in variants:
         for key, child in variant.get("properties", {}).items():
@@ -415,13 +485,25 @@ def _schema_rows(node: dict, path: str, required: bool, rows: list[str]) -> None
 def run_schema_page() -> str:
     """Every key of a run folder's files, from the JSON Schema the tests validate run folders with."""
     schema = json.loads((DOCS / "run-schema.json").read_text())
-    out = ["# Run-folder schema", "", f"*{_md(schema['title'])}*, generated from "
-           "[`run-schema.json`](../run-schema.json) (JSON Schema draft 2020-12; the suite validates the run "
-           "folders it writes against it). What each field means in words: [run format](../run-format.md).", "",
-           _md(schema.get("description", "")), ""]
+    out = [
+        "# Run-folder schema",
+        "",
+        f"*{_md(schema['title'])}*, generated from "
+        "[`run-schema.json`](../run-schema.json) (JSON Schema draft 2020-12; the suite validates the run "
+        "folders it writes against it). What each field means in words: [run format](../run-format.md).",
+        "",
+        _md(schema.get("description", "")),
+        "",
+    ]
     for name, node in schema["properties"].items():
-        out += [f"## `{name}`", "", _md(node.get("description", "")), "",
-                "| key | type | required | description |", "|---|---|---|---|"]
+        out += [
+            f"## `{name}`",
+            "",
+            _md(node.get("description", "")),
+            "",
+            "| key | type | required | description |",
+            "|---|---|---|---|",
+        ]
         rows: list[str] = []
         for key, child in node.get("properties", {}).items():
             _schema_rows(child, key, key in node.get("required", []), rows)
@@ -469,7 +551,7 @@ def _from_root(link: re.Match) -> str:
     target = link["target"]
     if re.match(r"[a-z]+:", target):
         return link[0]
-    rel = target[len("docs/"):] if target.startswith("docs/") else f"../{target}"
+    rel = target[len("docs/") :] if target.startswith("docs/") else f"../{target}"
     return f"[{link['text']}]({rel}{link['anchor'] or ''})"
 
 

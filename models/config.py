@@ -39,7 +39,9 @@ class GPTConfig:
     vocab_size: int = 0  # 0 = take it from the tokenizer when the engine builds the model
     n_kv_head: int = 0  # llama: key/value heads (grouped-query attention; must divide n_head); 0 = n_head
     bias: bool = True  # gpt: biases in Linear and LayerNorm, as GPT-2 (a llama has none)
-    layernorm_eps: float = 1e-5  # the LayerNorm's (gpt) or RMSNorm's (llama) eps; 0 is a numeric break: a constant input then gives 0/0 = NaN
+    layernorm_eps: float = (
+        1e-5  # the LayerNorm's (gpt) or RMSNorm's (llama) eps; 0 is a numeric break: a constant input then gives 0/0 = NaN
+    )
     init_std: float = 0.02  # GPT-2 init; residual projections get init_std / sqrt(2 * n_layer)
     pos_embedding: str = "auto"  # auto (gpt: learned, llama: rope) | learned | rope | none (position only
     # through causal attention, as NoPE models)
@@ -68,26 +70,38 @@ class GPTConfig:
                 raise ConfigError(f"model.{name} must be a finite number >= 0 (0 = off), was {value!r}")
         if self.layernorm_eps < 0:
             raise ConfigError(f"model.layernorm_eps must be >= 0, was {self.layernorm_eps}")
-        for name, allowed in (("arch", ARCHS), ("pos_embedding", POS_EMBEDDINGS), ("pad_embedding", PAD_EMBEDDINGS),
-                              ("dtype", DTYPES)):
+        for name, allowed in (
+            ("arch", ARCHS),
+            ("pos_embedding", POS_EMBEDDINGS),
+            ("pad_embedding", PAD_EMBEDDINGS),
+            ("dtype", DTYPES),
+        ):
             if getattr(self, name) not in allowed:
                 raise ConfigError(f"model.{name} must be one of {', '.join(allowed)}, was {getattr(self, name)!r}")
         own = ARCH_POSITIONS[self.arch]
         if self.pos_embedding not in ("auto",) + own:
-            raise ConfigError(f"model.pos_embedding {self.pos_embedding} does not go with arch {self.arch}, which takes "
-                              f"{' or '.join(own)} (auto = {own[0]})")
+            raise ConfigError(
+                f"model.pos_embedding {self.pos_embedding} does not go with arch {self.arch}, which takes "
+                f"{' or '.join(own)} (auto = {own[0]})"
+            )
         if not isinstance(self.n_kv_head, int) or isinstance(self.n_kv_head, bool) or self.n_kv_head < 0:
             raise ConfigError(f"model.n_kv_head must be an integer >= 0 (0 = n_head), was {self.n_kv_head!r}")
         if self.n_head % self.kv_heads:
-            raise ConfigError(f"model.n_kv_head ({self.n_kv_head}) must divide model.n_head ({self.n_head}): each "
-                              f"key/value head serves the same number of query heads")
+            raise ConfigError(
+                f"model.n_kv_head ({self.n_kv_head}) must divide model.n_head ({self.n_head}): each "
+                f"key/value head serves the same number of query heads"
+            )
         if self.arch == "gpt" and self.kv_heads != self.n_head:
-            raise ConfigError(f"model.n_kv_head {self.n_kv_head}: grouped-query attention is the llama model's "
-                              f"(set model.arch: llama); the gpt has one key/value head per query head")
+            raise ConfigError(
+                f"model.n_kv_head {self.n_kv_head}: grouped-query attention is the llama model's "
+                f"(set model.arch: llama); the gpt has one key/value head per query head"
+            )
         head_size = self.n_embd // self.n_head
         if self.positions == "rope" and head_size % 2:
-            raise ConfigError(f"model.n_embd / model.n_head = {head_size}: RoPE rotates pairs of a head's dimensions, "
-                              f"so the head size must be even (or set model.pos_embedding: none)")
+            raise ConfigError(
+                f"model.n_embd / model.n_head = {head_size}: RoPE rotates pairs of a head's dimensions, "
+                f"so the head size must be even (or set model.pos_embedding: none)"
+            )
 
     @property
     def positions(self) -> str:

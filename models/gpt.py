@@ -8,8 +8,14 @@ import torch.nn.functional as F
 
 from pytest_spikecheck.models.config import GPTConfig
 from pytest_spikecheck.models.layers import (
-    HeadGate, QueriesKeys, causal_attention, checked_key_mask, init_weights, output_loss_and_stats,
-    scale_residual_projections, token_losses,
+    HeadGate,
+    QueriesKeys,
+    causal_attention,
+    checked_key_mask,
+    init_weights,
+    output_loss_and_stats,
+    scale_residual_projections,
+    token_losses,
 )
 
 
@@ -26,8 +32,7 @@ class CausalSelfAttention(nn.Module):
         self.k_ln = nn.LayerNorm(head_size, eps=config.layernorm_eps, bias=config.bias) if config.qk_layernorm else None
         self.gate = HeadGate(config.n_embd, config.n_head) if config.attn_gate else None
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None,
-                stats: QueriesKeys | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None, stats: QueriesKeys | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -47,7 +52,7 @@ class CausalSelfAttention(nn.Module):
         """(W_q, W_k, n_heads, b_q, b_k) as views of the fused c_attn: what QK-Clip scales."""
         C = self.c_proj.weight.shape[0]
         w, b = self.c_attn.weight, self.c_attn.bias
-        return (w[:C], w[C:2 * C], self.n_head, None if b is None else b[:C], None if b is None else b[C:2 * C])
+        return (w[:C], w[C : 2 * C], self.n_head, None if b is None else b[:C], None if b is None else b[C : 2 * C])
 
 
 class MLP(nn.Module):
@@ -68,8 +73,7 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(config.n_embd, eps=config.layernorm_eps, bias=config.bias)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None,
-                stats: QueriesKeys | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_mask: torch.Tensor | None = None, stats: QueriesKeys | None = None) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x), key_mask, stats)
         return x + self.mlp(self.ln_2(x))
 
@@ -115,10 +119,7 @@ class GPT(nn.Module):
         scale_residual_projections(self, ("c_proj.weight",), config.init_std, config.n_layer)
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        key_mask: torch.Tensor | None = None,
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, key_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         key_mask = checked_key_mask(self.config, idx, key_mask)
         x = self.wte(idx)  # (B, T, C)

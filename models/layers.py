@@ -18,8 +18,7 @@ from pytest_spikecheck.models.config import HEAD_LOGITS_KEY, IGNORE_INDEX, GPTCo
 QueriesKeys = list[tuple[torch.Tensor, torch.Tensor]]
 
 
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     key_mask: torch.Tensor | None) -> torch.Tensor:
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor | None) -> torch.Tensor:
     """softmax(q·kᵀ/√d) v over the causal past, q/k/v (B, nh, T, hs) -> (B, nh, T, hs).
 
     With ``key_mask`` (B, T) only the keys it allows count. A query whose every allowed key is
@@ -50,8 +49,9 @@ class HeadGate(nn.Module):
 
 
 @torch.inference_mode()  # not just no_grad: no view or version tracking either (~20 % of this function's time)
-def logit_stats(flat_logits: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor,
-                queries_keys: QueriesKeys) -> tuple[torch.Tensor, torch.Tensor]:
+def logit_stats(
+    flat_logits: torch.Tensor, log_probs: torch.Tensor, targets: torch.Tensor, queries_keys: QueriesKeys
+) -> tuple[torch.Tensor, torch.Tensor]:
     """([mean log Z, largest |log Z|, largest attention logit], per-head largest attention logit)
     of one training forward: the first as one tensor (one host sync for the three), the second a
     (layers, heads) tensor left on the device (read only where needed: QK-Clip, event records).
@@ -83,8 +83,9 @@ def logit_stats(flat_logits: torch.Tensor, log_probs: torch.Tensor, targets: tor
     return torch.stack([log_z.mean(), log_z.abs().amax() if log_z.numel() else log_z.sum(), largest]), per_head
 
 
-def output_loss_and_stats(config: GPTConfig, logits: torch.Tensor, targets: torch.Tensor | None,
-                          attention: QueriesKeys | None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+def output_loss_and_stats(
+    config: GPTConfig, logits: torch.Tensor, targets: torch.Tensor | None, attention: QueriesKeys | None
+) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
     """The output head's tail, shared by the models: the soft-cap, the loss (mean cross-entropy
     over non-ignored targets, plus ``z_loss * mean(log(Z)^2)`` when the config sets it) and the
     stats hook's dict (:class:`pytest_spikecheck.models.gpt.GPT`'s docstring). Returns

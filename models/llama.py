@@ -17,8 +17,14 @@ import torch.nn.functional as F
 
 from pytest_spikecheck.models.config import GPTConfig
 from pytest_spikecheck.models.layers import (
-    HeadGate, QueriesKeys, causal_attention, checked_key_mask, init_weights, output_loss_and_stats,
-    scale_residual_projections, token_losses,
+    HeadGate,
+    QueriesKeys,
+    causal_attention,
+    checked_key_mask,
+    init_weights,
+    output_loss_and_stats,
+    scale_residual_projections,
+    token_losses,
 )
 
 #: RoPE's base wavelength (Llama's).
@@ -64,8 +70,13 @@ class LlamaAttention(nn.Module):
         self.gate = HeadGate(config.n_embd, config.n_head) if config.attn_gate else None
         self.rotary = config.positions == "rope"
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], key_mask: torch.Tensor | None = None,
-                stats: QueriesKeys | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        key_mask: torch.Tensor | None = None,
+        stats: QueriesKeys | None = None,
+    ) -> torch.Tensor:
         B, T, C = x.shape
         hs = self.head_size
         q = self.q_proj(x).view(B, T, self.n_head, hs).transpose(1, 2)  # (B, nh, T, hs)
@@ -108,8 +119,13 @@ class LlamaBlock(nn.Module):
         self.mlp_norm = nn.RMSNorm(config.n_embd, eps=config.layernorm_eps)
         self.mlp = SwiGLU(config)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor], key_mask: torch.Tensor | None = None,
-                stats: QueriesKeys | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        key_mask: torch.Tensor | None = None,
+        stats: QueriesKeys | None = None,
+    ) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), rope, key_mask, stats)
         return x + self.mlp(self.mlp_norm(x))
 
@@ -143,10 +159,7 @@ class Llama(nn.Module):
         scale_residual_projections(self, ("o_proj.weight", "down_proj.weight"), config.init_std, config.n_layer)
 
     def forward(
-        self,
-        idx: torch.Tensor,
-        targets: torch.Tensor | None = None,
-        key_mask: torch.Tensor | None = None,
+        self, idx: torch.Tensor, targets: torch.Tensor | None = None, key_mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         key_mask = checked_key_mask(self.config, idx, key_mask)
         x = self.wte(idx)  # (B, T, C)

@@ -68,8 +68,14 @@ class ProgressTask:
         if progress.mode == "bar":
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=f"{progress.prefix}{name}", unit=unit, file=progress.stream,
-                             leave=progress.leave, dynamic_ncols=True)
+            self._bar = tqdm(
+                total=total,
+                desc=f"{progress.prefix}{name}",
+                unit=unit,
+                file=progress.stream,
+                leave=progress.leave,
+                dynamic_ncols=True,
+            )
 
     def update(self, n: int = 1, *, outcome: str | None = None, **shown: Any) -> None:
         self.done += n

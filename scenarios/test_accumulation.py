@@ -19,8 +19,16 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    AccumulateSum, ClipEachMicrobatch, RareTokenBurst, Scenario, SpikeCheckError, assert_accumulation_invariant,
-    assert_clip_contains, assert_spike, diagnose, spikecheck_scenario,
+    AccumulateSum,
+    ClipEachMicrobatch,
+    RareTokenBurst,
+    Scenario,
+    SpikeCheckError,
+    assert_accumulation_invariant,
+    assert_clip_contains,
+    assert_spike,
+    diagnose,
+    spikecheck_scenario,
 )
 
 STEPS, BURST, K, MAX_NORM = 30, 24, 4, 1.0
@@ -63,9 +71,12 @@ def test_accumulation_computes_the_same_step(accumulation_4, accumulation_1):
 def test_accumulate_sum_is_caught_at_about_k_times(accumulation_4_sum, accumulation_1):
     ratio = accumulation_4_sum["loss"][0] / accumulation_1["loss"][0]
     assert ratio == pytest.approx(K, rel=0.05)  # each micro-batch's mean, summed: x4
-    with pytest.raises(SpikeCheckError, match=r"accumulation changed the step-1 loss: \S+ \(accumulation 4\) vs \S+ "
-                                              r"\(accumulation 1\), ×4 \(rtol 0\.0001.*: a factor of 4, as when the "
-                                              r"micro-batch losses are summed instead of averaged \(AccumulateSum\)"):
+    with pytest.raises(
+        SpikeCheckError,
+        match=r"accumulation changed the step-1 loss: \S+ \(accumulation 4\) vs \S+ "
+        r"\(accumulation 1\), ×4 \(rtol 0\.0001.*: a factor of 4, as when the "
+        r"micro-batch losses are summed instead of averaged \(AccumulateSum\)",
+    ):
         assert_accumulation_invariant(accumulation_4_sum, accumulation_1)
     assert "summed, not averaged (AccumulateSum): loss and gradient ×4" in diagnose(accumulation_4_sum).verdict
 
@@ -80,4 +91,5 @@ def test_clip_each_microbatch_is_caught(accumulation_4_clip_each_microbatch, acc
     with pytest.raises(SpikeCheckError, match=r"the clip did not contain the gradient: post-clip norm"):
         assert_clip_contains(run, MAX_NORM)
     assert "each micro-batch was clipped on its own and the clipped parts summed (ClipEachMicrobatch)" in (
-        diagnose(run, BURST).verdict)
+        diagnose(run, BURST).verdict
+    )

@@ -9,7 +9,14 @@ the thresholds below hold for the default seed with margin. Run with ``pytest --
 from __future__ import annotations
 
 from pytest_spikecheck import (
-    GatedAttention, HighLR, QKLayerNorm, Scenario, assert_finite, assert_logits_bounded, diagnose, spikecheck_scenario,
+    GatedAttention,
+    HighLR,
+    QKLayerNorm,
+    Scenario,
+    assert_finite,
+    assert_logits_bounded,
+    diagnose,
+    spikecheck_scenario,
 )
 from pytest_spikecheck.judge.sweeps import final_loss
 

@@ -24,9 +24,11 @@ pytestmark = pytest.mark.spikecheck
 
 BURST = 30
 MAX_NORM = 1.0
-SCENARIO = (Scenario.preset("phase-19")
-            .replace(name="emulator_training", steps=40, model=model_preset("nano"))
-            .with_breaks(RareTokenBurst(count=3, at_step=BURST)))
+SCENARIO = (
+    Scenario.preset("phase-19")
+    .replace(name="emulator_training", steps=40, model=model_preset("nano"))
+    .with_breaks(RareTokenBurst(count=3, at_step=BURST))
+)
 TRAINING_LAUNCH = LaunchConfig(threads_per_block=64, final_threads=32)
 #: clip.cu sums squares per chunk in float32 and across chunks in float64, torch with its foreach
 #: norm: the norms differ in the last bits (at most 3.3e-7 relative measured over the 40 steps).

@@ -72,8 +72,9 @@ class BigramModel(torch.nn.Module):
 
     def forward(self, idx, targets):
         logits = self.head(self.dropout(self.embed(idx)))
-        return logits, torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1),
-                                                         ignore_index=IGNORE_INDEX)
+        return logits, torch.nn.functional.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX
+        )
 
 
 @pytest.mark.parametrize("model_factory", [None, BigramModel], ids=["built-in GPT", "your own model"])
@@ -98,8 +99,11 @@ def test_a_probe_of_the_real_batch_is_the_engines_step(spikecheck, model_factory
         probed = probe_at(scenario, at, **_probe_options(spikecheck))
     result = probed(probed.real_batch)
     engine = {k: float(run.metrics[k][at - 1]) for k in ("loss", "grad_norm_pre", "grad_norm_post")}
-    assert (result.loss, result.grad_norm_pre, result.grad_norm_post) == (engine["loss"], engine["grad_norm_pre"],
-                                                                         engine["grad_norm_post"])
+    assert (result.loss, result.grad_norm_pre, result.grad_norm_post) == (
+        engine["loss"],
+        engine["grad_norm_pre"],
+        engine["grad_norm_post"],
+    )
     deltas = [after - before for before, after in zip(snapshots[at - 1], snapshots[at])]
     assert result.update_max_abs == max(float(d.abs().max()) for d in deltas)
     assert result.update_norm == pytest.approx(math.sqrt(sum(float(d.double().square().sum()) for d in deltas)), rel=1e-6)
@@ -130,7 +134,8 @@ def test_the_clip_contains_every_composition(probe, data, max_norm):
     result = probe(batch, max_norm=max_norm)
     assert not result.nonfinite, f"non-finite gradient norm {result.grad_norm_pre} for {batch}"
     assert result.grad_norm_post <= max_norm * (1 + 1e-5), (
-        f"post-clip norm {result.grad_norm_post} > max_norm {max_norm} (pre-clip {result.grad_norm_pre})")
+        f"post-clip norm {result.grad_norm_post} > max_norm {max_norm} (pre-clip {result.grad_norm_pre})"
+    )
     assert result.params_finite and math.isfinite(result.update_max_abs), f"a non-finite value reached the weights: {batch}"
 
 
@@ -143,6 +148,7 @@ def test_the_fuzzed_batches_do_exceed_the_clip(probe):
 
 def _spearman(x: np.ndarray, y: np.ndarray) -> float:
     """Spearman's rank correlation (average ranks for ties)."""
+
     def ranks(a: np.ndarray) -> np.ndarray:
         order = np.argsort(a, kind="stable")
         r = np.empty(a.size)

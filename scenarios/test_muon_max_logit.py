@@ -16,8 +16,14 @@ from __future__ import annotations
 import pytest
 
 from pytest_spikecheck import (
-    QKClip, QKLayerNorm, Scenario, assert_finite, assert_logits_bounded, assert_qk_clip_contains,
-    diagnose, spikecheck_scenario,
+    QKClip,
+    QKLayerNorm,
+    Scenario,
+    assert_finite,
+    assert_logits_bounded,
+    assert_qk_clip_contains,
+    diagnose,
+    spikecheck_scenario,
 )
 from pytest_spikecheck.judge.sweeps import final_loss
 

@@ -10,8 +10,17 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    ClipAt, NoClip, RareTokenBurst, Scenario, StratifiedBatches, assert_clip_contains, assert_finite,
-    assert_no_spike, assert_recovers, assert_spike, spikecheck_scenario,
+    ClipAt,
+    NoClip,
+    RareTokenBurst,
+    Scenario,
+    StratifiedBatches,
+    assert_clip_contains,
+    assert_finite,
+    assert_no_spike,
+    assert_recovers,
+    assert_spike,
+    spikecheck_scenario,
 )
 from pytest_spikecheck.judge.analysis import loss_jump, recovery_steps, spike_ratio
 from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP as BURST
@@ -49,7 +58,8 @@ def phase19_written_break():
 def phase19_written_stratified():
     """The deeper fix: stratified batching spreads the *written* sentences (at most 1 per batch)."""
     return Scenario.preset("phase-19").with_breaks(
-        RareTokenBurst(count=3, at_step=BURST, content="written"), NoClip(), StratifiedBatches(rare_cap=1))
+        RareTokenBurst(count=3, at_step=BURST, content="written"), NoClip(), StratifiedBatches(rare_cap=1)
+    )
 
 
 def test_break_spikes_at_the_burst(phase19_break):

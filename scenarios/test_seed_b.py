@@ -9,9 +9,23 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    AdaptiveClip, BlankDocument, HalfPrecision, LayerNormEps0, MaskPaddingKeys, MixtureShift, NoClip, NoWeightDecay,
-    Scenario, SkipSpikes, SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_lockin,
-    assert_spike, spikecheck_scenario,
+    AdaptiveClip,
+    BlankDocument,
+    HalfPrecision,
+    LayerNormEps0,
+    MaskPaddingKeys,
+    MixtureShift,
+    NoClip,
+    NoWeightDecay,
+    Scenario,
+    SkipSpikes,
+    SpikeCheckError,
+    assert_clip_contains,
+    assert_diverges,
+    assert_finite,
+    assert_no_lockin,
+    assert_spike,
+    spikecheck_scenario,
 )
 from pytest_spikecheck.judge.analysis import loss_jump, spike_ratio
 
@@ -28,8 +42,11 @@ def _bandit(*breaks) -> Scenario:
 
 
 def _new_source(*breaks) -> Scenario:
-    return Scenario.preset("seed-b").replace(steps=STEPS).with_breaks(
-        MixtureShift(new_source="foreign", new_source_at=ENTRY), *breaks)
+    return (
+        Scenario.preset("seed-b")
+        .replace(steps=STEPS)
+        .with_breaks(MixtureShift(new_source="foreign", new_source_at=ENTRY), *breaks)
+    )
 
 
 def _entry_step(run) -> int:

@@ -12,9 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_spikecheck import (
-    RareTokenBurst, Scenario, ShardLocalNorm, SpikeCheckError, assert_clip_contains, assert_spike, train,
-)
+from pytest_spikecheck import RareTokenBurst, Scenario, ShardLocalNorm, SpikeCheckError, assert_clip_contains, assert_spike, train
 
 pytestmark = pytest.mark.spikecheck
 
@@ -31,8 +29,10 @@ def two_ranks(spikecheck):
     # 2 gloo ranks train on the CPU; cupy clips CUDA tensors only, so it stands in with torch.
     backend = "torch" if spikecheck.backend == "cupy" else spikecheck.backend
     kwargs = {"nproc": 2, "backend": backend, "device": "cpu", "threads": settings.threads}
-    return (train(scenario.replace(name="two_ranks_global_clip"), **kwargs),
-            train(scenario.with_breaks(ShardLocalNorm()).replace(name="two_ranks_shard_local_norm"), **kwargs))
+    return (
+        train(scenario.replace(name="two_ranks_global_clip"), **kwargs),
+        train(scenario.with_breaks(ShardLocalNorm()).replace(name="two_ranks_shard_local_norm"), **kwargs),
+    )
 
 
 def test_the_sharded_global_clip_contains_the_burst(two_ranks):

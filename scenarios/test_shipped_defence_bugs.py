@@ -23,8 +23,17 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    ClipInfToLog, ClipMuonUpdate, HighLR, NoClip, Scenario, SkipSpikes, SkipStepCounter, assert_finite,
-    assert_muon_update_scale, assert_optimizer_steps, spikecheck_scenario,
+    ClipInfToLog,
+    ClipMuonUpdate,
+    HighLR,
+    NoClip,
+    Scenario,
+    SkipSpikes,
+    SkipStepCounter,
+    assert_finite,
+    assert_muon_update_scale,
+    assert_optimizer_steps,
+    spikecheck_scenario,
 )
 from pytest_spikecheck.models.config import GPTConfig
 
@@ -74,8 +83,11 @@ def test_muon_update_keeps_its_scale_when_the_gradient_is_clipped(muon_clipped_g
 
 
 def test_clipping_muons_update_is_caught_and_attenuates_by_the_clips_norm(muon_clipped_update, muon_clipped_gradient):
-    with pytest.raises(AssertionError, match=r"Muon's update at step \d+ was \S+x its expected scale .*attenuated .*"
-                                             r"divided it by \S+ \(update_clip_norm\).*DeepSpeed issue 8439"):
+    with pytest.raises(
+        AssertionError,
+        match=r"Muon's update at step \d+ was \S+x its expected scale .*attenuated .*"
+        r"divided it by \S+ \(update_clip_norm\).*DeepSpeed issue 8439",
+    ):
         assert_muon_update_scale(muon_clipped_update)
     # step 1: the same weights and batch; Muon's update is scale-free in the gradient, so the only
     # difference is the clip's coefficient, max_norm / norm: the attenuation is the norm (max_norm 1)
@@ -101,8 +113,11 @@ def test_a_skip_step_adamw_whose_counter_never_advances_is_caught(skip_step_adam
 
 def test_logging_the_norm_through_clip_inf_turns_every_gradient_nan(sgd_norm_logged_through_clip_inf, sgd_norm_measured):
     bug, fixed = sgd_norm_logged_through_clip_inf, sgd_norm_measured
-    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 21 \(inf\); the gradient norm was inf and "
-                                             r"then every gradient NaN .*clip_grad_norm_\(max_norm=inf\)"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^non-finite grad_norm_pre at step 21 \(inf\); the gradient norm was inf and "
+        r"then every gradient NaN .*clip_grad_norm_\(max_norm=inf\)",
+    ):
         assert_finite(bug)
     # the same run up to the overflow: the logging call changes nothing while the norm is finite
     assert np.array_equal(bug["grad_norm_pre"], fixed["grad_norm_pre"])

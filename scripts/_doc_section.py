@@ -15,7 +15,7 @@ def write_section(doc: Path, section: str, start: str, end: str, what: str) -> N
     markers), or insert it before :data:`BEFORE` the first time; say what was written."""
     text = doc.read_text()
     if start in text:
-        text = text[:text.index(start)] + section + text[text.index(end) + len(end):]
+        text = text[: text.index(start)] + section + text[text.index(end) + len(end) :]
     else:
         text = text.replace(BEFORE, f"\n{section}\n{BEFORE}", 1)
     doc.write_text(text)

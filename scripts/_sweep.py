@@ -30,9 +30,13 @@ def add_sweep_arguments(parser: argparse.ArgumentParser, seeds: bool = True) -> 
     parser.add_argument("--executor", default="local", choices=("local", "ray"))
     parser.add_argument("--address", default=None, help="with --executor ray: auto or ray://HOST:10001")
     parser.add_argument("--jobs", type=int, default=2, help="points at a time (default 2)")
-    parser.add_argument("--runs", default=str(ROOT / "out" / "sweeps"), metavar="DIR",
-                        help="where each sweep file gets its folder DIR/<file stem>/ (runs/, run store, sweep.md). "
-                             "Default: out/sweeps, as `spikecheck sweep`, so either resumes the other")
+    parser.add_argument(
+        "--runs",
+        default=str(ROOT / "out" / "sweeps"),
+        metavar="DIR",
+        help="where each sweep file gets its folder DIR/<file stem>/ (runs/, run store, sweep.md). "
+        "Default: out/sweeps, as `spikecheck sweep`, so either resumes the other",
+    )
     parser.add_argument("--fresh", action="store_true", help="ignore the run store: train every point again")
 
 

@@ -99,8 +99,7 @@ def design(n_clean: int, n_broken: int) -> list[dict]:
     for i in range(n_broken):
         run = fuzz("broken", i)
         content = contents[i % len(contents)]
-        run.update(content=content, count=rng.randint(1, CONTENT_MAX_COUNT[content]),
-                   at_step=rng.randint(*BURST_STEPS))
+        run.update(content=content, count=rng.randint(1, CONTENT_MAX_COUNT[content]), at_step=rng.randint(*BURST_STEPS))
         runs.append(run)
     return runs
 
@@ -138,13 +137,24 @@ def measure(job: dict, run) -> dict:
             for threshold in thresholds(name):
                 flagged = np.isin(steps, [d.step for d in base.with_threshold(threshold).detect(steps, values)])
                 hits = steps[flagged & window]
-                rows.append([int((flagged & quiet).sum()), int((flagged & quiet & (steps <= EARLY_STEPS)).sum()),
-                             int(hits[0] - burst) if hits.size else None])
+                rows.append(
+                    [
+                        int((flagged & quiet).sum()),
+                        int((flagged & quiet & (steps <= EARLY_STEPS)).sum()),
+                        int(hits[0] - burst) if hits.size else None,
+                    ]
+                )
             outcomes[name][metric] = rows
-    return {**job, "steps": int(steps.size), "quiet_steps": int(quiet.sum()),
-            "early_quiet_steps": int((quiet & (steps <= EARLY_STEPS)).sum()), "stopped_early": run.stopped_early,
-            "seconds": run.meta["seconds"], "outcomes": outcomes,
-            "series": {m: [float(v) for v in run.metrics[m]] for m in METRICS}}
+    return {
+        **job,
+        "steps": int(steps.size),
+        "quiet_steps": int(quiet.sum()),
+        "early_quiet_steps": int((quiet & (steps <= EARLY_STEPS)).sum()),
+        "stopped_early": run.stopped_early,
+        "seconds": run.meta["seconds"],
+        "outcomes": outcomes,
+        "series": {m: [float(v) for v in run.metrics[m]] for m in METRICS},
+    }
 
 
 def summarise(records: list[dict], wall_seconds: float, jobs: int) -> dict:
@@ -162,21 +172,32 @@ def summarise(records: list[dict], wall_seconds: float, jobs: int) -> dict:
             for k, threshold in enumerate(detectors[name]["thresholds"]):
                 fp = sum(r["outcomes"][name][metric][k][0] for r in records)
                 fp_early = sum(r["outcomes"][name][metric][k][1] for r in records)
-                delays = {c: [r["outcomes"][name][metric][k][2] for r in broken if r["content"] == c]
-                          for c in CONTENT_MAX_COUNT}
-                rows.append({"threshold": threshold, "fp_flags": fp, "fp_flags_early": fp_early,
-                             "detected": {c: sum(d is not None for d in ds) for c, ds in delays.items()},
-                             "delays": sorted(d for ds in delays.values() for d in ds if d is not None)})
+                delays = {c: [r["outcomes"][name][metric][k][2] for r in broken if r["content"] == c] for c in CONTENT_MAX_COUNT}
+                rows.append(
+                    {
+                        "threshold": threshold,
+                        "fp_flags": fp,
+                        "fp_flags_early": fp_early,
+                        "detected": {c: sum(d is not None for d in ds) for c, ds in delays.items()},
+                        "delays": sorted(d for ds in delays.values() for d in ds if d is not None),
+                    }
+                )
             detectors[name]["metrics"][metric] = rows
     return {
         "date": date.today().isoformat(),
         "machine": "2 CPU cores, torch 2.13.0 CPU, 1 thread per run",
-        "steps": STEPS, "clean_runs": len(clean),
+        "steps": STEPS,
+        "clean_runs": len(clean),
         "broken_runs": {c: sum(r["content"] == c for r in broken) for c in CONTENT_MAX_COUNT},
-        "quiet_steps": quiet, "early_quiet_steps": early_quiet, "early_steps": EARLY_STEPS,
-        "detection_window": DETECTION_WINDOW, "burst_steps": BURST_STEPS, "lr_range": LR_RANGE,
+        "quiet_steps": quiet,
+        "early_quiet_steps": early_quiet,
+        "early_steps": EARLY_STEPS,
+        "detection_window": DETECTION_WINDOW,
+        "burst_steps": BURST_STEPS,
+        "lr_range": LR_RANGE,
         "stopped_early": sum(r["stopped_early"] for r in records),
-        "wall_seconds": round(wall_seconds, 1), "jobs": jobs,
+        "wall_seconds": round(wall_seconds, 1),
+        "jobs": jobs,
         "defaults": {name: _default_threshold(name) for name in CALIBRATED},
         "detectors": detectors,
     }
@@ -234,7 +255,7 @@ def write_doc(summary: dict) -> str:
         f"**{s['clean_runs']} clean and {n_broken} broken Phase-19 runs** of {s['steps']} steps "
         f"({s['wall_seconds']:.0f} s wall clock with {s['jobs']} processes, on a machine shared with other jobs).",
         "",
-        "**Runs.** Every run is `Scenario.preset(\"phase-19\")` with a fuzzed seed, a peak learning rate drawn "
+        '**Runs.** Every run is `Scenario.preset("phase-19")` with a fuzzed seed, a peak learning rate drawn '
         f"log-uniformly from {s['lr_range'][0]:g}–{s['lr_range'][1]:g} and clip 1.0 or none (half each). A broken run "
         "adds one `RareTokenBurst`: content greek, caps or written (a third each: "
         + ", ".join(f"{n} {c}" for c, n in s["broken_runs"].items())
@@ -245,7 +266,7 @@ def write_doc(summary: dict) -> str:
         f"{s['detection_window']})`; the *delay* is the first such step minus the burst step. *Quiet* steps are every step "
         f"of a clean run and the steps before the burst of a broken run ({s['quiet_steps']:,} in all); a flag there is a "
         "*false positive* (FP), counted per 1,000 quiet steps. Steps after a burst's window are its aftermath and count "
-        f"neither way. \"early\" is the share of false positives in the first {s['early_steps']} steps (warmup and the "
+        f'neither way. "early" is the share of false positives in the first {s["early_steps"]} steps (warmup and the '
         "fast initial fall of the loss). Every detector runs with its published defaults except the swept threshold.",
         "",
         "## At the published defaults",
@@ -261,20 +282,27 @@ def write_doc(summary: dict) -> str:
             detection, fp = _rates(row, s, every)
             early = row["fp_flags_early"] / row["fp_flags"] if row["fp_flags"] else math.nan
             delay = statistics.median(row["delays"]) if row["delays"] else math.nan
-            lines.append(f"| `{name}` | {metric} | {s['defaults'][name]:g} | {_pct(detection)} | {_count(row, s, 'greek')} | "
-                         f"{_count(row, s, 'caps')} | {_count(row, s, 'written')} | {fp:.2f} | {_pct(early)} | "
-                         f"{'—' if math.isnan(delay) else f'{delay:.0f}'} |")
-    lines += ["", "## Thresholds that reach the target", "",
-              f"The target: ≥ {TARGET_DETECTION:.0%} detection at ≤ 1 % false positives per 1,000 steps. That reads two "
-              f"ways, so both are shown: ≤ {FP_BUDGETS[0]:g} flags per 1,000 quiet steps (1 % of steps) and the stricter "
-              f"≤ {FP_BUDGETS[1]:g} per 1,000. Each cell gives the swept thresholds that reach it and, at the largest of "
-              "them (the fewest false positives), detection / FP per 1,000; where none does, the best detection "
-              "inside the FP budget. \"all\" counts every broken run, \"unseen\" only the greek and caps bursts "
-              "(content the model has never seen); *written* bursts are Seed A's rare word in otherwise familiar "
-              "sentences.", "",
-              f"| detector | series | all bursts, FP ≤ {FP_BUDGETS[0]:g} | all bursts, FP ≤ {FP_BUDGETS[1]:g} | "
-              f"unseen content, FP ≤ {FP_BUDGETS[1]:g} |",
-              "|---|---|---|---|---|"]
+            lines.append(
+                f"| `{name}` | {metric} | {s['defaults'][name]:g} | {_pct(detection)} | {_count(row, s, 'greek')} | "
+                f"{_count(row, s, 'caps')} | {_count(row, s, 'written')} | {fp:.2f} | {_pct(early)} | "
+                f"{'—' if math.isnan(delay) else f'{delay:.0f}'} |"
+            )
+    lines += [
+        "",
+        "## Thresholds that reach the target",
+        "",
+        f"The target: ≥ {TARGET_DETECTION:.0%} detection at ≤ 1 % false positives per 1,000 steps. That reads two "
+        f"ways, so both are shown: ≤ {FP_BUDGETS[0]:g} flags per 1,000 quiet steps (1 % of steps) and the stricter "
+        f"≤ {FP_BUDGETS[1]:g} per 1,000. Each cell gives the swept thresholds that reach it and, at the largest of "
+        "them (the fewest false positives), detection / FP per 1,000; where none does, the best detection "
+        'inside the FP budget. "all" counts every broken run, "unseen" only the greek and caps bursts '
+        "(content the model has never seen); *written* bursts are Seed A's rare word in otherwise familiar "
+        "sentences.",
+        "",
+        f"| detector | series | all bursts, FP ≤ {FP_BUDGETS[0]:g} | all bursts, FP ≤ {FP_BUDGETS[1]:g} | "
+        f"unseen content, FP ≤ {FP_BUDGETS[1]:g} |",
+        "|---|---|---|---|---|",
+    ]
     verdicts: dict[tuple[str, str], bool] = {}
     for name in CALIBRATED:
         det = s["detectors"][name]
@@ -294,18 +322,26 @@ def write_doc(summary: dict) -> str:
             lines.append(f"| `{name}` | {metric} | " + " | ".join(cells) + " |")
     lines += ["", "## What this says", ""]
     lines += _conclusions(s, verdicts)
-    lines += ["", f"![ROC per detector]({PLOT.name})", "",
-              "Each panel sweeps one detector's threshold over both series: detection rate over all broken runs "
-              "(solid) and over the unseen-content bursts only (dotted) against false positives per 1,000 quiet "
-              "steps (symmetric log scale: 0 at the left edge); the ring marks the published default, the shaded "
-              "corner the target at ≤ 10 per 1,000.", "",
-              "## Recipe", "",
-              "*Not run by the docs test: the calibration trains 160 runs (about 5 minutes on 2 cores) and rewrites this page.*",
-              "```bash",
-              f"python scripts/calibrate_detectors.py --jobs 2   # ~{s['wall_seconds'] / 60:.0f} min on 2 cores: trains, sweeps, "
-              "writes this page, the plot and docs/detectors_calibration.json",
-              "python scripts/calibrate_detectors.py --report   # rewrite this page and the plot from the JSON",
-              "python scripts/real_log_table.py                 # ~30 s: rewrite the real-log section (keeps the rest)", "```", ""]
+    lines += [
+        "",
+        f"![ROC per detector]({PLOT.name})",
+        "",
+        "Each panel sweeps one detector's threshold over both series: detection rate over all broken runs "
+        "(solid) and over the unseen-content bursts only (dotted) against false positives per 1,000 quiet "
+        "steps (symmetric log scale: 0 at the left edge); the ring marks the published default, the shaded "
+        "corner the target at ≤ 10 per 1,000.",
+        "",
+        "## Recipe",
+        "",
+        "*Not run by the docs test: the calibration trains 160 runs (about 5 minutes on 2 cores) and rewrites this page.*",
+        "```bash",
+        f"python scripts/calibrate_detectors.py --jobs 2   # ~{s['wall_seconds'] / 60:.0f} min on 2 cores: trains, sweeps, "
+        "writes this page, the plot and docs/detectors_calibration.json",
+        "python scripts/calibrate_detectors.py --report   # rewrite this page and the plot from the JSON",
+        "python scripts/real_log_table.py                 # ~30 s: rewrite the real-log section (keeps the rest)",
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -318,10 +354,10 @@ def det_name(name: str) -> str:
 #: Why a detector cannot reach the target on single-batch bursts, shown only when it does not.
 WHY_NOT = {
     "llm-foundry": "it flags only after `patience` (4) consecutive steps above its threshold, and a burst fills one "
-                   "batch: the loss is back at the next step",
+    "batch: the loss is back at the next step",
     "megatron": "its reference is the largest value of the first 100 steps, when the loss is still near ln(vocab) "
-                "and the gradient norm at its early peak; a burst hundreds of steps later rarely exceeds it, so only "
-                "thresholds below 1 fire",
+    "and the gradient norm at its early peak; a burst hundreds of steps later rarely exceeds it, so only "
+    "thresholds below 1 fire",
 }
 
 
@@ -337,36 +373,44 @@ def _conclusions(s: dict, verdicts: dict[tuple[str, str], bool]) -> list[str]:
             if detection >= TARGET_DETECTION and fp <= FP_BUDGETS[1]:
                 at_default.append(f"`{name}` on {metric} ({_pct(detection)}, {fp:.2f} FP per 1,000)")
     if at_default:
-        out.append(f"- **At their published defaults**, {', '.join(at_default)} already meet the strict target over "
-                   "every burst.")
+        out.append(f"- **At their published defaults**, {', '.join(at_default)} already meet the strict target over every burst.")
     reached = sorted({n for (n, _), ok in verdicts.items() if ok})
     if reached:
-        out.append("- With a calibrated threshold, the strict target (≤ 1 FP per 1,000 quiet steps) over every burst is "
-                   "reached by " + ", ".join(f"`{n}` on " + " and ".join(m for m in METRICS if verdicts[(n, m)])
-                                            for n in reached) + ".")
+        out.append(
+            "- With a calibrated threshold, the strict target (≤ 1 FP per 1,000 quiet steps) over every burst is "
+            "reached by " + ", ".join(f"`{n}` on " + " and ".join(m for m in METRICS if verdicts[(n, m)]) for n in reached) + "."
+        )
     for name in CALIBRATED:
         if not any(verdicts[(name, m)] for m in METRICS):
             why = f": {WHY_NOT[name]}" if name in WHY_NOT else ""
             out.append(f"- `{name}` reaches the strict target on neither series{why}.")
     loss_only = [n for n in CALIBRATED if verdicts[(n, "loss")] and not verdicts[(n, "grad_norm_pre")]]
     if loss_only:
-        out.append("- On the loss, " + ", ".join(f"`{n}`" for n in loss_only) + " reach the strict target where the "
-                   "pre-clip norm does not: the *written* bursts are what the norm misses. Three *written* sentences "
-                   "lift the batch loss 0.63 → 2.98 but the global gradient norm only 3.5× (docs/fidelity.md), within "
-                   "the norm's ordinary variation.")
+        out.append(
+            "- On the loss, " + ", ".join(f"`{n}`" for n in loss_only) + " reach the strict target where the "
+            "pre-clip norm does not: the *written* bursts are what the norm misses. Three *written* sentences "
+            "lift the batch loss 0.63 → 2.98 but the global gradient norm only 3.5× (docs/fidelity.md), within "
+            "the norm's ordinary variation."
+        )
     defaults = [d["metrics"][m][d["thresholds"].index(s["defaults"][n])] for n, d in s["detectors"].items() for m in METRICS]
     early, total = sum(r["fp_flags_early"] for r in defaults), sum(r["fp_flags"] for r in defaults)
     if total:
-        out.append(f"- At the published defaults, {early} of the {total} false-positive flags (every detector, both "
-                   f"series) fall in the first {s['early_steps']} steps: {early / total:.0%} of the flags on "
-                   f"{s['early_quiet_steps'] / s['quiet_steps']:.0%} of the quiet steps. Warm-up draws more than its share.")
+        out.append(
+            f"- At the published defaults, {early} of the {total} false-positive flags (every detector, both "
+            f"series) fall in the first {s['early_steps']} steps: {early / total:.0%} of the flags on "
+            f"{s['early_quiet_steps'] / s['quiet_steps']:.0%} of the quiet steps. Warm-up draws more than its share."
+        )
     olmo_loss = s["detectors"]["olmo-core"]["metrics"]["loss"][0]
     if olmo_loss["fp_flags"] == 0:
-        out.append(f"- The train loss falls throughout these runs (240 sentences, memorised over the run), so a trailing "
-                   f"mean sits above it: `olmo-core` flags no quiet step of the loss even at "
-                   f"{olmo_loss['threshold']:g}σ. Loss rules look this good only on a loss that keeps falling.")
-    out.append("- These are Phase-19 numbers: one corpus, one model size, bursts of one batch. A threshold calibrated "
-               "here is a starting point for another model, not a transferable constant; rerun the script on yours.")
+        out.append(
+            f"- The train loss falls throughout these runs (240 sentences, memorised over the run), so a trailing "
+            f"mean sits above it: `olmo-core` flags no quiet step of the loss even at "
+            f"{olmo_loss['threshold']:g}σ. Loss rules look this good only on a loss that keeps falling."
+        )
+    out.append(
+        "- These are Phase-19 numbers: one corpus, one model size, bursts of one batch. A threshold calibrated "
+        "here is a starting point for another model, not a transferable constant; rerun the script on yours."
+    )
     return out
 
 
@@ -376,22 +420,28 @@ def plot(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
     fig, axes = plt.subplots(2, 3, figsize=(13, 8), sharey=True)
     colors = {"grad_norm_pre": "tab:blue", "loss": "tab:orange"}
     for ax, name in zip(axes.flat, CALIBRATED):
         det = summary["detectors"][name]
         k_default = det["thresholds"].index(summary["defaults"][name])
-        ax.add_patch(plt.Rectangle((0, TARGET_DETECTION), FP_BUDGETS[0], 1.02 - TARGET_DETECTION, color="tab:green",
-                                   alpha=0.12, lw=0))
+        ax.add_patch(
+            plt.Rectangle((0, TARGET_DETECTION), FP_BUDGETS[0], 1.02 - TARGET_DETECTION, color="tab:green", alpha=0.12, lw=0)
+        )
         for metric in METRICS:
             rows = det["metrics"][metric]
             for contents, style in ((tuple(CONTENT_MAX_COUNT), "-"), (UNSEEN_CONTENT, ":")):
                 pts = [_rates(r, summary, contents) for r in rows]
                 fp = [p[1] for p in pts]
                 tpr = [p[0] for p in pts]
-                ax.plot(fp, tpr, style, color=colors[metric], marker="." if style == "-" else None,
-                        label=f"{metric} ({'all bursts' if style == '-' else 'unseen content'})")
+                ax.plot(
+                    fp,
+                    tpr,
+                    style,
+                    color=colors[metric],
+                    marker="." if style == "-" else None,
+                    label=f"{metric} ({'all bursts' if style == '-' else 'unseen content'})",
+                )
                 ax.plot(fp[k_default], tpr[k_default], "o", mfc="none", mec="black", ms=9)
         ax.set_xscale("symlog", linthresh=0.1)
         ax.set_xlim(0, 1000)
@@ -404,8 +454,10 @@ def plot(summary: dict, path: Path) -> None:
     handles, labels = axes.flat[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=9)
     n_broken = sum(summary["broken_runs"].values())
-    fig.suptitle(f"Spike detectors on Phase-19: {summary['clean_runs']} clean + {n_broken} broken runs of "
-                 f"{summary['steps']} steps ({summary['date']})")
+    fig.suptitle(
+        f"Spike detectors on Phase-19: {summary['clean_runs']} clean + {n_broken} broken runs of "
+        f"{summary['steps']} steps ({summary['date']})"
+    )
     fig.tight_layout(rect=(0, 0.04, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -415,11 +467,17 @@ def plot(summary: dict, path: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clean", type=int, default=40, metavar="N", help="clean runs. Default: %(default)s")
-    parser.add_argument("--broken", type=int, default=120, metavar="N",
-                        help="broken runs (a third per content). Default: %(default)s")
+    parser.add_argument(
+        "--broken", type=int, default=120, metavar="N", help="broken runs (a third per content). Default: %(default)s"
+    )
     parser.add_argument("--report", action="store_true", help=f"rewrite {DOC} and {PLOT} from {SUMMARY}, train nothing")
-    parser.add_argument("--out-dir", type=Path, default=Path("."), metavar="DIR",
-                        help="where docs/ and out/ are written (default: the current directory)")
+    parser.add_argument(
+        "--out-dir",
+        type=Path,
+        default=Path("."),
+        metavar="DIR",
+        help="where docs/ and out/ are written (default: the current directory)",
+    )
     add_sweep_arguments(parser, seeds=False)
     args = parser.parse_args()
     doc, summary_path, plot_path, raw = (args.out_dir / p for p in (DOC, SUMMARY, PLOT, RAW))
@@ -430,8 +488,14 @@ def main() -> int:
 
         runs = design(args.clean, args.broken)
         started = time.perf_counter()
-        result = sweep(plan(runs), executor=args.executor, address=args.address, jobs=args.jobs,
-                       out=Path(args.runs) / "calibrate-detectors", fresh=args.fresh)
+        result = sweep(
+            plan(runs),
+            executor=args.executor,
+            address=args.address,
+            jobs=args.jobs,
+            out=Path(args.runs) / "calibrate-detectors",
+            fresh=args.fresh,
+        )
         if result.failed:
             raise SystemExit(f"{len(result.failed)} runs failed, first {result.failed[0]['point']}: {result.failed[0]['error']}")
         records = [measure(job, run) for job, run in zip(runs, result.runs)]
@@ -444,7 +508,7 @@ def main() -> int:
     text = write_doc(summary)
     old = doc.read_text() if doc.exists() else ""
     if REAL_LOGS_START in old and REAL_LOGS_END in old:
-        kept = old[old.index(REAL_LOGS_START):old.index(REAL_LOGS_END) + len(REAL_LOGS_END)]
+        kept = old[old.index(REAL_LOGS_START) : old.index(REAL_LOGS_END) + len(REAL_LOGS_END)]
         text = text.replace("\n## At the published defaults", f"\n{kept}\n\n## At the published defaults", 1)
     doc.write_text(text)
     plot(summary, plot_path)

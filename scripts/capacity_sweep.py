@@ -31,11 +31,20 @@ def measure(point, run) -> dict:
     from pytest_spikecheck.judge.analysis import final_value, loss_jump, recovery_steps, spike_ratio
 
     m, model = run.metrics, run.scenario.model
-    return {"width": model.n_embd, "layers": model.n_layer, "parameters": run.meta["parameters"], "clip": point.recipe,
-            "seed": run.scenario.seed, "ratio": spike_ratio(m, EVENT), "eval_jump": loss_jump(m, EVENT),
-            "recovery": recovery_steps(m, EVENT), "final_eval": final_value(m), "diverged": run.stopped_early,
-            "train_seconds": run.meta["train_seconds"],
-            "adam_surprise": (getattr(run.event_at(EVENT), "adam_surprise", None) or {}).get("share")}
+    return {
+        "width": model.n_embd,
+        "layers": model.n_layer,
+        "parameters": run.meta["parameters"],
+        "clip": point.recipe,
+        "seed": run.scenario.seed,
+        "ratio": spike_ratio(m, EVENT),
+        "eval_jump": loss_jump(m, EVENT),
+        "recovery": recovery_steps(m, EVENT),
+        "final_eval": final_value(m),
+        "diverged": run.stopped_early,
+        "train_seconds": run.meta["train_seconds"],
+        "adam_surprise": (getattr(run.event_at(EVENT), "adam_surprise", None) or {}).get("share"),
+    }
 
 
 def rows(records: list[dict]) -> list[dict]:
@@ -47,23 +56,36 @@ def rows(records: list[dict]) -> list[dict]:
         if not nc or not cl:
             continue
         gaps = [a["final_eval"] - b["final_eval"] for a in nc for b in cl if a["seed"] == b["seed"]]
-        out.append({"width": w, "layers": layers, "parameters": nc[0]["parameters"],
-                    "ratio": median([r["ratio"] for r in nc]), "eval_jump": median([r["eval_jump"] for r in nc]),
-                    "eval_jump_clip": median([r["eval_jump"] for r in cl]),
-                    "recovery": median([r["recovery"] for r in nc]), "final_gap": median(gaps),
-                    "adam_surprise": median([r["adam_surprise"] for r in nc]),
-                    "diverged": f"{sum(r['diverged'] for r in nc)}/{len(nc)}", "seconds": median([r["train_seconds"] for r in nc])})
+        out.append(
+            {
+                "width": w,
+                "layers": layers,
+                "parameters": nc[0]["parameters"],
+                "ratio": median([r["ratio"] for r in nc]),
+                "eval_jump": median([r["eval_jump"] for r in nc]),
+                "eval_jump_clip": median([r["eval_jump"] for r in cl]),
+                "recovery": median([r["recovery"] for r in nc]),
+                "final_gap": median(gaps),
+                "adam_surprise": median([r["adam_surprise"] for r in nc]),
+                "diverged": f"{sum(r['diverged'] for r in nc)}/{len(nc)}",
+                "seconds": median([r["train_seconds"] for r in nc]),
+            }
+        )
     return out
 
 
 def table(records: list[dict]) -> str:
-    lines = ["| width × layers | parameters | ratio (no clip) | eval jump no clip / clip 1.0 | recovery (steps) | "
-             "final gap (no clip − clip) | share of weights with \\|g\\|/√v̂ > 10 | diverged | s per run |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| width × layers | parameters | ratio (no clip) | eval jump no clip / clip 1.0 | recovery (steps) | "
+        "final gap (no clip − clip) | share of weights with \\|g\\|/√v̂ > 10 | diverged | s per run |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows(records):
-        lines.append(f"| {r['width']} × {r['layers']} | {r['parameters']:,} | {r['ratio']:.1f}× | {r['eval_jump']:.3f} / "
-                     f"{r['eval_jump_clip']:.3f} | {r['recovery']:.0f} | {r['final_gap']:+.3f} | {r['adam_surprise']:.1%} | "
-                     f"{r['diverged']} | {r['seconds']:.0f} |")
+        lines.append(
+            f"| {r['width']} × {r['layers']} | {r['parameters']:,} | {r['ratio']:.1f}× | {r['eval_jump']:.3f} / "
+            f"{r['eval_jump_clip']:.3f} | {r['recovery']:.0f} | {r['final_gap']:+.3f} | {r['adam_surprise']:.1%} | "
+            f"{r['diverged']} | {r['seconds']:.0f} |"
+        )
     return "\n".join(lines)
 
 

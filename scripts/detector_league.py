@@ -90,8 +90,9 @@ def lightning(steps: np.ndarray, values: np.ndarray) -> list[int]:
     import torch
     from lightning.fabric.utilities.spike import SpikeDetection, TrainingSpikeException
 
-    strategy = SimpleNamespace(root_device=torch.device("cpu"), barrier=lambda: None,
-                               reduce_boolean_decision=lambda decision, all=True: decision)
+    strategy = SimpleNamespace(
+        root_device=torch.device("cpu"), barrier=lambda: None, reduce_boolean_decision=lambda decision, all=True: decision
+    )
     fabric = SimpleNamespace(strategy=strategy, global_rank=1)  # not rank 0: it writes no skip file
     detector = SpikeDetection()
     out = []
@@ -209,10 +210,15 @@ def score(entrant: str, entries: list[dict]) -> dict:
             flagged += bool(flags)
             false_alarms += len(flags)
             healthy_points += points
-    return {"found": found, "onsets": onsets, "negatives": negatives, "flagged": flagged,
-            "per_10k": 10_000 * false_alarms / healthy_points if healthy_points else math.nan,
-            "latency": float(np.median(latencies)) if latencies else math.nan,
-            "worst": float(np.max(latencies)) if latencies else math.nan}
+    return {
+        "found": found,
+        "onsets": onsets,
+        "negatives": negatives,
+        "flagged": flagged,
+        "per_10k": 10_000 * false_alarms / healthy_points if healthy_points else math.nan,
+        "latency": float(np.median(latencies)) if latencies else math.nan,
+        "worst": float(np.max(latencies)) if latencies else math.nan,
+    }
 
 
 #: Engine runs (the project's own experiments/, trained by `spikecheck train`): (name, folder or None for
@@ -265,22 +271,32 @@ def muon_table(out: Path) -> str:
     low = np.minimum.accumulate(loss)
     rise = loss - np.concatenate([[np.inf], low[:-1]])
     worst = int(np.argmax(rise[1:])) + 1
-    first = {"ours: assert_logits_bounded(attention=100) on attn_logit_max": [int(steps[np.flatnonzero(logits > MUON_TAU)[0]])],
-             "**ours** (default policy)": engine_flags(out / "muon-max-logit" / "metrics.jsonl", "ours")[0]}
+    first = {
+        "ours: assert_logits_bounded(attention=100) on attn_logit_max": [int(steps[np.flatnonzero(logits > MUON_TAU)[0]])],
+        "**ours** (default policy)": engine_flags(out / "muon-max-logit" / "metrics.jsonl", "ours")[0],
+    }
     first.update({name: engine_flags(out / "muon-max-logit" / "metrics.jsonl", name)[0] for name in ENTRANTS})
-    lines = [f"**Muon's max-logit explosion** (Phase-19, Muon lr 0.4 on the hidden matrices, no weight decay, seed 42, "
-             f"{steps.size} steps): the largest attention logit passes {MUON_TAU:g} (Kimi K2's tau) at step {onset} and "
-             f"reaches {logits.max():,.0f}; the loss "
-             + (f"diverges (ln 2 above its running minimum) at step {diverged}." if diverged is not None else
-                f"never diverges in {steps.size} steps: its largest rise above its running minimum is "
-                f"{rise[worst]:+.2f} nats (step {int(steps[worst])}) and it ends at {loss[-1]:.2f}: the model stops "
-                f"learning while the logit grows, it does not blow up (the loss-based latency has no end point)."), "",
-             "| entrant | first flag (step) | steps after the logit passes tau | steps before the loss diverges |",
-             "|---|---|---|---|"]
+    lines = [
+        f"**Muon's max-logit explosion** (Phase-19, Muon lr 0.4 on the hidden matrices, no weight decay, seed 42, "
+        f"{steps.size} steps): the largest attention logit passes {MUON_TAU:g} (Kimi K2's tau) at step {onset} and "
+        f"reaches {logits.max():,.0f}; the loss "
+        + (
+            f"diverges (ln 2 above its running minimum) at step {diverged}."
+            if diverged is not None
+            else f"never diverges in {steps.size} steps: its largest rise above its running minimum is "
+            f"{rise[worst]:+.2f} nats (step {int(steps[worst])}) and it ends at {loss[-1]:.2f}: the model stops "
+            f"learning while the logit grows, it does not blow up (the loss-based latency has no end point)."
+        ),
+        "",
+        "| entrant | first flag (step) | steps after the logit passes tau | steps before the loss diverges |",
+        "|---|---|---|---|",
+    ]
     for name, flags in first.items():
         f = min(flags) if flags else None
-        lines.append(f"| {name} | {f if f is not None else '—'} | {f - onset if f is not None else '—'} | "
-                     f"{(diverged - f if diverged is not None else 'the loss does not diverge') if f is not None else '—'} |")
+        lines.append(
+            f"| {name} | {f if f is not None else '—'} | {f - onset if f is not None else '—'} | "
+            f"{(diverged - f if diverged is not None else 'the loss does not diverge') if f is not None else '—'} |"
+        )
     return "\n".join(lines + [""])
 
 
@@ -337,25 +353,36 @@ def engine_score(entrant: str, runs) -> dict:
         if near:
             found += 1
             latencies.append(max(0, near[0]))
-    return {"found": found, "onsets": onsets, "negatives": negatives, "flagged": flagged,
-            "per_10k": 10_000 * false_alarms / healthy if healthy else math.nan,
-            "latency": float(np.median(latencies)) if latencies else math.nan,
-            "worst": float(np.max(latencies)) if latencies else math.nan}
+    return {
+        "found": found,
+        "onsets": onsets,
+        "negatives": negatives,
+        "flagged": flagged,
+        "per_10k": 10_000 * false_alarms / healthy if healthy else math.nan,
+        "latency": float(np.median(latencies)) if latencies else math.nan,
+        "worst": float(np.max(latencies)) if latencies else math.nan,
+    }
 
 
 def engine_table(out: Path) -> str:
     runs = engine_runs(out)
     listing = "; ".join(f"{name} (event {'from step 1' if e == 0 else e if e else 'none'})" for name, _, e in runs)
-    return "\n".join([f"**engine runs** ({listing}; trained by `spikecheck train`, CPU, seed 42):", "",
-                      "| entrant | events found | clean runs flagged | false alarms / 10,000 clean steps | latency, steps: median (max) |",
-                      "|---|---|---|---|---|",
-                      _row("**ours** (default policy)", engine_score("ours", runs)),
-                      *[_row(name, engine_score(name, runs)) for name in ENTRANTS], ""])
+    return "\n".join(
+        [
+            f"**engine runs** ({listing}; trained by `spikecheck train`, CPU, seed 42):",
+            "",
+            "| entrant | events found | clean runs flagged | false alarms / 10,000 clean steps | latency, steps: median (max) |",
+            "|---|---|---|---|---|",
+            _row("**ours** (default policy)", engine_score("ours", runs)),
+            *[_row(name, engine_score(name, runs)) for name in ENTRANTS],
+            "",
+        ]
+    )
 
 
 def _row(name: str, s: dict) -> str:
     lat = "—" if math.isnan(s["latency"]) else f"{s['latency']:g} (max {s['worst']:g})"
-    return (f"| {name} | {s['found']}/{s['onsets']} | {s['flagged']}/{s['negatives']} | {s['per_10k']:.1f} | {lat} |")
+    return f"| {name} | {s['found']}/{s['onsets']} | {s['flagged']}/{s['negatives']} | {s['per_10k']:.1f} | {lat} |"
 
 
 def table(splits: tuple[str, ...] = ("heldout", "all")) -> str:
@@ -364,32 +391,48 @@ def table(splits: tuple[str, ...] = ("heldout", "all")) -> str:
     for split in splits:
         chosen = entries if split == "all" else [e for e in entries if e["split"] == split]
         title = "held-out split (never tuned on)" if split == "heldout" else "whole corpus (tune + held-out)"
-        lines += [f"**{title}**, {len(chosen)} files:", "",
-                  "| entrant | events found | healthy logs flagged | false alarms / 10,000 healthy steps | latency, steps: median (max) |",
-                  "|---|---|---|---|---|",
-                  _row("**ours** (default policy)", score("ours", chosen)),
-                  *[_row(name, score(name, chosen)) for name in ENTRANTS], ""]
+        lines += [
+            f"**{title}**, {len(chosen)} files:",
+            "",
+            "| entrant | events found | healthy logs flagged | false alarms / 10,000 healthy steps | latency, steps: median (max) |",
+            "|---|---|---|---|---|",
+            _row("**ours** (default policy)", score("ours", chosen)),
+            *[_row(name, score(name, chosen)) for name in ENTRANTS],
+            "",
+        ]
     return "\n".join(lines)
 
 
 def section(body: str) -> str:
-    return "\n".join([START, "## The detector league (issue 35)", "",
-                      "Generated by `python scripts/detector_league.py` (its docstring names every entrant's "
-                      "source and how it was run); `tests/test_detector_league.py` checks the held-out table "
-                      "below against the script. Measured 2026-12-01 on the 2-core AMD EPYC VM, under load.", "",
-                      body, END])
+    return "\n".join(
+        [
+            START,
+            "## The detector league (issue 35)",
+            "",
+            "Generated by `python scripts/detector_league.py` (its docstring names every entrant's "
+            "source and how it was run); `tests/test_detector_league.py` checks the held-out table "
+            "below against the script. Measured 2026-12-01 on the 2-core AMD EPYC VM, under load.",
+            "",
+            body,
+            END,
+        ]
+    )
 
 
 def committed_body(text: str) -> str:
-    inner = text[text.index(START) + len(START):text.index(END)]
+    inner = text[text.index(START) + len(START) : text.index(END)]
     return inner
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", action="store_true", help="print the section instead of writing it")
-    parser.add_argument("--runs", type=Path, default=ROOT / ".cache" / "detector_league",
-                        help="where the engine runs are trained (reused when there)")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        default=ROOT / ".cache" / "detector_league",
+        help="where the engine runs are trained (reused when there)",
+    )
     args = parser.parse_args()
     text = section(table() + "\n" + engine_table(args.runs) + "\n" + muon_table(args.runs))
     if args.print:

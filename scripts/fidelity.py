@@ -35,7 +35,9 @@ def measure(point, run) -> dict:
     m = run.metrics
     clip_factor = np.asarray(m["clip_factor"])
     return {
-        "config": config, "clip": clip_name, "seed": run.scenario.seed,
+        "config": config,
+        "clip": clip_name,
+        "seed": run.scenario.seed,
         "ratio": spike_ratio(m, BURST),
         "grad_norm_pre": value_at(m, "grad_norm_pre", BURST),
         "grad_norm_post": value_at(m, "grad_norm_post", BURST),
@@ -55,8 +57,10 @@ def measure(point, run) -> dict:
 
 
 def summarise(records: list[dict]) -> str:
-    lines = ["| burst at 312 | clip | ratio | pre-clip norm | post-clip norm | train loss before → at | eval jump | recovery (steps) | final eval | NaN runs |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| burst at 312 | clip | ratio | pre-clip norm | post-clip norm | train loss before → at | eval jump | recovery (steps) | final eval | NaN runs |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for config in CONFIGS:
         for clip in CLIPS:
             rs = [r for r in records if r["config"] == config and r["clip"] == clip]
@@ -67,7 +71,8 @@ def summarise(records: list[dict]) -> str:
                 f"| {config} | {clip} | {spread([r['ratio'] for r in rs])}× | {spread([r['grad_norm_pre'] for r in rs], '.2f')} | "
                 f"{spread([r['grad_norm_post'] for r in rs], '.2f')} | {spread([r['train_loss_before'] for r in rs], '.2f')} → "
                 f"{spread([r['train_loss_at'] for r in rs], '.2f')} | {spread([r['eval_jump'] for r in rs], '.3f')} | "
-                f"{recovery_spread([r['recovery'] for r in rs])} | {spread([r['final_eval'] for r in rs], '.3f')} | {nan}/{len(rs)} |")
+                f"{recovery_spread([r['recovery'] for r in rs])} | {spread([r['final_eval'] for r in rs], '.3f')} | {nan}/{len(rs)} |"
+            )
     return "\n".join(lines)
 
 

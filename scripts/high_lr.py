@@ -46,10 +46,18 @@ def measure(point, run) -> dict:
     from pytest_spikecheck.judge.sweeps import final_loss, initial_loss
 
     att = run["attn_logit_max"]
-    return {"recipe": point.recipe, "lr": run.scenario.optimizer.lr, "seed": run.scenario.seed,
-            "model": point.value("model.preset") or "micro", "final": final_loss(run), "initial": initial_loss(run),
-            "attn_max": float(np.nanmax(att)), "attn_step10": float(att[9]), "logz_end": float(run["logz_mean"][-1]),
-            "seconds": run.meta["train_seconds"]}
+    return {
+        "recipe": point.recipe,
+        "lr": run.scenario.optimizer.lr,
+        "seed": run.scenario.seed,
+        "model": point.value("model.preset") or "micro",
+        "final": final_loss(run),
+        "initial": initial_loss(run),
+        "attn_max": float(np.nanmax(att)),
+        "attn_step10": float(att[9]),
+        "logz_end": float(run["logz_mean"][-1]),
+        "seconds": run.meta["train_seconds"],
+    }
 
 
 def _sweeps(records: list[dict]):
@@ -58,11 +66,14 @@ def _sweeps(records: list[dict]):
     out = {}
     for recipe in RECIPES:
         for seed in sorted({r["seed"] for r in records}):
-            rows = sorted((r for r in records if r["recipe"] == recipe and r["seed"] == seed and r.get("model", "micro") == "micro"),
-                          key=lambda r: r["lr"])
+            rows = sorted(
+                (r for r in records if r["recipe"] == recipe and r["seed"] == seed and r.get("model", "micro") == "micro"),
+                key=lambda r: r["lr"],
+            )
             if rows:
-                out[recipe, seed] = LRSweep(recipe, tuple(r["lr"] for r in rows), tuple(r["final"] for r in rows),
-                                            initial=rows[0]["initial"])
+                out[recipe, seed] = LRSweep(
+                    recipe, tuple(r["lr"] for r in rows), tuple(r["final"] for r in rows), initial=rows[0]["initial"]
+                )
     return out
 
 
@@ -81,23 +92,34 @@ def _sweep_table(data: dict) -> list[str]:
     records = data["records"]
     seeds = sorted({r["seed"] for r in records})
     sweeps = _sweeps(records)
-    lines = [f"LR sweep, {STEPS} steps, micro model, seeds {seeds[0]}-{seeds[-1]} ({data['date']}); cells: final eval loss, "
-             "median [min–max] over seeds", "",
-             "| recipe | " + " | ".join(f"lr {lr:g}" for lr in LRS) + " | LR sensitivity |", "|---|" + "---|" * (len(LRS) + 1)]
+    lines = [
+        f"LR sweep, {STEPS} steps, micro model, seeds {seeds[0]}-{seeds[-1]} ({data['date']}); cells: final eval loss, "
+        "median [min–max] over seeds",
+        "",
+        "| recipe | " + " | ".join(f"lr {lr:g}" for lr in LRS) + " | LR sensitivity |",
+        "|---|" + "---|" * (len(LRS) + 1),
+    ]
     for recipe in RECIPES:
         cells = [spread([r["final"] for r in records if r["recipe"] == recipe and r["lr"] == lr], ".3f") for lr in LRS]
         sens = spread([lr_sensitivity(sweeps[recipe, s]) for s in seeds if (recipe, s) in sweeps], ".3f")
         lines.append(f"| {recipe} | " + " | ".join(cells) + f" | {sens} |")
     lines += ["", "Largest |attention logit| over the run at lr 0.1, median [min–max]:", ""]
     for recipe in RECIPES:
-        lines.append(f"- {recipe}: {spread([r['attn_max'] for r in records if r['recipe'] == recipe and r['lr'] == 0.1], ',.0f')}")
+        lines.append(
+            f"- {recipe}: {spread([r['attn_max'] for r in records if r['recipe'] == recipe and r['lr'] == 0.1], ',.0f')}"
+        )
     return lines
 
 
 def _sizes_table(sizes: dict) -> list[str]:
-    lines = ["", f"Size dependence at lr 0.1 ({sizes['date']}): final eval loss, median [min–max]; runs stuck "
-              "(>= 1 nat above their qk-layernorm twin) / seeds", "",
-              "| model | baseline | qk-layernorm | stuck | largest attention logit (baseline) |", "|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Size dependence at lr 0.1 ({sizes['date']}): final eval loss, median [min–max]; runs stuck "
+        "(>= 1 nat above their qk-layernorm twin) / seeds",
+        "",
+        "| model | baseline | qk-layernorm | stuck | largest attention logit (baseline) |",
+        "|---|---|---|---|---|",
+    ]
     recs = sizes["records"]
     for model in SIZES:
         base = {r["seed"]: r for r in recs if r["model"] == model and r["recipe"] == "baseline"}
@@ -105,9 +127,11 @@ def _sizes_table(sizes: dict) -> list[str]:
         if not base:
             continue
         stuck = sum(1 for s in base if s in qk and base[s]["final"] - qk[s]["final"] >= 1.0)
-        lines.append(f"| {model} | {spread([r['final'] for r in base.values()], '.3f')} | "
-                     f"{spread([r['final'] for r in qk.values()], '.3f')} | {stuck}/{len(base)} | "
-                     f"{spread([r['attn_max'] for r in base.values()], ',.0f')} |")
+        lines.append(
+            f"| {model} | {spread([r['final'] for r in base.values()], '.3f')} | "
+            f"{spread([r['final'] for r in qk.values()], '.3f')} | {stuck}/{len(base)} | "
+            f"{spread([r['attn_max'] for r in base.values()], ',.0f')} |"
+        )
     return lines
 
 
@@ -117,11 +141,24 @@ def panel(data: dict, path: Path) -> None:
 
     records = data["records"]
     # the median over seeds of each recipe's final loss per LR (one line per recipe)
-    sweeps = [LRSweep(recipe, LRS, tuple(median([r["final"] if math.isfinite(r["final"]) else r["initial"]
-                                                 for r in records if r["recipe"] == recipe and r["lr"] == lr])
-                                         for lr in LRS),
-                      initial=median([r["initial"] for r in records]))
-              for recipe in RECIPES]
+    sweeps = [
+        LRSweep(
+            recipe,
+            LRS,
+            tuple(
+                median(
+                    [
+                        r["final"] if math.isfinite(r["final"]) else r["initial"]
+                        for r in records
+                        if r["recipe"] == recipe and r["lr"] == lr
+                    ]
+                )
+                for lr in LRS
+            ),
+            initial=median([r["initial"] for r in records]),
+        )
+        for recipe in RECIPES
+    ]
     plot_lr_sweep(sweeps, path, title=f"Final eval loss vs peak LR (micro, {STEPS} steps, median over seeds)")
 
 
@@ -131,8 +168,11 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--sizes", default=None, help="table: the sizes JSON to add")
     parser.add_argument("--panel", default=None, help="sweep: draw the final-loss-vs-LR panel here")
-    parser.add_argument("--recipes", default=",".join(RECIPES),
-                        help="sweep: the recipes to train (comma-separated); the JSON keeps the others' records")
+    parser.add_argument(
+        "--recipes",
+        default=",".join(RECIPES),
+        help="sweep: the recipes to train (comma-separated); the JSON keeps the others' records",
+    )
     add_sweep_arguments(parser)
     args = parser.parse_args()
     if args.mode == "table":

@@ -98,7 +98,9 @@ def check_runs(runs: dict) -> dict[str, str]:
     post = float(np.max(runs["control"]["grad_norm_post"]))
     if not post <= 1.0 + 1e-5:
         sys.exit(f"the control run's post-clip norm reached {post}")
-    facts["control"] = f"pre-clip spike {spike_ratio(runs['control'].metrics, BURST_STEP):.0f}x at step {BURST_STEP}, post-clip norm <= 1.0"
+    facts["control"] = (
+        f"pre-clip spike {spike_ratio(runs['control'].metrics, BURST_STEP):.0f}x at step {BURST_STEP}, post-clip norm <= 1.0"
+    )
     step, healthy_ratio = largest_spike(runs["healthy"].metrics)
     if not healthy_ratio < 3:
         sys.exit(f"the healthy run has a {healthy_ratio:.1f}x grad-norm jump at step {step}")
@@ -125,33 +127,47 @@ def hf_trainer_state(run, logging_steps: int, extra_entries: list[dict] = ()) ->
     last = 0
     for i, step in enumerate(m["step"].tolist()):
         if step % logging_steps == 0 or i == len(m["step"]) - 1:
-            history.append({
-                "epoch": _epoch(step, steps_per_epoch),
-                "grad_norm": _f(m["grad_norm_pre"][i]),
-                "learning_rate": _f(m["lr"][i]),
-                "loss": _f(float(np.mean(m["loss"][last:i + 1]))),  # the mean since the last log
-                "step": step,
-            })
+            history.append(
+                {
+                    "epoch": _epoch(step, steps_per_epoch),
+                    "grad_norm": _f(m["grad_norm_pre"][i]),
+                    "learning_rate": _f(m["lr"][i]),
+                    "loss": _f(float(np.mean(m["loss"][last : i + 1]))),  # the mean since the last log
+                    "step": step,
+                }
+            )
             last = i + 1
         if step % HF_EVAL_STEPS == 0 and math.isfinite(m["eval_loss"][i]):
             history.append({"epoch": _epoch(step, steps_per_epoch), "eval_loss": _f(m["eval_loss"][i]), "step": step})
     history.extend(extra_entries)
     final = int(m["step"][-1])
     if not run.stopped_early:
-        history.append({
-            "epoch": _epoch(final, steps_per_epoch), "step": final,
-            "train_loss": _f(float(np.mean(m["loss"]))),
-            "train_runtime": round(run.meta["train_seconds"], 4),
-            "train_samples_per_second": round(final * run.scenario.sampler.batch_size / run.meta["train_seconds"], 3),
-            "train_steps_per_second": round(final / run.meta["train_seconds"], 3),
-        })
+        history.append(
+            {
+                "epoch": _epoch(final, steps_per_epoch),
+                "step": final,
+                "train_loss": _f(float(np.mean(m["loss"]))),
+                "train_runtime": round(run.meta["train_seconds"], 4),
+                "train_samples_per_second": round(final * run.scenario.sampler.batch_size / run.meta["train_seconds"], 3),
+                "train_steps_per_second": round(final / run.meta["train_seconds"], 3),
+            }
+        )
     return {
-        "best_metric": None, "best_model_checkpoint": None, "epoch": _epoch(final, steps_per_epoch),
-        "eval_steps": HF_EVAL_STEPS, "global_step": final, "is_hyper_param_search": False,
-        "is_local_process_zero": True, "is_world_process_zero": True, "log_history": history,
-        "logging_steps": logging_steps, "max_steps": run.scenario.steps,
+        "best_metric": None,
+        "best_model_checkpoint": None,
+        "epoch": _epoch(final, steps_per_epoch),
+        "eval_steps": HF_EVAL_STEPS,
+        "global_step": final,
+        "is_hyper_param_search": False,
+        "is_local_process_zero": True,
+        "is_world_process_zero": True,
+        "log_history": history,
+        "logging_steps": logging_steps,
+        "max_steps": run.scenario.steps,
         "num_train_epochs": math.ceil(run.scenario.steps / steps_per_epoch),
-        "train_batch_size": run.scenario.sampler.batch_size, "trial_name": None, "trial_params": None,
+        "train_batch_size": run.scenario.sampler.batch_size,
+        "trial_name": None,
+        "trial_params": None,
     }
 
 
@@ -169,8 +185,15 @@ def lightning_rows(run) -> list[dict]:
         epoch = (step - 1) // steps_per_epoch
         epoch_losses.append(float(m["loss"][i]))
         if step % LIGHTNING_LOG_EVERY == 0:
-            rows.append({"epoch": epoch, "step": step - 1, "train_loss_step": _f(m["loss"][i]),
-                         "grad_2.0_norm_total": _f(m["grad_norm_pre"][i]), "lr-AdamW": _f(m["lr"][i])})
+            rows.append(
+                {
+                    "epoch": epoch,
+                    "step": step - 1,
+                    "train_loss_step": _f(m["loss"][i]),
+                    "grad_2.0_norm_total": _f(m["grad_norm_pre"][i]),
+                    "lr-AdamW": _f(m["lr"][i]),
+                }
+            )
         if step % LIGHTNING_VAL_EVERY == 0:
             rows.append({"epoch": epoch, "step": step - 1, "val_loss": _f(m["eval_loss"][i])})
         if step % steps_per_epoch == 0:
@@ -220,8 +243,14 @@ def wandb_rows(run) -> list[dict]:
     rows = []
     for i, step in enumerate(m["step"].tolist()):
         common = {"train/global_step": step, "train/epoch": _epoch(step, steps_per_epoch)}
-        rows.append({**common, "train/loss": _f(m["loss"][i]), "train/grad_norm": _f(m["grad_norm_pre"][i]),
-                     "train/learning_rate": _f(m["lr"][i])})
+        rows.append(
+            {
+                **common,
+                "train/loss": _f(m["loss"][i]),
+                "train/grad_norm": _f(m["grad_norm_pre"][i]),
+                "train/learning_rate": _f(m["lr"][i]),
+            }
+        )
         if math.isfinite(m["eval_loss"][i]):
             rows.append({**common, "eval/loss": _f(m["eval_loss"][i])})
     for n, row in enumerate(rows):
@@ -266,19 +295,30 @@ def main() -> int:
     diverged = runs["diverged"]
     steps_per_epoch = diverged.scenario.data.n_sentences // diverged.scenario.sampler.batch_size
     after = int(diverged.steps[-1]) + 1
-    lr_after = lr_at(after, base_lr=diverged.scenario.optimizer.lr, total_steps=diverged.scenario.steps,
-                     spec=diverged.scenario.schedule)
-    injected = {"epoch": _epoch(after, steps_per_epoch), "grad_norm": math.nan, "learning_rate": _f(lr_after),
-                "loss": math.nan, "step": after}
+    lr_after = lr_at(
+        after, base_lr=diverged.scenario.optimizer.lr, total_steps=diverged.scenario.steps, spec=diverged.scenario.schedule
+    )
+    injected = {
+        "epoch": _epoch(after, steps_per_epoch),
+        "grad_norm": math.nan,
+        "learning_rate": _f(lr_after),
+        "loss": math.nan,
+        "step": after,
+    }
     write_json(out / "hf" / "trainer_state_diverged.json", hf_trainer_state(diverged, 1, [injected]))
 
     rows = lightning_rows(runs["control"])
     write_csv(out / "lightning" / "metrics.csv", rows, sorted({k for r in rows for k in r}))
-    write_tensorboard(out / "tensorboard", [(runs["break"], range(1, RESTART_LAST_STEP + 1)),
-                                            (runs["healthy"], range(RESUMED_FROM + 1, STEPS + 1))])
+    write_tensorboard(
+        out / "tensorboard",
+        [(runs["break"], range(1, RESTART_LAST_STEP + 1)), (runs["healthy"], range(RESUMED_FROM + 1, STEPS + 1))],
+    )
     rows = wandb_rows(runs["break"])
-    write_csv(out / "wandb" / "history.csv", rows, ["_step", "train/global_step", "train/epoch", "train/loss",
-                                                     "train/grad_norm", "train/learning_rate", "eval/loss"])
+    write_csv(
+        out / "wandb" / "history.csv",
+        rows,
+        ["_step", "train/global_step", "train/epoch", "train/loss", "train/grad_norm", "train/learning_rate", "eval/loss"],
+    )
     runs["control"].save(out / "jsonl" / "run")
     (out / "jsonl" / "run" / "metrics.jsonl").rename(out / "jsonl" / "metrics.jsonl")
     shutil.rmtree(out / "jsonl" / "run")

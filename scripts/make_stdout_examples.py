@@ -36,8 +36,9 @@ def main() -> int:
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                       bos_token_id=0, eos_token_id=0))
+    model = GPT2LMHeadModel(
+        GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0)
+    )
 
     class Tokens(torch.utils.data.Dataset):
         def __init__(self, offset: int, size: int) -> None:
@@ -50,10 +51,21 @@ def main() -> int:
             x = torch.randint(0, 64, (16,), generator=torch.Generator().manual_seed(self.offset + i))
             return {"input_ids": x, "labels": x}
 
-    args = TrainingArguments(output_dir="/tmp/spikecheck_hf_stdout", per_device_train_batch_size=8, max_steps=30,
-                             logging_steps=2, eval_strategy="steps", eval_steps=10, per_device_eval_batch_size=16,
-                             use_cpu=True, report_to=[], save_strategy="no", learning_rate=1e-3, seed=0,
-                             disable_tqdm=False)
+    args = TrainingArguments(
+        output_dir="/tmp/spikecheck_hf_stdout",
+        per_device_train_batch_size=8,
+        max_steps=30,
+        logging_steps=2,
+        eval_strategy="steps",
+        eval_steps=10,
+        per_device_eval_batch_size=16,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        learning_rate=1e-3,
+        seed=0,
+        disable_tqdm=False,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=Tokens(0, 256), eval_dataset=Tokens(10_000, 32))
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
@@ -99,9 +111,15 @@ def lightning_run() -> None:
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         # The TQDM bar (Lightning's default without rich installed; rich draws a live panel instead).
-        L.Trainer(max_epochs=3, accelerator="cpu", logger=False, enable_checkpointing=False, log_every_n_steps=1,
-                  callbacks=[L.pytorch.callbacks.TQDMProgressBar(refresh_rate=1)],
-                  default_root_dir="/tmp/spikecheck_lightning_stdout").fit(Regression(), train, val)
+        L.Trainer(
+            max_epochs=3,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            log_every_n_steps=1,
+            callbacks=[L.pytorch.callbacks.TQDMProgressBar(refresh_rate=1)],
+            default_root_dir="/tmp/spikecheck_lightning_stdout",
+        ).fit(Regression(), train, val)
     (OUT / "lightning_stdout.log").write_text(printed.getvalue())
     print(f"wrote {OUT / 'lightning_stdout.log'} ({len(printed.getvalue()):,} characters)")
 

@@ -27,8 +27,17 @@ EVENT = 312
 #: break -> its sweep file in experiments/sweeps/
 BREAKS = {"burst": "mitigations-burst", "new-source": "mitigations-new-source"}
 #: The table's rows in order: the recipes of the sweep files.
-MITIGATIONS = ("no clip", "clip 1.0", "clip 0.5", "per-tensor clip 1.0", "no warmup, no clip", "no warmup, clip 1.0",
-               "stratified batches", "skip step (ratio ≥ 5)", "adaptive clip (ZClip z=2.5)")
+MITIGATIONS = (
+    "no clip",
+    "clip 1.0",
+    "clip 0.5",
+    "per-tensor clip 1.0",
+    "no warmup, no clip",
+    "no warmup, clip 1.0",
+    "stratified batches",
+    "skip step (ratio ≥ 5)",
+    "adaptive clip (ZClip z=2.5)",
+)
 
 
 def measure(brk: str, point, run) -> dict:
@@ -39,10 +48,16 @@ def measure(brk: str, point, run) -> dict:
     if brk == "new-source":  # the first step whose batch holds the new source
         event = next((b["step"] for b in run.batches if "foreign" in b["sources"]), EVENT)
     return {
-        "break": brk, "mitigation": point.recipe, "seed": run.scenario.seed, "event_step": event,
-        "ratio": spike_ratio(m, event), "grad_norm_post": value_at(m, "grad_norm_post", event),
-        "eval_jump": loss_jump(m, event), "recovery": recovery_steps(m, event),
-        "final_eval": final_value(m), "nonfinite": run.stopped_early,
+        "break": brk,
+        "mitigation": point.recipe,
+        "seed": run.scenario.seed,
+        "event_step": event,
+        "ratio": spike_ratio(m, event),
+        "grad_norm_post": value_at(m, "grad_norm_post", event),
+        "eval_jump": loss_jump(m, event),
+        "recovery": recovery_steps(m, event),
+        "final_eval": final_value(m),
+        "nonfinite": run.stopped_early,
         "first_step_max_update": (run.meta["first_step_update"] or {}).get("max_abs"),
         "skipped_steps": len(run.meta["skipped_steps"]),
     }
@@ -51,16 +66,22 @@ def measure(brk: str, point, run) -> dict:
 def summarise(records: list[dict]) -> str:
     lines = []
     for brk in ("burst", "new-source"):
-        lines += [f"\n**{brk}**\n", "| mitigation | ratio at the event | post-clip norm | eval jump | recovery (steps) | "
-                  "final eval | first-step max \\|Δθ\\| | skipped steps | NaN runs |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"\n**{brk}**\n",
+            "| mitigation | ratio at the event | post-clip norm | eval jump | recovery (steps) | "
+            "final eval | first-step max \\|Δθ\\| | skipped steps | NaN runs |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for name in MITIGATIONS:
             rs = [r for r in records if r["break"] == brk and r["mitigation"] == name]
             if not rs:
                 continue
-            lines.append(f"| {name} | {spread([r['ratio'] for r in rs], '.1f')}× | {spread([r['grad_norm_post'] for r in rs], '.2f')} | "
-                         f"{spread([r['eval_jump'] for r in rs], '.3f')} | {recovery_spread([r['recovery'] for r in rs])} | "
-                         f"{spread([r['final_eval'] for r in rs], '.3f')} | {spread([r['first_step_max_update'] for r in rs], '.1e')} | "
-                         f"{spread([r['skipped_steps'] for r in rs], '.0f')} | {sum(r['nonfinite'] for r in rs)}/{len(rs)} |")
+            lines.append(
+                f"| {name} | {spread([r['ratio'] for r in rs], '.1f')}× | {spread([r['grad_norm_post'] for r in rs], '.2f')} | "
+                f"{spread([r['eval_jump'] for r in rs], '.3f')} | {recovery_spread([r['recovery'] for r in rs])} | "
+                f"{spread([r['final_eval'] for r in rs], '.3f')} | {spread([r['first_step_max_update'] for r in rs], '.1e')} | "
+                f"{spread([r['skipped_steps'] for r in rs], '.0f')} | {sum(r['nonfinite'] for r in rs)}/{len(rs)} |"
+            )
     return "\n".join(lines)
 
 

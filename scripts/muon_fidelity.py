@@ -64,16 +64,39 @@ def describe(grid: str, point, run) -> dict:
     if grid == "seed_a":
         return {"grid": grid, "arch": sc.model.arch, "clip": point.recipe, "seed": sc.seed}
     if grid == "equal_update":
-        return {"grid": grid, "corpus": corpus, "arch": sc.model.arch, "optimizer": sc.optimizer.name,
-                "lr": sc.optimizer.lr, "seed": sc.seed}
+        return {
+            "grid": grid,
+            "corpus": corpus,
+            "arch": sc.model.arch,
+            "optimizer": sc.optimizer.name,
+            "lr": sc.optimizer.lr,
+            "seed": sc.seed,
+        }
     if grid == "issue_probes":
         defence = _defence(sc)
         corpus = f"{corpus}-{sc.sampler.batch_size}" if corpus == "induction" else corpus
-        label = f"{corpus.split('-')[0]} {sc.optimizer.name} lr {sc.optimizer.lr:g}" + ("" if defence == "none" else f" {defence}")
-        return {"grid": grid, "label": label, "corpus": corpus, "steps": sc.steps, "optimizer": sc.optimizer.name,
-                "lr": sc.optimizer.lr, "defence": defence, "arch": sc.model.arch, "seed": sc.seed}
-    return {"grid": grid, "corpus": corpus, "arch": sc.model.arch, "optimizer": sc.optimizer.name,
-            "defence": point.recipe, "seed": sc.seed}
+        label = f"{corpus.split('-')[0]} {sc.optimizer.name} lr {sc.optimizer.lr:g}" + (
+            "" if defence == "none" else f" {defence}"
+        )
+        return {
+            "grid": grid,
+            "label": label,
+            "corpus": corpus,
+            "steps": sc.steps,
+            "optimizer": sc.optimizer.name,
+            "lr": sc.optimizer.lr,
+            "defence": defence,
+            "arch": sc.model.arch,
+            "seed": sc.seed,
+        }
+    return {
+        "grid": grid,
+        "corpus": corpus,
+        "arch": sc.model.arch,
+        "optimizer": sc.optimizer.name,
+        "defence": point.recipe,
+        "seed": sc.seed,
+    }
 
 
 def measure(grid: str, point, run) -> dict:
@@ -82,27 +105,44 @@ def measure(grid: str, point, run) -> dict:
     from pytest_spikecheck.judge.analysis import final_value, recovery_steps, spike_ratio
 
     m = run.metrics
-    out = {**describe(grid, point, run), "seconds": run.meta["train_seconds"], "stopped": run.stopped_early,
-           "qk_weight_norm": run.meta.get("qk_weight_norm")}  # ||W_q||·||W_k|| at the end, mean over layers
+    out = {
+        **describe(grid, point, run),
+        "seconds": run.meta["train_seconds"],
+        "stopped": run.stopped_early,
+        "qk_weight_norm": run.meta.get("qk_weight_norm"),
+    }  # ||W_q||·||W_k|| at the end, mean over layers
     if grid == "seed_a":
-        return {**out, "ratio": spike_ratio(m, BURST_STEP), "recovery": recovery_steps(m, BURST_STEP),
-                "final_eval": final_value(m)}
+        return {
+            **out,
+            "ratio": spike_ratio(m, BURST_STEP),
+            "recovery": recovery_steps(m, BURST_STEP),
+            "final_eval": final_value(m),
+        }
     logits = np.asarray(m["attn_logit_max"], dtype=float)
-    out.update(max_logit=float(np.nanmax(logits)), logit_step10=float(logits[9]), final_eval=final_value(m, last=1),
-               final_eval_repeat=(final_value(m, "eval_loss_repeat", last=1) if "eval_loss_repeat" in m else None),
-               grad_ratio=float(np.nanmax(m["grad_norm_pre"]) / np.nanmedian(m["grad_norm_pre"])),
-               nonfinite=bool(not np.isfinite(m["loss"]).all() or run.stopped_early))
+    out.update(
+        max_logit=float(np.nanmax(logits)),
+        logit_step10=float(logits[9]),
+        final_eval=final_value(m, last=1),
+        final_eval_repeat=(final_value(m, "eval_loss_repeat", last=1) if "eval_loss_repeat" in m else None),
+        grad_ratio=float(np.nanmax(m["grad_norm_pre"]) / np.nanmedian(m["grad_norm_pre"])),
+        nonfinite=bool(not np.isfinite(m["loss"]).all() or run.stopped_early),
+    )
     if "qk_clipped_heads" in m:
         clipped = np.asarray(m["qk_clipped_heads"], dtype=float)
         active = np.flatnonzero(clipped > 0)
         first = int(active[0]) if active.size else None
-        out.update(clip_steps=int(active.size), clip_last=int(active[-1]) + 1 if active.size else None,
-                   clip_late_share=float((clipped[-len(clipped) // 4:] > 0).mean()), clip_heads=float(clipped.sum()),
-                   max_after_first_clip=float(np.nanmax(logits[first + 1:])) if first is not None else None)
+        out.update(
+            clip_steps=int(active.size),
+            clip_last=int(active[-1]) + 1 if active.size else None,
+            clip_late_share=float((clipped[-len(clipped) // 4 :] > 0).mean()),
+            clip_heads=float(clipped.sum()),
+            max_after_first_clip=float(np.nanmax(logits[first + 1 :])) if first is not None else None,
+        )
     return out
 
 
 # -- tables ----------------------------------------------------------------------------------
+
 
 def _cells(records: list[dict], key: str, spec: str, **where) -> str:
     return spread([r.get(key) for r in records if all(r.get(k) == v for k, v in where.items())], spec)
@@ -113,11 +153,17 @@ def table(records: list[dict]) -> str:
     main_rows = [r for r in records if r["grid"] == "main"]
     if main_rows:
         seeds = sorted({r["seed"] for r in main_rows})
-        lines += [f"Largest attention logit over the run / final eval loss (induction: full, and on the repeated half), "
-                  f"median [min–max] over seeds {seeds[0]}–{seeds[-1]}, {STEPS} steps, weight decay 0 unless stated:", ""]
+        lines += [
+            f"Largest attention logit over the run / final eval loss (induction: full, and on the repeated half), "
+            f"median [min–max] over seeds {seeds[0]}–{seeds[-1]}, {STEPS} steps, weight decay 0 unless stated:",
+            "",
+        ]
         for corpus in CORPORA:
-            head = "| optimizer | defence | " + " | ".join(f"{a}: max logit | {a}: final eval" + (" (repeat)" if corpus == "induction" else "")
-                                                            for a in ARCHS) + " |"
+            head = (
+                "| optimizer | defence | "
+                + " | ".join(f"{a}: max logit | {a}: final eval" + (" (repeat)" if corpus == "induction" else "") for a in ARCHS)
+                + " |"
+            )
             lines += [f"**{corpus}**", "", head, "|---|---|" + "---|---|" * len(ARCHS)]
             for opt in OPTIMIZERS:
                 for defence in DEFENCES:
@@ -132,37 +178,60 @@ def table(records: list[dict]) -> str:
                         cells += [_cells(main_rows, "max_logit", ",.0f", **where), final]
                     lines.append(f"| {opt} | {defence} | " + " | ".join(cells) + " |")
             lines.append("")
-        lines += ["QK-Clip's activity (Muon): steps with a clip / steps, share of the last quarter's steps with a clip, "
-                  "largest logit after the first clip ÷ tau:", "",
-                  "| corpus | arch | clip | steps clipping | last quarter | max after first clip / tau |", "|---|---|---|---|---|---|"]
+        lines += [
+            "QK-Clip's activity (Muon): steps with a clip / steps, share of the last quarter's steps with a clip, "
+            "largest logit after the first clip ÷ tau:",
+            "",
+            "| corpus | arch | clip | steps clipping | last quarter | max after first clip / tau |",
+            "|---|---|---|---|---|---|",
+        ]
         for corpus in CORPORA:
             for arch in ARCHS:
                 for defence, tau in (("qk-clip 30", 30), ("qk-clip 30 per-layer", 30), ("qk-clip 100", 100)):
-                    rows = [r for r in main_rows if (r["corpus"], r["arch"], r["optimizer"], r["defence"]) ==
-                            (corpus, arch, "muon", defence)]
+                    rows = [
+                        r
+                        for r in main_rows
+                        if (r["corpus"], r["arch"], r["optimizer"], r["defence"]) == (corpus, arch, "muon", defence)
+                    ]
                     if rows:
-                        lines.append(f"| {corpus} | {arch} | {defence} | {spread([r['clip_steps'] for r in rows], '.0f')} | "
-                                     f"{spread([r['clip_late_share'] for r in rows], '.2f')} | "
-                                     f"{spread([(r['max_after_first_clip'] or math.nan) / tau for r in rows], '.2f')} |")
+                        lines.append(
+                            f"| {corpus} | {arch} | {defence} | {spread([r['clip_steps'] for r in rows], '.0f')} | "
+                            f"{spread([r['clip_late_share'] for r in rows], '.2f')} | "
+                            f"{spread([(r['max_after_first_clip'] or math.nan) / tau for r in rows], '.2f')} |"
+                        )
         lines.append("")
     eq = [r for r in records if r["grid"] == "equal_update"]
     if eq:
-        lines += ["Equal update size (GPT, Phase-19, no defence; Muon with adjust_lr_fn match_rms_adamw): largest attention "
-                  "logit, median [min–max]:", "", "| lr | AdamW | Muon (match_rms_adamw) |", "|---|---|---|"]
+        lines += [
+            "Equal update size (GPT, Phase-19, no defence; Muon with adjust_lr_fn match_rms_adamw): largest attention "
+            "logit, median [min–max]:",
+            "",
+            "| lr | AdamW | Muon (match_rms_adamw) |",
+            "|---|---|---|",
+        ]
         for lr in EQUAL_UPDATE_LRS:
-            lines.append(f"| {lr:g} | {_cells(eq, 'max_logit', ',.0f', optimizer='adamw', lr=lr)} | "
-                         f"{_cells(eq, 'max_logit', ',.0f', optimizer='muon', lr=lr)} |")
+            lines.append(
+                f"| {lr:g} | {_cells(eq, 'max_logit', ',.0f', optimizer='adamw', lr=lr)} | "
+                f"{_cells(eq, 'max_logit', ',.0f', optimizer='muon', lr=lr)} |"
+            )
         lines.append("")
     probes = [r for r in records if r["grid"] == "issue_probes"]
     if probes:
-        lines += ["Issue 22's probes rerun with the project's code (GPT, no weight decay): largest attention logit; "
-                  "final eval loss (induction: full (repeated half)); one value per seed:", "",
-                  "| probe | steps | seeds | max logit | final eval | grad-norm max / median |", "|---|---|---|---|---|---|"]
+        lines += [
+            "Issue 22's probes rerun with the project's code (GPT, no weight decay): largest attention logit; "
+            "final eval loss (induction: full (repeated half)); one value per seed:",
+            "",
+            "| probe | steps | seeds | max logit | final eval | grad-norm max / median |",
+            "|---|---|---|---|---|---|",
+        ]
         for label in dict.fromkeys(r["label"] for r in probes):
             rows = sorted((r for r in probes if r["label"] == label), key=lambda r: r["seed"])
             if rows:
-                finals = ", ".join(f"{r['final_eval']:.2f}" + (f" ({r['final_eval_repeat']:.2f})" if r.get("final_eval_repeat")
-                                                               is not None else "") for r in rows)
+                finals = ", ".join(
+                    f"{r['final_eval']:.2f}"
+                    + (f" ({r['final_eval_repeat']:.2f})" if r.get("final_eval_repeat") is not None else "")
+                    for r in rows
+                )
                 seeds_text = ", ".join(str(r["seed"]) for r in rows)
                 logits = ", ".join(format(r["max_logit"], ",.0f") for r in rows)
                 grads = ", ".join(format(r["grad_ratio"], ".1f") for r in rows)
@@ -170,13 +239,19 @@ def table(records: list[dict]) -> str:
         lines.append("")
     burst = [r for r in records if r["grid"] == "seed_a"]
     if burst:
-        lines += ["Seed A's burst (8 unseen sentences at 312, Phase-19's recipe, AdamW), median [min–max]:", "",
-                  "| arch | clip | ratio at 312 | recovery (steps) | final eval |", "|---|---|---|---|---|"]
+        lines += [
+            "Seed A's burst (8 unseen sentences at 312, Phase-19's recipe, AdamW), median [min–max]:",
+            "",
+            "| arch | clip | ratio at 312 | recovery (steps) | final eval |",
+            "|---|---|---|---|---|",
+        ]
         for arch in ARCHS:
             for clip in CLIPS:
                 rows = [r for r in burst if r["arch"] == arch and r["clip"] == clip]
-                lines.append(f"| {arch} | {clip} | {spread([r['ratio'] for r in rows], '.1f')}× | "
-                             f"{spread([r['recovery'] for r in rows], '.0f')} | {spread([r['final_eval'] for r in rows], '.3f')} |")
+                lines.append(
+                    f"| {arch} | {clip} | {spread([r['ratio'] for r in rows], '.1f')}× | "
+                    f"{spread([r['recovery'] for r in rows], '.0f')} | {spread([r['final_eval'] for r in rows], '.3f')} |"
+                )
     return "\n".join(lines)
 
 

@@ -24,9 +24,20 @@ from pytest_spikecheck import Scenario
 from pytest_spikecheck.integrations.hf_proxy import PROXY_FACTORY, proxy_model
 from pytest_spikecheck.sweep import sweep
 
-HF_CONFIG = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-             "intermediate_size": 176, "num_hidden_layers": 2, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
-             "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
+HF_CONFIG = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 176,
+    "num_hidden_layers": 2,
+    "rope_theta": 10000.0,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
 
 
 def seeds(text: str) -> list[int]:
@@ -68,12 +79,18 @@ def main() -> None:
     rows = {}
     for label, scenario in (("ours", ours), ("hf", hf)):
         result = sweep(scenario, points, jobs=args.jobs, out=f"{args.out}/{label}", progress="lines")
-        rows[label] = [(r["final_eval_loss"], r["max_attn_logit"], run.meta["seconds"] / len(run)) for r, run in
-                       zip(result.rows, result.runs)]
+        rows[label] = [
+            (r["final_eval_loss"], r["max_attn_logit"], run.meta["seconds"] / len(run))
+            for r, run in zip(result.rows, result.runs)
+        ]
     for label, rs in rows.items():
-        print(f"{label}: final eval loss " + ", ".join(f"{r[0]:.3f}" for r in rs)
-              + "; largest attention logit " + ", ".join(f"{r[1]:.1f}" for r in rs)
-              + f"; run seconds per step median {statistics.median(r[2] for r in rs) * 1e3:.1f} ms")
+        print(
+            f"{label}: final eval loss "
+            + ", ".join(f"{r[0]:.3f}" for r in rs)
+            + "; largest attention logit "
+            + ", ".join(f"{r[1]:.1f}" for r in rs)
+            + f"; run seconds per step median {statistics.median(r[2] for r in rs) * 1e3:.1f} ms"
+        )
     from pytest_spikecheck.models.config import GPTConfig
     from pytest_spikecheck.models.llama import Llama
 
@@ -85,9 +102,11 @@ def main() -> None:
         model.record_stats = True
     ours_ms, hf_ms = bare_steps_ms([mine, theirs], vocab)
     ratios = sorted(h / o for o, h in zip(ours_ms, hf_ms))
-    print(f"bare step (8 x 32 tokens, 1 thread, alternating, {len(ours_ms)} each): ours median "
-          f"{statistics.median(ours_ms):.2f} ms, HF proxy {statistics.median(hf_ms):.2f} ms; HF / ours per pair "
-          f"median {statistics.median(ratios):.2f} [quartiles {ratios[len(ratios) // 4]:.2f}-{ratios[3 * len(ratios) // 4]:.2f}]")
+    print(
+        f"bare step (8 x 32 tokens, 1 thread, alternating, {len(ours_ms)} each): ours median "
+        f"{statistics.median(ours_ms):.2f} ms, HF proxy {statistics.median(hf_ms):.2f} ms; HF / ours per pair "
+        f"median {statistics.median(ratios):.2f} [quartiles {ratios[len(ratios) // 4]:.2f}-{ratios[3 * len(ratios) // 4]:.2f}]"
+    )
 
 
 if __name__ == "__main__":

@@ -64,20 +64,34 @@ def main() -> None:
     p.add_argument("--lr-factors", default=None, help="the LR grid as factors of the recipe's LR. Default: the study's")
     args = p.parse_args()
     chosen = [n.strip() for n in args.only.split(",")] if args.only else list(RECIPES)
-    lines = ["| recipe | widths | first failing LR per width (median over seeds) | predicted at the largest | "
-             "measured | within one grid step |", "|---|---|---|---:|---:|---|"]
-    print(f"widths {args.widths}, head_dim {args.head_dim}, seeds {args.seeds}, {args.steps} steps, corpus {args.corpus}, "
-          f"LR x {args.lr_scale:g}, grid x {args.lr_factors or 'the default'}")
+    lines = [
+        "| recipe | widths | first failing LR per width (median over seeds) | predicted at the largest | "
+        "measured | within one grid step |",
+        "|---|---|---|---:|---:|---|",
+    ]
+    print(
+        f"widths {args.widths}, head_dim {args.head_dim}, seeds {args.seeds}, {args.steps} steps, corpus {args.corpus}, "
+        f"LR x {args.lr_scale:g}, grid x {args.lr_factors or 'the default'}"
+    )
     hits = misses = none = 0
     for name in chosen:
         config, recipe, defence = RECIPES[name]
         recipe = {**recipe, "lr": recipe["lr"] * args.lr_scale}
-        result = preflight(CONFIGS / config, recipe, widths=[int(w) for w in args.widths.split(",")],
-                           head_dim=args.head_dim, seeds=[int(s) for s in args.seeds.split(",")], steps=args.steps,
-                           corpora=[args.corpus], defences=[defence], executor=args.executor, jobs=args.jobs,
-                           lr_factors=[float(f) for f in args.lr_factors.split(",")] if args.lr_factors else None,
-                           out=ROOT / "out" / "preflight-validate" / name.replace(" ", "_").replace("(", "").replace(")", ""),
-                           progress="lines")
+        result = preflight(
+            CONFIGS / config,
+            recipe,
+            widths=[int(w) for w in args.widths.split(",")],
+            head_dim=args.head_dim,
+            seeds=[int(s) for s in args.seeds.split(",")],
+            steps=args.steps,
+            corpora=[args.corpus],
+            defences=[defence],
+            executor=args.executor,
+            jobs=args.jobs,
+            lr_factors=[float(f) for f in args.lr_factors.split(",")] if args.lr_factors else None,
+            out=ROOT / "out" / "preflight-validate" / name.replace(" ", "_").replace("(", "").replace(")", ""),
+            progress="lines",
+        )
         study = result.study(args.corpus, defence)
         predicted, measured = held_out(study)
         ladder = ", ".join("none" if q["first_failing_lr"] is None else f"{q['first_failing_lr']:.3g}" for q in study["widths"])
@@ -87,8 +101,10 @@ def main() -> None:
             verdict, hits = "hit", hits + 1
         else:
             verdict, misses = "miss", misses + 1
-        lines.append(f"| {name} | {args.widths} | {ladder} | {'-' if predicted is None else f'{predicted:.3g}'} | "
-                     f"{'none' if measured is None else f'{measured:.3g}'} | {verdict} |")
+        lines.append(
+            f"| {name} | {args.widths} | {ladder} | {'-' if predicted is None else f'{predicted:.3g}'} | "
+            f"{'none' if measured is None else f'{measured:.3g}'} | {verdict} |"
+        )
     print("\n".join(lines))
     print(f"\n{hits} hits, {misses} misses, {none} without a prediction, of {len(chosen)} recipes")
 

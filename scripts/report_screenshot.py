@@ -34,8 +34,20 @@ def main() -> int:
     if executable is None:
         sys.exit("no chromium on PATH: apt-get install chromium (or set SPIKECHECK_CHROMIUM)")
     report = Path(args.report).resolve()
-    tests = subprocess.run([sys.executable, "-m", "pytest", "--spikecheck", f"--spikecheck-report={report}",
-                            "--runxfail", "-p", "no:cacheprovider", "-q"], cwd=ROOT / "examples" / "downstream")
+    tests = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--spikecheck",
+            f"--spikecheck-report={report}",
+            "--runxfail",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+        ],
+        cwd=ROOT / "examples" / "downstream",
+    )
     if tests.returncode != 1:  # exactly the one test that fails on purpose
         sys.exit(f"the example's tests exited {tests.returncode}, not 1 (one failure, on purpose)")
     browser = Chromium(executable)

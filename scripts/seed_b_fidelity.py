@@ -34,11 +34,13 @@ def measure(point, run) -> dict:
     at_boundary = np.array([s in boundaries for s in steps]) & after_warmup
     elsewhere = ~np.array([s in boundaries for s in steps]) & after_warmup & np.isfinite(ratios)
     return {
-        "kind": point.recipe, "seed": run.scenario.seed,
+        "kind": point.recipe,
+        "seed": run.scenario.seed,
         "boundary_ratios": [float(r) for r in ratios[at_boundary]],
         "other_max_ratio": float(np.max(ratios[elsewhere])),
         "other_p99_ratio": float(np.percentile(ratios[elsewhere], 99)),
-        "final_eval": final_value(run.metrics), "nonfinite": run.stopped_early,
+        "final_eval": final_value(run.metrics),
+        "nonfinite": run.stopped_early,
         "lockin": {k: v for k, v in (run.meta["lockin"] or {}).items() if k != "samples"},
         "samples": (run.meta["lockin"] or {}).get("samples", []),
     }
@@ -55,13 +57,15 @@ def main() -> int:
     for kind in KINDS:
         rs = [r for r in records if r["kind"] == kind]
         b = [x for r in rs for x in r["boundary_ratios"]]
-        print(f"{kind}: {len(b)} boundaries, ratio median {statistics.median(b):.2f}, max {max(b):.2f}; other steps max "
-              f"{statistics.median(r['other_max_ratio'] for r in rs):.2f} (median over seeds), p99 "
-              f"{statistics.median(r['other_p99_ratio'] for r in rs):.2f}; final eval "
-              f"{statistics.median(r['final_eval'] for r in rs):.3f} [{min(r['final_eval'] for r in rs):.3f}-"
-              f"{max(r['final_eval'] for r in rs):.3f}]; NaN {sum(r['nonfinite'] for r in rs)}/{len(rs)}; top-token share "
-              f"{statistics.median(r['lockin']['top_token_share'] for r in rs):.3f} max {max(r['lockin']['top_token_share'] for r in rs):.3f}, "
-              f"distinct-2 {statistics.median(r['lockin']['distinct_2'] for r in rs):.3f}")
+        print(
+            f"{kind}: {len(b)} boundaries, ratio median {statistics.median(b):.2f}, max {max(b):.2f}; other steps max "
+            f"{statistics.median(r['other_max_ratio'] for r in rs):.2f} (median over seeds), p99 "
+            f"{statistics.median(r['other_p99_ratio'] for r in rs):.2f}; final eval "
+            f"{statistics.median(r['final_eval'] for r in rs):.3f} [{min(r['final_eval'] for r in rs):.3f}-"
+            f"{max(r['final_eval'] for r in rs):.3f}]; NaN {sum(r['nonfinite'] for r in rs)}/{len(rs)}; top-token share "
+            f"{statistics.median(r['lockin']['top_token_share'] for r in rs):.3f} max {max(r['lockin']['top_token_share'] for r in rs):.3f}, "
+            f"distinct-2 {statistics.median(r['lockin']['distinct_2'] for r in rs):.3f}"
+        )
     return 0
 
 

@@ -23,9 +23,19 @@ from pathlib import Path
 from typing import Any
 
 #: The flags of a quiet, sandbox-less headless browser that reaches for nothing on its own.
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--remote-debugging-port=0", "--hide-scrollbars", "--window-size=1280,1600")
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--remote-debugging-port=0",
+    "--hide-scrollbars",
+    "--window-size=1280,1600",
+)
 NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 
 
@@ -35,7 +45,6 @@ def find_chromium() -> str | None:
     if explicit:
         return explicit
     return next((path for path in map(shutil.which, NAMES) if path), None)
-
 
 
 def require_chromium() -> str:
@@ -49,6 +58,7 @@ def require_chromium() -> str:
             pytest.fail("no chromium on PATH: CI runs the browser tests (make test installs Debian's chromium)")
         pytest.skip("no chromium on PATH (apt-get install chromium, or set SPIKECHECK_CHROMIUM)")
     return executable
+
 
 @dataclass
 class Loaded:
@@ -65,8 +75,11 @@ class Chromium:
 
         self.timeout = timeout
         self.profile = Path(tempfile.mkdtemp(prefix="spikecheck-chromium-"))
-        self.process = subprocess.Popen([executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            [executable, *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             port = self._devtools_port()
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=timeout) as response:
@@ -148,8 +161,10 @@ class Chromium:
 
     def click(self, selector: str) -> None:
         """A real mouse click (pressed and released) at the middle of the element ``selector``."""
-        box = self.evaluate(f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.scrollIntoView(); "
-                            f"const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()")
+        box = self.evaluate(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.scrollIntoView(); "
+            f"const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; }})()"
+        )
         for kind in ("mousePressed", "mouseReleased"):
             self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
 
@@ -159,8 +174,9 @@ class Chromium:
 
         self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
         self.evaluate("window.scrollTo(0, 0)")
-        data = self.call("Page.captureScreenshot", format="png",
-                         clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1})["data"]
+        data = self.call(
+            "Page.captureScreenshot", format="png", clip={"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+        )["data"]
         Path(path).write_bytes(base64.b64decode(data))
         return Path(path)
 

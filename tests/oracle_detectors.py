@@ -19,8 +19,9 @@ BASELINE_WINDOW = 50
 MIN_BASELINE_POINTS = 10
 
 
-def baseline_history(steps: np.ndarray, values: np.ndarray, at_step: int, window: int = BASELINE_WINDOW,
-                     min_points: int = MIN_BASELINE_POINTS) -> np.ndarray:
+def baseline_history(
+    steps: np.ndarray, values: np.ndarray, at_step: int, window: int = BASELINE_WINDOW, min_points: int = MIN_BASELINE_POINTS
+) -> np.ndarray:
     """The finite ``values`` a value at ``at_step`` is compared against: those logged at steps in
     ``[at_step - window, at_step)``, widened back to the last ``min_points`` finite values
     when the window holds fewer. Empty when fewer than ``min_points`` were logged before
@@ -33,12 +34,13 @@ def baseline_history(steps: np.ndarray, values: np.ndarray, at_step: int, window
     if history.size < need and lo > 0:
         earlier = values[:lo]
         earlier = earlier[np.isfinite(earlier)]
-        history = np.concatenate([earlier[max(0, earlier.size - (need - history.size)):], history])
+        history = np.concatenate([earlier[max(0, earlier.size - (need - history.size)) :], history])
     return history if history.size >= need else history[:0]
 
 
-def spike_baseline(steps: np.ndarray, values: np.ndarray, at_step: int, window: int = BASELINE_WINDOW,
-                   min_points: int = MIN_BASELINE_POINTS) -> float:
+def spike_baseline(
+    steps: np.ndarray, values: np.ndarray, at_step: int, window: int = BASELINE_WINDOW, min_points: int = MIN_BASELINE_POINTS
+) -> float:
     """Median of :func:`baseline_history`; NaN when it is empty (too few values before)."""
     history = baseline_history(steps, values, at_step, window, min_points)
     if history.size == 0:
@@ -183,8 +185,10 @@ class SustainedLoss(Detector):
         return "nats"
 
     def needs(self) -> str:
-        return (f"{self.min_history} earlier logged point{'s' if self.min_history != 1 else ''} and "
-                f"{self.hold - 1} later one{'s' if self.hold != 2 else ''}")
+        return (
+            f"{self.min_history} earlier logged point{'s' if self.min_history != 1 else ''} and "
+            f"{self.hold - 1} later one{'s' if self.hold != 2 else ''}"
+        )
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
@@ -194,7 +198,7 @@ class SustainedLoss(Detector):
                 out.append(_nonfinite(steps, values, i))
                 judged += 1
                 continue
-            later = values[i:i + self.hold]
+            later = values[i : i + self.hold]
             hist = _history(steps, values, i, self.window, self.history_points)
             if hist.size == 0:  # early in the log: every earlier point, if there are enough
                 earlier = values[:i][ok[:i]]

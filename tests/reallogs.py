@@ -39,8 +39,12 @@ def judge_entry(entry: dict, detectors: tuple[str, ...] = ()) -> dict | None:
         reports = [judge_log(record, detectors) for record in read_runs(ROOT / entry["file"])]
     except ConfigError:
         return None
-    return {"series": [s for r in reports for s in r["series"]], "ok": all(r["ok"] for r in reports),
-            "judged": any(r["judged"] for r in reports), "runs": reports}
+    return {
+        "series": [s for r in reports for s in r["series"]],
+        "ok": all(r["ok"] for r in reports),
+        "judged": any(r["judged"] for r in reports),
+        "runs": reports,
+    }
 
 
 @dataclass
@@ -100,8 +104,11 @@ def score(detectors: tuple[str, ...] = (), entries: list[dict] | None = None) ->
         if not report["judged"]:
             out.unjudged_logs.append(entry["file"])
         for onset in onsets:
-            hit = any(abs(h["step"] - onset) <= TOLERANCE_INTERVALS * (s["interval"] or 0)
-                      for s in report["series"] for h in s["spikes"])
+            hit = any(
+                abs(h["step"] - onset) <= TOLERANCE_INTERVALS * (s["interval"] or 0)
+                for s in report["series"]
+                for h in s["spikes"]
+            )
             out.found += hit
             if not hit:
                 out.missed.append(f"{entry['file']}@{onset}")

@@ -10,5 +10,8 @@ SHORT_BURST = 60
 
 
 def short_scenario(*breaks, steps: int = 90, seed: int = 0) -> Scenario:
-    return (Scenario.preset("phase-19").replace(name="short", steps=steps, seed=seed)
-            .with_breaks(RareTokenBurst(count=3, at_step=SHORT_BURST, content="greek"), *breaks))
+    return (
+        Scenario.preset("phase-19")
+        .replace(name="short", steps=steps, seed=seed)
+        .with_breaks(RareTokenBurst(count=3, at_step=SHORT_BURST, content="greek"), *breaks)
+    )

@@ -52,6 +52,7 @@ def nano_gpt(vocab_size: int, hang_on_node: str = "", started_marker: str = ""):
 
     return GPT(GPTConfig(n_layer=2, n_head=2, n_embd=32, vocab_size=vocab_size))
 
+
 def dies_once(job):
     """A stand-in for ``run_point`` (no training, no torch): the first time a job's ``key``, here a
     file path, does not exist yet, it is created and the worker kills itself (as the kernel's

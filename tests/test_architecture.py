@@ -23,9 +23,14 @@ pytestmark = pytest.mark.skipif(not LINT_IMPORTS.exists(), reason="import-linter
 
 
 def _lint(tree: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(LINT_IMPORTS), "--config", str(tree / "pyproject.toml"), "--no-cache"],
-                          cwd=tree, capture_output=True, text=True, env={"PYTHONPATH": str(tree), "PATH": ""},
-                          timeout=120)
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(tree / "pyproject.toml"), "--no-cache"],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(tree), "PATH": ""},
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +48,34 @@ def test_the_layer_contracts_hold(package_copy: Path) -> None:
     assert "0 broken" in result.stdout
 
 
-@pytest.mark.parametrize(("module", "upward_import", "broken"), [
-    # the lowest data layer reaching up to the command line (the 0.1.0 cycle records -> cli)
-    ("records/series.py", "from pytest_spikecheck.cli import main", "pytest_spikecheck.records is not allowed to import pytest_spikecheck.cli"),
-    # the numpy-only judge importing torch
-    ("judge/analysis.py", "import torch", "pytest_spikecheck.judge is not allowed to import torch"),
-    # the scenario layer importing the training layer, lazily (a lazy import is a dependency too)
-    ("scenario/spec.py", "def _f():\n    from pytest_spikecheck.training import engine", "pytest_spikecheck.scenario is not allowed to import pytest_spikecheck.training"),
-    # models/ (installed as pytest_spikecheck.models from a top-level folder) reaching up to the scenario
-    ("../models/layers.py", "def _f():\n    from pytest_spikecheck.scenario import Scenario", "models is not allowed to import pytest_spikecheck.scenario"),
-])
-def test_an_upward_import_breaks_the_contract(package_copy: Path, tmp_path: Path, module: str,
-                                              upward_import: str, broken: str) -> None:
+@pytest.mark.parametrize(
+    ("module", "upward_import", "broken"),
+    [
+        # the lowest data layer reaching up to the command line (the 0.1.0 cycle records -> cli)
+        (
+            "records/series.py",
+            "from pytest_spikecheck.cli import main",
+            "pytest_spikecheck.records is not allowed to import pytest_spikecheck.cli",
+        ),
+        # the numpy-only judge importing torch
+        ("judge/analysis.py", "import torch", "pytest_spikecheck.judge is not allowed to import torch"),
+        # the scenario layer importing the training layer, lazily (a lazy import is a dependency too)
+        (
+            "scenario/spec.py",
+            "def _f():\n    from pytest_spikecheck.training import engine",
+            "pytest_spikecheck.scenario is not allowed to import pytest_spikecheck.training",
+        ),
+        # models/ (installed as pytest_spikecheck.models from a top-level folder) reaching up to the scenario
+        (
+            "../models/layers.py",
+            "def _f():\n    from pytest_spikecheck.scenario import Scenario",
+            "models is not allowed to import pytest_spikecheck.scenario",
+        ),
+    ],
+)
+def test_an_upward_import_breaks_the_contract(
+    package_copy: Path, tmp_path: Path, module: str, upward_import: str, broken: str
+) -> None:
     tree = tmp_path / "tree"
     shutil.copytree(package_copy, tree)
     target = tree / "pytest_spikecheck" / module
@@ -65,10 +86,12 @@ def test_an_upward_import_breaks_the_contract(package_copy: Path, tmp_path: Path
 
 
 def _too_long(folder: Path) -> list[str]:
-    return [f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
-            for path in sorted(folder.glob("*.py"))
-            for node in ast.walk(ast.parse(path.read_text()))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60]
+    return [
+        f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for path in sorted(folder.glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > 60
+    ]
 
 
 def test_no_training_function_is_longer_than_60_lines() -> None:
@@ -86,8 +109,12 @@ def test_no_training_function_is_longer_than_60_lines_once_formatted(tmp_path: P
     copy = tmp_path / "training"
     shutil.copytree(ROOT / "pytest_spikecheck" / "training", copy, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    subprocess.run([str(RUFF), "format", "--quiet", "--config", str(tmp_path / "pyproject.toml"), str(copy)],
-                   check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [str(RUFF), "format", "--quiet", "--config", str(tmp_path / "pyproject.toml"), str(copy)],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
     too_long = _too_long(copy)
     assert too_long == [], f"split these: {', '.join(too_long)}"
 
@@ -98,6 +125,9 @@ def test_every_subpackage_is_installed() -> None:
     import tomllib
 
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    on_disk = {".".join(init.parent.relative_to(ROOT).parts)
-               for init in (ROOT / "pytest_spikecheck").rglob("__init__.py") if "__pycache__" not in init.parts}
+    on_disk = {
+        ".".join(init.parent.relative_to(ROOT).parts)
+        for init in (ROOT / "pytest_spikecheck").rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
     assert on_disk - listed == set(), f"add these to [tool.setuptools] packages in pyproject.toml: {sorted(on_disk - listed)}"

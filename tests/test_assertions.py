@@ -9,7 +9,13 @@ import pytest
 
 from pytest_spikecheck.records.facts import ModelFacts, RunFacts
 from pytest_spikecheck import (
-    SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_lockin, assert_no_spike, assert_recovers,
+    SpikeCheckError,
+    assert_clip_contains,
+    assert_diverges,
+    assert_finite,
+    assert_no_lockin,
+    assert_no_spike,
+    assert_recovers,
     assert_spike,
 )
 
@@ -33,11 +39,13 @@ def _flat(n=200, level=1.0):
 
 
 def test_spike_on_plain_arrays_without_torch():
-    code = ("import sys\nfrom pytest_spikecheck import assert_spike\n"
-            "assert_spike({'grad_norm_pre': [1.0] * 60 + [30.0]}, min_ratio=10)\n"
-            "import pytest_spikecheck.integrations\n"
-            "print(sorted(m for m in ('torch', 'cupy', 'matplotlib', 'hypothesis', 'transformers', 'lightning') "
-            "if m in sys.modules))")
+    code = (
+        "import sys\nfrom pytest_spikecheck import assert_spike\n"
+        "assert_spike({'grad_norm_pre': [1.0] * 60 + [30.0]}, min_ratio=10)\n"
+        "import pytest_spikecheck.integrations\n"
+        "print(sorted(m for m in ('torch', 'cupy', 'matplotlib', 'hypothesis', 'transformers', 'lightning') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -86,11 +94,14 @@ def test_clip_containment_on_runs(short_runs):
     assert f"at step {SHORT_BURST}" in str(info.value) or "worst" in str(info.value)
 
 
-@pytest.mark.parametrize("record", [
-    {"grad_norm_post": [math.nan, math.nan]},
-    {"grad_norm_pre": [math.nan, math.inf], "grad_norm_post": [math.nan, math.nan]},
-    {"grad_norm_post": [None, None]},
-])
+@pytest.mark.parametrize(
+    "record",
+    [
+        {"grad_norm_post": [math.nan, math.nan]},
+        {"grad_norm_pre": [math.nan, math.inf], "grad_norm_post": [math.nan, math.nan]},
+        {"grad_norm_post": [None, None]},
+    ],
+)
 def test_a_record_with_no_finite_norm_shows_nothing_and_fails(record):
     """Nothing finite before or after the clip: no value shows the clip held, so the check cannot pass."""
     message = _headline(assert_clip_contains, record, 1.0)
@@ -99,7 +110,8 @@ def test_a_record_with_no_finite_norm_shows_nothing_and_fails(record):
 
 def test_no_finite_norm_in_a_one_step_record_says_one_step():
     assert _headline(assert_clip_contains, {"grad_norm_post": [math.nan]}, 1.0).startswith(
-        "no finite grad_norm_post in the record (1 step), and no finite grad_norm_pre either")
+        "no finite grad_norm_post in the record (1 step), and no finite grad_norm_pre either"
+    )
 
 
 def test_the_float32_hint_reaches_exactly_the_drift_and_the_table_points_at_the_worst_step():
@@ -159,6 +171,7 @@ def test_run_folders_are_accepted(short_runs, tmp_path):
 
 # -- plain arrays: numbering and shape -------------------------------------------------------
 
+
 def _spike_at_index(index: int, n: int = 100) -> np.ndarray:
     g = np.ones(n)
     g[index] = 20.0
@@ -184,11 +197,14 @@ def test_steps_can_be_given_explicitly():
         as_record({"step": np.arange(100), "grad_norm_pre": _spike_at_index(60)}, steps=np.arange(100))
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"grad_norm_pre": np.ones((10, 2))}, r"'grad_norm_pre' is a 2-D array of shape \(10, 2\)"),
-    ({"grad_norm_pre": [1.0, 2.0, 3.0], "step": [1, 1, 2]}, "holds step 1 more than once"),
-    ({"grad_norm_pre": [1.0, 2.0, 3.0], "step": [1, 1.5, 2]}, "must hold integers, has 1.5"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"grad_norm_pre": np.ones((10, 2))}, r"'grad_norm_pre' is a 2-D array of shape \(10, 2\)"),
+        ({"grad_norm_pre": [1.0, 2.0, 3.0], "step": [1, 1, 2]}, "holds step 1 more than once"),
+        ({"grad_norm_pre": [1.0, 2.0, 3.0], "step": [1, 1.5, 2]}, "must hold integers, has 1.5"),
+    ],
+)
 def test_malformed_arrays_are_one_line_errors(data, message):
     with pytest.raises(ValueError, match=message) as info:
         assert_spike(data)
@@ -240,6 +256,7 @@ def test_assert_spike_default_is_ten_times_the_baseline():
 
 # -- what a failure says, word for word (each check below was a surviving mutant) --------------
 
+
 def _headline(call, *args, **kwargs) -> str:
     with pytest.raises(SpikeCheckError) as info:
         call(*args, **kwargs)
@@ -264,8 +281,7 @@ def test_assert_diverges_reads_every_norm_column_and_frames_the_evidence_on_the_
     assert assert_diverges({"grad_norm": [1.0] * 5 + [math.nan]}) == 6
     # all finite: the table is centred on the event (the largest spike, or at=), the sparkline is the loss's
     text = _failure(assert_diverges, {"grad_norm_pre": _spiked(), "loss": np.full(100, 2.0)})
-    assert text.splitlines()[0] == ("expected the run to diverge (a NaN or inf loss or gradient norm), "
-                                    "but every value is finite")
+    assert text.splitlines()[0] == ("expected the run to diverge (a NaN or inf loss or gradient norm), but every value is finite")
     assert "→ 61" in text and any(line.startswith("loss: ▁") for line in text.splitlines())
     assert "→ 40" in _failure(assert_diverges, {"grad_norm_pre": _spiked(), "loss": np.full(100, 2.0)}, at=40)
     # without a loss column, the first metric stands in for it
@@ -303,13 +319,18 @@ def test_a_failure_points_at_the_callers_line_not_the_librarys(call, args, kwarg
 def test_assert_spike_headlines():
     flat = np.ones(100)
     assert _headline(assert_spike, {"grad_norm_pre": flat}, at=70, min_ratio=2.5) == (
-        "expected a grad_norm_pre spike of ≥ 2.5× at step 70, got 1.00× the median of the 50 steps before")
+        "expected a grad_norm_pre spike of ≥ 2.5× at step 70, got 1.00× the median of the 50 steps before"
+    )
     assert _headline(assert_spike, {"grad_norm_pre": flat}, min_ratio=2.5, window=20) == (
-        "expected a grad_norm_pre spike of ≥ 2.5× anywhere (largest: step 11), got 1.00× the median of the 20 steps before")
-    assert _headline(assert_spike, {"grad_norm_pre": flat}, at=500) == "no spike at step 500: the record has no step 500 (it covers 1–100)"
+        "expected a grad_norm_pre spike of ≥ 2.5× anywhere (largest: step 11), got 1.00× the median of the 20 steps before"
+    )
+    assert (
+        _headline(assert_spike, {"grad_norm_pre": flat}, at=500)
+        == "no spike at step 500: the record has no step 500 (it covers 1–100)"
+    )
     assert _headline(assert_spike, {"loss": [2.0] * 9}, metric="loss") == (
-        "expected a loss spike of ≥ 10×, but no value has a baseline: 9 logged, "
-        "fewer than the 10 earlier points a baseline needs")
+        "expected a loss spike of ≥ 10×, but no value has a baseline: 9 logged, fewer than the 10 earlier points a baseline needs"
+    )
     # exactly min_ratio passes; the window is the caller's: 20 steps into a plateau at 40, the
     # 50 steps before still have median 1, the 12 steps before are the plateau itself
     assert assert_spike({"grad_norm_pre": _spiked(size=4.0)}, at=61, min_ratio=4.0) == 4.0
@@ -320,18 +341,25 @@ def test_assert_spike_headlines():
         assert_spike({"grad_norm_pre": plateau}, at=90, window=12)
 
 
-@pytest.mark.parametrize(("data", "at", "hint"), [
-    ({"grad_norm_pre": np.ones(5)}, 5, "; step 5 has 4 earlier points, and a baseline needs 10"),
-    ({"grad_norm_pre": np.ones(5)}, 2, "; step 2 has 1 earlier point, and a baseline needs 10"),
-    ({"grad_norm_pre": np.ones(11)}, 10, "; step 10 has 9 earlier points, and a baseline needs 10"),
-    ({"grad_norm_pre": np.ones(12)}, 11, ""),  # 10 earlier points: a baseline, no hint
-    ({"grad_norm_pre": _spiked(at=61)}, 60, "; the spike is at step 61; arrays without a step column are numbered from 1"),
-    ({"grad_norm_pre": _spiked(at=61)}, 62, "; the spike is at step 61; arrays without a step column are numbered from 1"),
-    ({"grad_norm_pre": _spiked(at=61)}, 63, ""),  # two steps off: no guess
-    ({"grad_norm_pre": _spiked(at=61, size=10.0)}, 60, "; the spike is at step 61; arrays without a step column are numbered from 1"),
-    ({"grad_norm_pre": _spiked(at=61, size=9.9)}, 60, ""),
-    ({"step": np.arange(100), "grad_norm_pre": _spiked(at=61)}, 61, "; the spike is at step 60"),
-])
+@pytest.mark.parametrize(
+    ("data", "at", "hint"),
+    [
+        ({"grad_norm_pre": np.ones(5)}, 5, "; step 5 has 4 earlier points, and a baseline needs 10"),
+        ({"grad_norm_pre": np.ones(5)}, 2, "; step 2 has 1 earlier point, and a baseline needs 10"),
+        ({"grad_norm_pre": np.ones(11)}, 10, "; step 10 has 9 earlier points, and a baseline needs 10"),
+        ({"grad_norm_pre": np.ones(12)}, 11, ""),  # 10 earlier points: a baseline, no hint
+        ({"grad_norm_pre": _spiked(at=61)}, 60, "; the spike is at step 61; arrays without a step column are numbered from 1"),
+        ({"grad_norm_pre": _spiked(at=61)}, 62, "; the spike is at step 61; arrays without a step column are numbered from 1"),
+        ({"grad_norm_pre": _spiked(at=61)}, 63, ""),  # two steps off: no guess
+        (
+            {"grad_norm_pre": _spiked(at=61, size=10.0)},
+            60,
+            "; the spike is at step 61; arrays without a step column are numbered from 1",
+        ),
+        ({"grad_norm_pre": _spiked(at=61, size=9.9)}, 60, ""),
+        ({"step": np.arange(100), "grad_norm_pre": _spiked(at=61)}, 61, "; the spike is at step 60"),
+    ],
+)
 def test_a_near_miss_says_where_the_spike_is(data, at, hint):
     headline = _headline(assert_spike, data, at=at)
     assert headline.endswith(f"the median of the 50 steps before{hint}"), headline
@@ -342,32 +370,59 @@ def test_assert_no_spike_headlines():
     g[[70, 72, 74, 76, 78, 80, 82]] = 50.0
     assert _headline(assert_no_spike, {"grad_norm_pre": g}) == (
         "ratio(threshold=5.0, window=50, min_history=10) flagged a grad_norm_pre spike at step 61: 40 vs baseline 1 "
-        "(score 40.00×) (and 7 more: steps 71, 73, 75, 77, 79…)")
+        "(score 40.00×) (and 7 more: steps 71, 73, 75, 77, 79…)"
+    )
     assert _headline(assert_no_spike, {"grad_norm_pre": _spiked(size=6.5)}) == (
         "ratio(threshold=5.0, window=50, min_history=10) flagged a grad_norm_pre spike at step 61: 6.5 vs baseline 1 "
-        "(score 6.50×)")
+        "(score 6.50×)"
+    )
     two = _spiked()
     two[70] = 30.0
     assert _headline(assert_no_spike, {"loss": two}, detector="ratio", threshold=20) == (
         "ratio(threshold=20, window=50, min_history=10) flagged a loss spike at step 61: 40 vs baseline 1 "
-        "(score 40.00×) (and 1 more: steps 71)")
+        "(score 40.00×) (and 1 more: steps 71)"
+    )
 
 
-@pytest.mark.parametrize(("post", "kwargs", "headline"), [
-    ({"grad_norm_post": [0.5, 2.0, 1.5, 3.0, 1.0]}, {},
-     "post-clip norm 2 > max_norm 1 at step 2 (3 steps over; worst 3 at step 4)"),
-    ({"grad_norm_post": [0.5, 1.0 + 1e-5, 1.0]}, {}, None),  # inside the default rtol
-    ({"grad_norm_post": [0.5, 1.0 + 1.1e-5, 1.0]}, {}, "post-clip norm 1 > max_norm 1 at step 2 (1 step over; worst 1 at step 2)"
-     "; an overshoot of at most 0.001 is float32 rounding in the clip's own norm (torch's CPU norm of one tensor of "
-     "millions of elements drifts that much): pass rtol=0.001 if that is what you see"),
-    ({"grad_norm_post": [0.5, 1.0011, 1.0]}, {}, "post-clip norm 1.001 > max_norm 1 at step 2 (1 step over; worst 1.001 at step 2)"),
-    ({"grad_norm_post": [0.5, 1.5, 1.0]}, {"rtol": 0.5}, None),
-    ({"grad_norm_pre": [2.0, 2.0, math.nan], "grad_norm_post": [1.0, math.nan, math.nan]}, {},
-     "post-clip norm nan > max_norm 1 at step 2 (1 step over; worst nan at step 2)"),  # NaN after a finite pre: broken
-    ({"grad_norm_post": [1.0, math.nan, math.inf]}, {}, "post-clip norm inf > max_norm 1 at step 3 (1 step over; worst inf at step 3)"),
-    ({"step": [5, 6, 7], "grad_norm_post": [2.0, 1.0, math.inf]}, {},
-     "post-clip norm 2 > max_norm 1 at step 5 (2 steps over; worst inf at step 7)"),
-])
+@pytest.mark.parametrize(
+    ("post", "kwargs", "headline"),
+    [
+        (
+            {"grad_norm_post": [0.5, 2.0, 1.5, 3.0, 1.0]},
+            {},
+            "post-clip norm 2 > max_norm 1 at step 2 (3 steps over; worst 3 at step 4)",
+        ),
+        ({"grad_norm_post": [0.5, 1.0 + 1e-5, 1.0]}, {}, None),  # inside the default rtol
+        (
+            {"grad_norm_post": [0.5, 1.0 + 1.1e-5, 1.0]},
+            {},
+            "post-clip norm 1 > max_norm 1 at step 2 (1 step over; worst 1 at step 2)"
+            "; an overshoot of at most 0.001 is float32 rounding in the clip's own norm (torch's CPU norm of one tensor of "
+            "millions of elements drifts that much): pass rtol=0.001 if that is what you see",
+        ),
+        (
+            {"grad_norm_post": [0.5, 1.0011, 1.0]},
+            {},
+            "post-clip norm 1.001 > max_norm 1 at step 2 (1 step over; worst 1.001 at step 2)",
+        ),
+        ({"grad_norm_post": [0.5, 1.5, 1.0]}, {"rtol": 0.5}, None),
+        (
+            {"grad_norm_pre": [2.0, 2.0, math.nan], "grad_norm_post": [1.0, math.nan, math.nan]},
+            {},
+            "post-clip norm nan > max_norm 1 at step 2 (1 step over; worst nan at step 2)",
+        ),  # NaN after a finite pre: broken
+        (
+            {"grad_norm_post": [1.0, math.nan, math.inf]},
+            {},
+            "post-clip norm inf > max_norm 1 at step 3 (1 step over; worst inf at step 3)",
+        ),
+        (
+            {"step": [5, 6, 7], "grad_norm_post": [2.0, 1.0, math.inf]},
+            {},
+            "post-clip norm 2 > max_norm 1 at step 5 (2 steps over; worst inf at step 7)",
+        ),
+    ],
+)
 def test_assert_clip_contains_headlines(post, kwargs, headline):
     if headline is None:
         assert_clip_contains(post, 1.0, **kwargs)
@@ -382,16 +437,20 @@ def test_assert_recovers_counts_from_the_event_and_says_against_what():
     assert assert_recovers(data, within=10) == 10
     assert assert_recovers({**data, "eval_loss": np.full(100, np.nan)}, within=10) == 10  # no eval: the loss
     assert _headline(assert_recovers, data, within=9) == (
-        "loss did not recover within 9 steps of step 61: not back within 1.1× its pre-event mean")
+        "loss did not recover within 9 steps of step 61: not back within 1.1× its pre-event mean"
+    )
     assert _headline(assert_recovers, data, within=40, at=30, factor=1.25) == (
-        "loss did not recover within 40 steps of step 30: not back within 1.25× its pre-event mean")
+        "loss did not recover within 40 steps of step 30: not back within 1.25× its pre-event mean"
+    )
     reference = {"loss": np.full(100, 2.0)}
     assert assert_recovers(data, within=10, reference=reference, factor=1.5) == 10
     assert assert_recovers(data, within=10, reference={"loss": np.full(100, 4.0)}, factor=1.5) == 0
     assert _headline(assert_recovers, data, within=9, reference=reference, factor=1.5) == (
-        "loss did not recover within 9 steps of step 61: not back within 1.5× the reference run")
+        "loss did not recover within 9 steps of step 61: not back within 1.5× the reference run"
+    )
     assert _headline(assert_recovers, {"loss": [2.0, 2.0]}) == (
-        "no event to recover from: no declared burst and no spike in the record")
+        "no event to recover from: no declared burst and no spike in the record"
+    )
 
 
 class _FakeRun:
@@ -420,21 +479,31 @@ def test_engine_runs_add_their_declared_event_first_nonfinite_tensor_and_reprodu
     # the declared event, not the largest spike, is what recovery is counted from
     loss = np.full(100, 2.0)
     loss[60:70] = 5.0
-    assert assert_recovers(_with_run(_FakeRun(declared=(65, 90)), {"grad_norm_pre": _spiked(), "loss": loss}),
-                           within=10) == 6
-    text = _failure(assert_finite, _with_run(_FakeRun(meta={"first_nonfinite": {"tensor": "h.0.attn", "module": "Block"}}),
-                                             {"loss": np.where(np.arange(100) == 49, np.nan, 2.0)}))
+    assert assert_recovers(_with_run(_FakeRun(declared=(65, 90)), {"grad_norm_pre": _spiked(), "loss": loss}), within=10) == 6
+    text = _failure(
+        assert_finite,
+        _with_run(
+            _FakeRun(meta={"first_nonfinite": {"tensor": "h.0.attn", "module": "Block"}}),
+            {"loss": np.where(np.arange(100) == 49, np.nan, 2.0)},
+        ),
+    )
     assert text.splitlines()[0] == "non-finite loss at step 50 (nan); first non-finite tensor: h.0.attn in Block at step 50"
     assert "reproduce: spikecheck train fake.yaml --seed 7" in text and text.endswith("record: run fake")
     assert "diagnosis at step" not in text and "loss: " in text
 
 
-@pytest.mark.parametrize(("run", "reason"), [
-    (None, "it has no greedy samples (only runs trained by the engine do)"),
-    (_FakeRun(stopped_early=True), "the run stopped early"),
-    (_FakeRun(model_factory_path="my.models:make"), "the engine records greedy samples for the built-in GPT only, and this "
-     "run trained your own model (my.models:make); sample it yourself and check the output"),
-])
+@pytest.mark.parametrize(
+    ("run", "reason"),
+    [
+        (None, "it has no greedy samples (only runs trained by the engine do)"),
+        (_FakeRun(stopped_early=True), "the run stopped early"),
+        (
+            _FakeRun(model_factory_path="my.models:make"),
+            "the engine records greedy samples for the built-in GPT only, and this "
+            "run trained your own model (my.models:make); sample it yourself and check the output",
+        ),
+    ],
+)
 def test_lockin_cannot_be_checked_without_samples(run, reason):
     with pytest.raises(SpikeCheckError) as info:
         assert_no_lockin(_with_run(run))
@@ -443,28 +512,46 @@ def test_lockin_cannot_be_checked_without_samples(run, reason):
 
 def test_lockin_limits():
     def stats(share, distinct):
-        return _with_run(_FakeRun(meta={"lockin": {"top_token": "the", "top_token_share": share, "distinct_2": distinct,
-                                                   "samples": ["the the", "the cat"]}}))
+        return _with_run(
+            _FakeRun(
+                meta={
+                    "lockin": {
+                        "top_token": "the",
+                        "top_token_share": share,
+                        "distinct_2": distinct,
+                        "samples": ["the the", "the cat"],
+                    }
+                }
+            )
+        )
 
     assert_no_lockin(stats(0.5, 0.1))  # at the limits: no lock-in
     with pytest.raises(SpikeCheckError) as info:
         assert_no_lockin(stats(0.51, 0.09))
-    assert str(info.value) == ("repetition lock-in: token 'the' is 51% of the greedy output (limit 50%); distinct-2 is "
-                               "0.090 (limit 0.1)\n\ngreedy samples:\n  'the the'\n  'the cat'\n\nrecord: run fake")
+    assert str(info.value) == (
+        "repetition lock-in: token 'the' is 51% of the greedy output (limit 50%); distinct-2 is "
+        "0.090 (limit 0.1)\n\ngreedy samples:\n  'the the'\n  'the cat'\n\nrecord: run fake"
+    )
     with pytest.raises(SpikeCheckError, match=r"^repetition lock-in: distinct-2 is 0.200 \(limit 0.25\)\n"):
         assert_no_lockin(stats(0.6, 0.2), max_top_share=0.7, min_distinct_2=0.25)
 
 
 # -- records from arrays (pytest_spikecheck.records.series and .convert) -------------------------
 
-@pytest.mark.parametrize(("data", "message"), [
-    ({"loss": [1.0, 2.0], "x": [1.0]}, "metric 'x' has 1 values but the others have 2"),
-    ({"loss": [1.0, 2.0], "step": ["a", "b"]}, "the step column must hold integers, was ['a', 'b']…"),
-    ({"loss": [1.0, 2.0], "step": [1, math.nan]}, "the step column holds non-finite values"),
-    ({"loss": [1.0] * 4, "step": [1, 2, 3, 3]}, "the step column holds step 3 more than once; steps must be distinct"),
-    ({"loss": [[1.0], [2.0]]}, "metric 'loss' is a 2-D array of shape (2, 1); give one value per step (a 1-D array), "
-                               "e.g. one column of it"),
-])
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"loss": [1.0, 2.0], "x": [1.0]}, "metric 'x' has 1 values but the others have 2"),
+        ({"loss": [1.0, 2.0], "step": ["a", "b"]}, "the step column must hold integers, was ['a', 'b']…"),
+        ({"loss": [1.0, 2.0], "step": [1, math.nan]}, "the step column holds non-finite values"),
+        ({"loss": [1.0] * 4, "step": [1, 2, 3, 3]}, "the step column holds step 3 more than once; steps must be distinct"),
+        (
+            {"loss": [[1.0], [2.0]]},
+            "metric 'loss' is a 2-D array of shape (2, 1); give one value per step (a 1-D array), e.g. one column of it",
+        ),
+    ],
+)
 def test_bad_columns_are_named_word_for_word(data, message):
     with pytest.raises(ValueError) as info:
         columns_from_mapping(data)
@@ -472,14 +559,18 @@ def test_bad_columns_are_named_word_for_word(data, message):
 
 
 def test_none_is_not_logged_and_nan_is_a_value():
-    columns, missing = columns_from_mapping({"loss": [1.0, None, math.nan], "lr": (0.1, None, 0.1), "gn": np.array([1.0, np.nan, 2.0])})
+    columns, missing = columns_from_mapping(
+        {"loss": [1.0, None, math.nan], "lr": (0.1, None, 0.1), "gn": np.array([1.0, np.nan, 2.0])}
+    )
     np.testing.assert_array_equal(columns["step"], [1, 2, 3])
     np.testing.assert_array_equal(missing["loss"], [False, True, False])
     np.testing.assert_array_equal(missing["lr"], [False, True, False])  # a tuple is a list of values too
     assert "gn" not in missing and columns["gn"].dtype == np.float64  # an array's NaN is a value
     assert columns_from_mapping({"loss": [1.0, 2.0]})[1] == {}  # every entry logged: no mask
     # a MetricColumns' own masks are kept (and merged with its Nones), masks of absent columns dropped
-    carried = MetricColumns({"loss": [1.0, 2.0], "eval": [None, 1.0]}, {"loss": np.array([False, True]), "gone": np.ones(2, bool)})
+    carried = MetricColumns(
+        {"loss": [1.0, 2.0], "eval": [None, 1.0]}, {"loss": np.array([False, True]), "gone": np.ones(2, bool)}
+    )
     _, missing = columns_from_mapping(carried)
     assert sorted(missing) == ["eval", "loss"] and missing["loss"].tolist() == [False, True]
     assert missing["eval"].tolist() == [True, False]
@@ -505,6 +596,7 @@ def test_as_record_refuses_what_it_cannot_read():
 
 # -- the measures the assertions and the diagnosis share (pytest_spikecheck.judge.analysis) -------
 
+
 def test_measures_on_a_series_with_gaps():
     m = {"step": np.array([1, 2, 3, 5, 8]), "loss": np.array([1.0, np.nan, 3.0, 4.0, 5.0]), "lr": np.ones(5)}
     with pytest.raises(KeyError) as info:
@@ -523,14 +615,17 @@ def test_measures_on_a_series_with_gaps():
     assert short[0] is None and math.isnan(short[1])
 
 
-@pytest.mark.parametrize(("kwargs", "took"), [
-    ({}, 5),  # high at steps 61-65, back at 66
-    ({"factor": 1.5}, 0),  # 3.0 is within 1.5 x 2.0: it never left
-    ({"horizon": 4}, None),  # not back within 61-65
-    ({"horizon": 5}, 5),
-    ({"reference": 3.0}, 0),
-    ({"before": 0}, None),  # no pre-event level
-])
+@pytest.mark.parametrize(
+    ("kwargs", "took"),
+    [
+        ({}, 5),  # high at steps 61-65, back at 66
+        ({"factor": 1.5}, 0),  # 3.0 is within 1.5 x 2.0: it never left
+        ({"horizon": 4}, None),  # not back within 61-65
+        ({"horizon": 5}, 5),
+        ({"reference": 3.0}, 0),
+        ({"before": 0}, None),  # no pre-event level
+    ],
+)
 def test_recovery_steps(kwargs, took):
     steps = np.arange(1, 101)
     curve = np.where((steps >= 61) & (steps <= 65), 3.0, 2.0)
@@ -540,17 +635,25 @@ def test_recovery_steps(kwargs, took):
 def test_the_evidence_table_is_eleven_rows_around_the_step():
     loss = [2.0] * 30
     loss[14] = math.nan
-    assert _failure(assert_finite, {"loss": loss, "eval_loss": [None] * 10 + [1.23456] * 20, "grad_norm_post": [0.5] * 30,
-                                    "other": [1.0] * 30}) == "\n".join([
-        "non-finite loss at step 15 (nan)", "",
-        "step  loss  eval_loss  grad_norm_post",
-        "----  ----  ---------  --------------",
-        "  10  2     —          0.5",
-        *[f"  {s}  2     1.235      0.5" for s in range(11, 15)],
-        "→ 15  nan   1.235      0.5",
-        *[f"  {s}  2     1.235      0.5" for s in range(16, 21)], "",
-        "loss: " + "▁" * 29, "",
-        "record: arrays"])
+    assert _failure(
+        assert_finite,
+        {"loss": loss, "eval_loss": [None] * 10 + [1.23456] * 20, "grad_norm_post": [0.5] * 30, "other": [1.0] * 30},
+    ) == "\n".join(
+        [
+            "non-finite loss at step 15 (nan)",
+            "",
+            "step  loss  eval_loss  grad_norm_post",
+            "----  ----  ---------  --------------",
+            "  10  2     —          0.5",
+            *[f"  {s}  2     1.235      0.5" for s in range(11, 15)],
+            "→ 15  nan   1.235      0.5",
+            *[f"  {s}  2     1.235      0.5" for s in range(16, 21)],
+            "",
+            "loss: " + "▁" * 29,
+            "",
+            "record: arrays",
+        ]
+    )
     # (inf, not NaN: a NaN before a column's first value is "not yet computed", no failure)
     at_the_start = _failure(assert_finite, {"loss": [math.inf] + [2.0] * 30}).split("\n\n")[1].splitlines()
     assert at_the_start[2] == "→ 1   inf" and at_the_start[-1] == "  11  2" and len(at_the_start) == 13

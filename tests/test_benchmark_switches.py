@@ -38,8 +38,11 @@ def bench():
 
 @pytest.fixture(scope="module")
 def scenario():
-    return (Scenario.preset("phase-19").replace(name="switches", steps=BURST)
-            .with_breaks(RareTokenBurst(count=3, at_step=BURST, content="greek")))
+    return (
+        Scenario.preset("phase-19")
+        .replace(name="switches", steps=BURST)
+        .with_breaks(RareTokenBurst(count=3, at_step=BURST, content="greek"))
+    )
 
 
 @pytest.fixture(scope="module")

@@ -13,19 +13,36 @@ import pytest
 from pytest_spikecheck.plugin.outputs import append_job_summary, junit_properties
 from pytest_spikecheck.progress import Progress
 from pytest_spikecheck.report.summary import (
-    ScenarioRow, counts_sentences, folder_name, href, index_markdown, job_summary_markdown, markdown_text,
+    ScenarioRow,
+    counts_sentences,
+    folder_name,
+    href,
+    index_markdown,
+    job_summary_markdown,
+    markdown_text,
 )
 
 MARKUP = "<script>alert(1)</script>"
 
 
 def _row(name: str, **changes) -> dict:
-    row = ScenarioRow(scenario=name, steps=500, spike_step=312, spike_ratio=45.71, containment="no clip",
-                      recovery="14 steps", recovery_steps=14, content_hash="0123456789abcdef",
-                      description=f"{name}: 500 steps", reproduce=f"pytest --spikecheck  # scenario {name}",
-                      diagnosis={"step": 312, "lines": [["6 Adam v", "30% of weights have |g|/√v̂ > 10"],
-                                                        ["4 token losses", "worst: '&<>\"' 21.5"]],
-                                 "verdict": "rare tokens + no clip = one-step destabilisation"})
+    row = ScenarioRow(
+        scenario=name,
+        steps=500,
+        spike_step=312,
+        spike_ratio=45.71,
+        containment="no clip",
+        recovery="14 steps",
+        recovery_steps=14,
+        content_hash="0123456789abcdef",
+        description=f"{name}: 500 steps",
+        reproduce=f"pytest --spikecheck  # scenario {name}",
+        diagnosis={
+            "step": 312,
+            "lines": [["6 Adam v", "30% of weights have |g|/√v̂ > 10"], ["4 token losses", "worst: '&<>\"' 21.5"]],
+            "verdict": "rare tokens + no clip = one-step destabilisation",
+        },
+    )
     return {**row.to_json(), **changes}
 
 
@@ -34,10 +51,13 @@ def test_the_counts_name_loads_from_another_worker_only_under_xdist():
     counts = {"trained": 2, "worker": 1}
     assert counts_sentences(rows, counts, {"a": "pass", "b": "FAIL"}, workers=True) == [
         "2 scenarios checked (2 trained, 1 loaded from another worker, 0 from the disk cache).",
-        "1 held, 1 failed (see the failures above)."]
+        "1 held, 1 failed (see the failures above).",
+    ]
     assert counts_sentences(rows, counts, {"a": "pass", "b": "FAIL"}, workers=True, terminal=False)[1] == "1 held, 1 failed."
     assert counts_sentences({"a": rows["a"]}, {"disk": 1}, {"a": "pass"}, workers=False) == [
-        "1 scenario checked (0 trained, 1 from the disk cache).", "1 held, 0 failed."]
+        "1 scenario checked (0 trained, 1 from the disk cache).",
+        "1 held, 0 failed.",
+    ]
 
 
 def test_the_job_summary_has_the_table_failures_first_and_their_diagnoses():
@@ -46,7 +66,7 @@ def test_the_job_summary_has_the_table_failures_first_and_their_diagnoses():
     markdown = job_summary_markdown(rows, verdicts, ["3 scenarios checked.", "1 held, 2 failed."])
     lines = markdown.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| scenario "))
-    table = lines[header + 2:lines.index("", header)]
+    table = lines[header + 2 : lines.index("", header)]
     assert [row.split("|")[1].strip() for row in table] == ["&lt;script>alert(1)&lt;/script>", "zz_fails", "aa_holds"]
     assert [cell.strip() for cell in table[0].split("|")[2:-1]] == ["500", "312", "45.7×", "no clip", "14 steps", "FAIL"]
     assert markdown.count("<details>") == 2 and markdown.count("</details>") == 2
@@ -66,8 +86,7 @@ def test_the_job_summary_goes_where_the_variable_says_and_nowhere_without_it(tmp
 
 
 def test_index_md_links_into_safe_folders_and_escapes_names():
-    index = index_markdown({MARKUP: _row(MARKUP), "clipped[0.5]": _row("clipped[0.5]")},
-                           {MARKUP: "pass", "clipped[0.5]": "pass"})
+    index = index_markdown({MARKUP: _row(MARKUP), "clipped[0.5]": _row("clipped[0.5]")}, {MARKUP: "pass", "clipped[0.5]": "pass"})
     assert "| [clipped\\[0.5\\]](clipped%5B0.5%5D/diagnosis.md) |" in index  # brackets escaped: no link inside a link
     assert MARKUP not in index and f"]({href(MARKUP, 'diagnosis.md')})" in index
 
@@ -84,10 +103,15 @@ def test_report_folders_are_the_names_unless_a_name_is_unsafe_in_a_path():
 
 def test_junit_properties_of_a_scenario_and_of_one_that_did_not_train():
     props = junit_properties("phase19_break", _row("phase19_break"), "pass")
-    assert props == [("spikecheck_scenario", "phase19_break"), ("spikecheck_content_hash", "0123456789abcdef"),
-                     ("spikecheck_spike_step", "312"), ("spikecheck_spike_ratio", "45.71"),
-                     ("spikecheck_clip_containment", "no clip"), ("spikecheck_recovery_steps", "14"),
-                     ("spikecheck_verdict", "pass")]
+    assert props == [
+        ("spikecheck_scenario", "phase19_break"),
+        ("spikecheck_content_hash", "0123456789abcdef"),
+        ("spikecheck_spike_step", "312"),
+        ("spikecheck_spike_ratio", "45.71"),
+        ("spikecheck_clip_containment", "no clip"),
+        ("spikecheck_recovery_steps", "14"),
+        ("spikecheck_verdict", "pass"),
+    ]
     quiet = dict(junit_properties("flat", _row("flat", spike_step=None, spike_ratio=float("nan"), recovery_steps=None), "pass"))
     assert quiet["spikecheck_spike_step"] == quiet["spikecheck_spike_ratio"] == quiet["spikecheck_recovery_steps"] == ""
     assert junit_properties("broken", None, "FAIL") == [("spikecheck_scenario", "broken"), ("spikecheck_verdict", "FAIL")]
@@ -130,8 +154,12 @@ def test_progress_writes_a_line_per_finished_task_elsewhere_and_nothing_when_qui
             task.update(outcome=outcome)
             task.line(f"point: {outcome}")
         task.finish(f"3 points: {task.counts_text()}")
-    assert log.getvalue().splitlines() == ["spikecheck [gw1]: point: done", "spikecheck [gw1]: point: cached",
-                                           "spikecheck [gw1]: point: done", "spikecheck [gw1]: 3 points: 2 done, 1 cached"]
+    assert log.getvalue().splitlines() == [
+        "spikecheck [gw1]: point: done",
+        "spikecheck [gw1]: point: cached",
+        "spikecheck [gw1]: point: done",
+        "spikecheck [gw1]: 3 points: 2 done, 1 cached",
+    ]
     quiet = io.StringIO()
     with Progress(quiet, mode="quiet").task("x", total=1) as task:
         task.step_callback()(_step(1.0))
@@ -165,9 +193,15 @@ def test_the_terminal_stream_reads_the_reporters_isatty_as_either_pytest_spells_
     assert TerminalStream(config).isatty() is True
 
 
-@pytest.mark.parametrize("verbosity, worker, mode, prefix", [
-    (0, None, "lines", "spikecheck: "), (0, "gw1", "lines", "spikecheck [gw1]: "),
-    (-1, None, "quiet", "spikecheck: "), (-1, "gw1", "quiet", "spikecheck [gw1]: ")])
+@pytest.mark.parametrize(
+    "verbosity, worker, mode, prefix",
+    [
+        (0, None, "lines", "spikecheck: "),
+        (0, "gw1", "lines", "spikecheck [gw1]: "),
+        (-1, None, "quiet", "spikecheck: "),
+        (-1, "gw1", "quiet", "spikecheck [gw1]: "),
+    ],
+)
 def test_the_plugins_progress_is_a_line_per_scenario_on_workers_and_nothing_with_q(verbosity, worker, mode, prefix):
     from pytest_spikecheck.plugin import _progress
 
@@ -197,16 +231,32 @@ def test_spikecheck_train_draws_its_bar_on_a_terminal_only(tmp_path, monkeypatch
 def test_the_terminal_lists_failed_tests_with_their_verdicts_and_counts_the_rest():
     from pytest_spikecheck.report.summary import tests_lines
 
-    failed = {"nodeid": "tests/test_a.py::test_qk", "scenarios": ["muon"], "outcome": "failed", "reproduce":
-              "pytest 'tests/test_a.py::test_qk' --spikecheck", "failure": "SpikeCheckError: ...",
-              "verdicts": [{"assertion": "assert_qk_clip_contains", "passed": False, "reason": "QK-Clip (tau 30) ..."}]}
-    passed = {"nodeid": "tests/test_a.py::test_clip", "scenarios": ["control"], "outcome": "passed", "reproduce": "",
-              "failure": None, "verdicts": [{"assertion": "assert_clip_contains", "passed": True, "reason": "held"}]}
+    failed = {
+        "nodeid": "tests/test_a.py::test_qk",
+        "scenarios": ["muon"],
+        "outcome": "failed",
+        "reproduce": "pytest 'tests/test_a.py::test_qk' --spikecheck",
+        "failure": "SpikeCheckError: ...",
+        "verdicts": [{"assertion": "assert_qk_clip_contains", "passed": False, "reason": "QK-Clip (tau 30) ..."}],
+    }
+    passed = {
+        "nodeid": "tests/test_a.py::test_clip",
+        "scenarios": ["control"],
+        "outcome": "passed",
+        "reproduce": "",
+        "failure": None,
+        "verdicts": [{"assertion": "assert_clip_contains", "passed": True, "reason": "held"}],
+    }
     assert tests_lines([failed, passed], verbose=False) == [
-        "tests (1 failed, 1 passed):", "FAIL tests/test_a.py::test_qk (scenario muon)",
-        "    FAIL assert_qk_clip_contains: QK-Clip (tau 30) ...", "    reproduce: pytest 'tests/test_a.py::test_qk' --spikecheck",
-        "(1 more that did not fail: -v lists each with its assertions' verdicts)"]
-    assert tests_lines([failed, passed])[-2:] == ["pass tests/test_a.py::test_clip (scenario control)",
-                                                  "    pass assert_clip_contains: held"]
+        "tests (1 failed, 1 passed):",
+        "FAIL tests/test_a.py::test_qk (scenario muon)",
+        "    FAIL assert_qk_clip_contains: QK-Clip (tau 30) ...",
+        "    reproduce: pytest 'tests/test_a.py::test_qk' --spikecheck",
+        "(1 more that did not fail: -v lists each with its assertions' verdicts)",
+    ]
+    assert tests_lines([failed, passed])[-2:] == [
+        "pass tests/test_a.py::test_clip (scenario control)",
+        "    pass assert_clip_contains: held",
+    ]
     # nothing failed, nothing listed: one line, not a header over a note that lists nothing
     assert tests_lines([passed], verbose=False) == ["tests (1 passed) (-v lists each with its assertions' verdicts)"]

@@ -20,8 +20,10 @@ def _write(tmp_path, text, name="config.yaml"):
     [
         ("preset: phase-19\noptimizer: {grad_clip: -1}\n", "grad_clip must be > 0"),
         ("preset: phase-19\noptimizer: {grad_clip: 0}\n", "use a tiny max_norm"),
-        ("preset: phase-19\nsteps: 100\nbreaks: [{rare_token_burst: {at_step: 312}}]\n",
-         "RareTokenBurst at step 312 is after the last step (100 steps)"),
+        (
+            "preset: phase-19\nsteps: 100\nbreaks: [{rare_token_burst: {at_step: 312}}]\n",
+            "RareTokenBurst at step 312 is after the last step (100 steps)",
+        ),
         ("# nothing but a comment\n", "config.yaml is empty (or only comments)"),
         ("preset: phase-19\nseed: 1\nseed: 2\n", "duplicate key 'seed'"),
         ("preset: phase-19\nsteps: 50\nmodel: {factory: 'no_such_pkg_here:make'}\n", "cannot import 'no_such_pkg_here'"),
@@ -55,7 +57,9 @@ def test_train_compare_diagnose(tmp_path, capsys):
     for f in ("config.yaml", "metrics.jsonl", "batches.jsonl", "events.json", "run.json"):
         assert (tmp_path / "b" / f).is_file()
     rows = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
-    assert len(rows) == 80 and {"step", "loss", "grad_norm_pre", "grad_norm_post", "clip_factor", "lr", "eval_loss"} <= set(rows[0])
+    assert len(rows) == 80 and {"step", "loss", "grad_norm_pre", "grad_norm_post", "clip_factor", "lr", "eval_loss"} <= set(
+        rows[0]
+    )
     assert "grad_clip: null" in (tmp_path / "b" / "config.yaml").read_text()
     capsys.readouterr()
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(tmp_path / "cmp")]) == 0
@@ -78,11 +82,14 @@ def test_console_script_is_installed():
     assert out.returncode == 0 and out.stdout.startswith("spikecheck ")
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--steps", "100"], "RareTokenBurst at step 312 is after the last step (100 steps)"),
-    (["--grad-clip", "0"], "use a tiny max_norm"),
-    (["--out", "FILE"], "is an existing file; the run is a folder"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--steps", "100"], "RareTokenBurst at step 312 is after the last step (100 steps)"),
+        (["--grad-clip", "0"], "use a tiny max_norm"),
+        (["--out", "FILE"], "is an existing file; the run is a folder"),
+    ],
+)
 def test_train_option_errors_are_one_line_exit_2(tmp_path, capsys, args, message):
     exp = _write(tmp_path, "preset: phase-19\nbreaks: [{rare_token_burst: {at_step: 312}}]\n")
     (tmp_path / "FILE").write_text("")
@@ -116,7 +123,8 @@ def test_a_device_or_backend_this_machine_cannot_run_is_one_line_exit_2(tmp_path
 
     exp = _write(tmp_path, "preset: phase-19\nsteps: 5\n")
     cases = ([(["--device", "cuda"], "device 'cuda' needs a CUDA device")] if not torch.cuda.is_available() else []) + (
-        [(["--backend", "cupy"], "clipping backend 'cupy' cannot run here")] if unavailable_reason("cupy") else [])
+        [(["--backend", "cupy"], "clipping backend 'cupy' cannot run here")] if unavailable_reason("cupy") else []
+    )
     if not cases:
         pytest.skip("this machine runs CUDA and cupy: nothing to refuse")
     for args, message in cases:

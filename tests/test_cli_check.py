@@ -56,13 +56,16 @@ def test_non_finite_value_exits_1(capsys):
     assert out.splitlines()[-1] == "FOUND a non-finite value (exit 1)"
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    (["nope.json"], "no such log file or folder"),
-    (["{logs}/hf/trainer_state.json", "--metric", "perplexity"], "no 'perplexity' series"),
-    (["{logs}/wandb/history.csv", "--map", "loss=nope"], "cannot map loss=nope"),
-    (["{logs}/wandb/history.csv", "--format", "tensorboard"], "not a TensorBoard event file"),
-    (["{logs}/lightning/metrics.csv", "--map", "epoch=epoch", "--metric", "x"], "no 'x' series"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["nope.json"], "no such log file or folder"),
+        (["{logs}/hf/trainer_state.json", "--metric", "perplexity"], "no 'perplexity' series"),
+        (["{logs}/wandb/history.csv", "--map", "loss=nope"], "cannot map loss=nope"),
+        (["{logs}/wandb/history.csv", "--format", "tensorboard"], "not a TensorBoard event file"),
+        (["{logs}/lightning/metrics.csv", "--map", "epoch=epoch", "--metric", "x"], "no 'x' series"),
+    ],
+)
 def test_wrong_log_or_option_exits_2_with_one_line(capsys, argv, message):
     code, out, err = check(capsys, *(a.format(logs=LOGS) for a in argv))
     assert code == 2 and out == ""
@@ -106,8 +109,18 @@ def test_json_spells_non_finite_values_as_strings(capsys):
 
 def test_detectors_that_agree_are_listed_together(capsys):
     # The W&B export logs every step, so the windowed detectors have enough history.
-    code, report = check_json(capsys, LOGS / "wandb" / "history.csv",
-                              "--detector", "ratio", "--detector", "olmo-core", "--detector", "zclip", "--detector", "megatron")
+    code, report = check_json(
+        capsys,
+        LOGS / "wandb" / "history.csv",
+        "--detector",
+        "ratio",
+        "--detector",
+        "olmo-core",
+        "--detector",
+        "zclip",
+        "--detector",
+        "megatron",
+    )
     assert code == 1
     for series in report["series"]:
         (spike,) = series["spikes"]
@@ -120,8 +133,12 @@ def test_detectors_that_agree_are_listed_together(capsys):
 def test_max_norm_checks_the_post_clip_series(capsys):
     log = LOGS / "jsonl" / "metrics.jsonl"  # clip 1.0: the pre-clip norm spikes, the post-clip norm is held
     _, report = check_json(capsys, log, "--max-norm", "1.0")
-    assert report["clip"] == {"max_norm": 1.0, "checked": True, "ok": True,
-                              "message": "post-clip grad norm <= 1 at every logged step"}
+    assert report["clip"] == {
+        "max_norm": 1.0,
+        "checked": True,
+        "ok": True,
+        "message": "post-clip grad norm <= 1 at every logged step",
+    }
     _, report = check_json(capsys, log, "--max-norm", "0.5", "--metric", "grad_norm_post")
     assert report["clip"]["ok"] is False and "post-clip norm 1 > max_norm 0.5" in report["clip"]["message"]
     assert report["ok"] is False and all(not s["spikes"] for s in report["series"])
@@ -149,12 +166,16 @@ def test_restart_note_is_printed(capsys):
 
 def test_ci_one_liner_exit_status():
     # `spikecheck check trainer_state.json || exit 1` in a CI job: the process exit status.
-    run = subprocess.run([sys.executable, "-m", "pytest_spikecheck.cli", "check", str(LOGS / "hf" / "trainer_state.json")],
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest_spikecheck.cli", "check", str(LOGS / "hf" / "trainer_state.json")],
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode == 1 and "FOUND spikes in grad_norm" in run.stdout and run.stderr == ""
 
 
 # -- never silently blind (issue 12) -----------------------------------------------------------------
+
 
 def _sparse_state(tmp_path, n, every, **entry):
     rows = [{"step": every * (i + 1), "loss": 2.0 - 0.01 * i, "grad_norm": 1.0 + 0.01 * (i % 3), **entry} for i in range(n)]
@@ -168,14 +189,20 @@ def test_a_series_too_short_is_not_judged_never_no_spike(tmp_path, capsys):
     code, out, _ = check(capsys, path)
     assert code == 0 and "no spike" not in out
     assert "  not judged: 2 points, interval 500 steps, needs grad-ratio 10 earlier logged points" in out
-    assert "  not judged: 2 points, interval 500 steps, needs loss-jump 5 earlier logged points (over at least 50 " \
-           "steps); loss-sustained 1 earlier logged point and 2 later ones" in out
+    assert (
+        "  not judged: 2 points, interval 500 steps, needs loss-jump 5 earlier logged points (over at least 50 "
+        "steps); loss-sustained 1 earlier logged point and 2 later ones" in out
+    )
     assert out.splitlines()[-1].endswith("NOT JUDGED: grad_norm, loss (exit 0; --strict makes it exit 3)")
     code, report = check_json(capsys, path, "--strict")
     assert code == 3 and report["judged"] is False and report["not_judged"] == ["grad_norm", "loss"]
-    assert report["series"][0]["rules"][0] == {"name": "grad-ratio", "rule": report["series"][0]["rules"][0]["rule"],
-                                               "judged": 0, "needs": "10 earlier logged points (over at least 10 steps)",
-                                               "flags": 0}
+    assert report["series"][0]["rules"][0] == {
+        "name": "grad-ratio",
+        "rule": report["series"][0]["rules"][0]["rule"],
+        "judged": 0,
+        "needs": "10 earlier logged points (over at least 10 steps)",
+        "flags": 0,
+    }
 
 
 def test_sparse_logs_are_judged_on_logged_points(tmp_path, capsys):

@@ -23,9 +23,7 @@ from pytest_spikecheck.clipping import (
 from pytest_spikecheck.clipping._registry import BackendUnavailableError, unavailable_reason
 
 
-def make_params(
-    shapes=((17, 8), (8,), (33, 5), (1,)), dtype=torch.float32, seed=0, grad_scale=1.0
-) -> list[torch.nn.Parameter]:
+def make_params(shapes=((17, 8), (8,), (33, 5), (1,)), dtype=torch.float32, seed=0, grad_scale=1.0) -> list[torch.nn.Parameter]:
     generator = torch.Generator().manual_seed(seed)
     params = []
     for shape in shapes:
@@ -42,16 +40,19 @@ def grads_of(params) -> list[torch.Tensor]:
 def assert_same_bits(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
     for a, e in zip(actual, expected, strict=True):
         assert a.dtype == e.dtype
-        assert torch.equal(a.view(torch.int16 if a.element_size() == 2 else torch.int32),
-                           e.view(torch.int16 if e.element_size() == 2 else torch.int32))
+        assert torch.equal(
+            a.view(torch.int16 if a.element_size() == 2 else torch.int32),
+            e.view(torch.int16 if e.element_size() == 2 else torch.int32),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # The torch backend is torch.nn.utils.clip_grad_norm_, bit for bit
 
 
-@pytest.mark.parametrize("dtypes", [(torch.float32,), (torch.bfloat16,), (torch.float16,),
-                                    (torch.float32, torch.bfloat16)], ids=str)
+@pytest.mark.parametrize(
+    "dtypes", [(torch.float32,), (torch.bfloat16,), (torch.float16,), (torch.float32, torch.bfloat16)], ids=str
+)
 @pytest.mark.parametrize("max_norm", [0.5, 1e3, math.inf])
 @pytest.mark.parametrize("foreach", [None, True, False])
 def test_torch_backend_is_bit_identical_to_torch(dtypes, max_norm, foreach):
@@ -303,12 +304,15 @@ def test_norm_type_2_and_inf_match_torch(norm_type):
         torch.testing.assert_close(a.grad, b.grad, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"norm_type": 1.0}, "norm_type must be 2.0 .global L2. or inf"),
-    ({"norm_type": "2"}, "norm_type must be 2.0"),
-    ({"max_norm": "1.0"}, r"max_norm must be a number, inf or None \(no clipping\), was '1.0'"),
-    ({"max_norm": True}, r"max_norm must be a number, inf or None \(no clipping\), was True"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"norm_type": 1.0}, "norm_type must be 2.0 .global L2. or inf"),
+        ({"norm_type": "2"}, "norm_type must be 2.0"),
+        ({"max_norm": "1.0"}, r"max_norm must be a number, inf or None \(no clipping\), was '1.0'"),
+        ({"max_norm": True}, r"max_norm must be a number, inf or None \(no clipping\), was True"),
+    ],
+)
 def test_clip_grad_norm_refuses_what_torch_would_not_mean(kwargs, message):
     p = torch.ones(3, requires_grad=True)
     p.grad = torch.ones(3)

@@ -59,8 +59,12 @@ def test_emulator_with_more_chunks_than_threads_conforms():
     from pytest_spikecheck.clipping.emulator_backend import EmulatorClipBackend
 
     report = check_clip_function(
-        EmulatorClipBackend(SMALL_LAUNCH).clip_, dtypes=tuple(conformance.DTYPES), max_examples=10,
-        max_total_elements=40_000, max_tensors=4, tolerances=EMULATOR_EXACT,
+        EmulatorClipBackend(SMALL_LAUNCH).clip_,
+        dtypes=tuple(conformance.DTYPES),
+        max_examples=10,
+        max_total_elements=40_000,
+        max_tensors=4,
+        tolerances=EMULATOR_EXACT,
     )
     assert report.fuzzed_cases >= 10
 

@@ -34,11 +34,14 @@ needs_gpu = [
 
 #: The GPU kernels do torch's arithmetic exactly, subnormals included (clip.cu ignores CuPy's -ftz=true).
 GPU_EXACT = Tolerances(norm_rtol=2e-6, element_ulps=0, allow_flush_to_zero=False)
+
+
 def apply(marks):
     def decorate(function):
         for mark in marks:
             function = mark(function)
         return function
+
     return decorate
 
 
@@ -108,8 +111,12 @@ def test_16bit_gradients_at_micro_shapes(backend, dtype):
 @apply(needs_gpu)
 def test_mixed_dtypes_in_one_call(backend):
     shapes = [(300, 7), (64,), (1,), (4097,)]
-    grads = [g.to(dtype) for g, dtype in zip(random_grads(shapes, seed=3, scale=0.1),
-                                             (torch.float32, torch.bfloat16, torch.float16, torch.float32))]
+    grads = [
+        g.to(dtype)
+        for g, dtype in zip(
+            random_grads(shapes, seed=3, scale=0.1), (torch.float32, torch.bfloat16, torch.float16, torch.float32)
+        )
+    ]
     original = [g.clone() for g in grads]
     outputs = backend.run(grads, 0.5)
     assert float(outputs.total_norm) == pytest.approx(float64_norm(original), rel=2e-6)
@@ -133,8 +140,12 @@ def test_conforms_with_more_chunks_than_threads():
     from pytest_spikecheck.clipping.cupy_backend import CupyClipBackend
 
     report = check_clip_function(
-        CupyClipBackend(SMALL_LAUNCH).clip_, dtypes=tuple(DTYPES), device="cuda",
-        max_examples=30, max_total_elements=40_000, tolerances=GPU_EXACT,
+        CupyClipBackend(SMALL_LAUNCH).clip_,
+        dtypes=tuple(DTYPES),
+        device="cuda",
+        max_examples=30,
+        max_total_elements=40_000,
+        tolerances=GPU_EXACT,
     )
     assert report.fuzzed_cases >= 30
 
@@ -263,8 +274,9 @@ def test_public_api_with_auto_backend_clips_on_the_gpu():
 # ---------------------------------------------------------------------------------------------
 # Fallback where clip.cu cannot compile or load on the GPU (runs on any machine: the GPU is faked)
 
-T4_ERROR = ("clip.cu(233): error: ptxas application ptx input, line 1017; error   : "
-            "Feature '.bf16' requires .target sm_80 or higher")
+T4_ERROR = (
+    "clip.cu(233): error: ptxas application ptx input, line 1017; error   : Feature '.bf16' requires .target sm_80 or higher"
+)
 
 
 @pytest.fixture
@@ -323,8 +335,11 @@ def test_auto_falls_back_when_the_module_cannot_load(fake_gpu):
         raise RuntimeError("CUDA_ERROR_NO_BINARY_FOR_GPU: no kernel image is available\nfor this device")
 
     fake_gpu(load_fails)
-    with pytest.warns(SpikecheckBackendWarning, match=r"sm_75 \(Tesla T4 #0\): RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU: "
-                                                      r"no kernel image is available; clipping with the torch"):
+    with pytest.warns(
+        SpikecheckBackendWarning,
+        match=r"sm_75 \(Tesla T4 #0\): RuntimeError: CUDA_ERROR_NO_BINARY_FOR_GPU: "
+        r"no kernel image is available; clipping with the torch",
+    ):
         assert resolve_backend("auto", "cuda:0") == "torch"
 
 

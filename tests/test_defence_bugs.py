@@ -9,8 +9,20 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    ClipInfToLog, ClipMuonUpdate, ConfigError, GatedAttention, LogitSoftcap, QKClip, QKLayerNorm, Scenario, SkipStepCounter, ZLoss,
-    assert_finite, assert_muon_update_scale, assert_optimizer_steps, train,
+    ClipInfToLog,
+    ClipMuonUpdate,
+    ConfigError,
+    GatedAttention,
+    LogitSoftcap,
+    QKClip,
+    QKLayerNorm,
+    Scenario,
+    SkipStepCounter,
+    ZLoss,
+    assert_finite,
+    assert_muon_update_scale,
+    assert_optimizer_steps,
+    train,
 )
 from pytest_spikecheck.models.config import GPTConfig
 from pytest_spikecheck.records import Record
@@ -47,8 +59,11 @@ def test_clip_inf_to_log_is_named_in_yaml_and_refuses_a_clip_or_several_ranks(tm
     validate_run_folder(run.save(tmp_path / "run"))
     resolved = NANO.with_breaks(ClipInfToLog()).resolved()
     assert (resolved.optimizer.grad_clip, resolved.optimizer.clip_when) == (None, "inf_to_log")
-    with pytest.raises(ConfigError, match=r"^optimizer.clip_when inf_to_log \(ClipInfToLog\) is the logging call of a run "
-                                          r"that does not clip: grad_clip must be null, was 1.0$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^optimizer.clip_when inf_to_log \(ClipInfToLog\) is the logging call of a run "
+        r"that does not clip: grad_clip must be null, was 1.0$",
+    ):
         NANO.replace(optimizer__clip_when="inf_to_log").resolved()
     with pytest.raises(ConfigError, match=r"^ClipInfToLog \(clip_when inf_to_log\) is declared on one process"):
         train(NANO.with_breaks(ClipInfToLog()), nproc=2)
@@ -56,19 +71,32 @@ def test_clip_inf_to_log_is_named_in_yaml_and_refuses_a_clip_or_several_ranks(tm
 
 def _norms(pre: float, post: float, limit: float = float("inf")) -> Record:
     steps = np.arange(1, 4)
-    return Record(metrics={"step": steps, "loss": np.array([3.0, 2.9, 2.8]), "grad_norm_pre": np.array([1.0, 1.1, pre]),
-                           "grad_norm_post": np.array([1.0, 1.1, post]), "clip_limit": np.full(3, limit)})
+    return Record(
+        metrics={
+            "step": steps,
+            "loss": np.array([3.0, 2.9, 2.8]),
+            "grad_norm_pre": np.array([1.0, 1.1, pre]),
+            "grad_norm_post": np.array([1.0, 1.1, post]),
+            "clip_limit": np.full(3, limit),
+        }
+    )
 
 
 def test_assert_finite_names_the_clip_coefficient_of_an_infinite_norm():
     # the bug's signature: an infinite norm, then NaN gradients, with no clip
-    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 3 \(inf\); the gradient norm was inf and "
-                                             r"then every gradient NaN .*inf / inf = NaN .*clip_grad_norm_\(max_norm=inf\) "
-                                             r".*torch.nn.utils.get_total_norm"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^non-finite grad_norm_pre at step 3 \(inf\); the gradient norm was inf and "
+        r"then every gradient NaN .*inf / inf = NaN .*clip_grad_norm_\(max_norm=inf\) "
+        r".*torch.nn.utils.get_total_norm",
+    ):
         assert_finite(_norms(float("inf"), float("nan")))
     # finite gradients whose float32 norm overflowed: said as that, not as the clip
-    with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 3 \(inf\); every gradient is finite "
-                                             r"\(their float64 norm is 1.06e\+21\): only the norm overflowed"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^non-finite grad_norm_pre at step 3 \(inf\); every gradient is finite "
+        r"\(their float64 norm is 1.06e\+21\): only the norm overflowed",
+    ):
         assert_finite(_norms(float("inf"), 1.06e21))
     # a NaN gradient (NaN pre-clip norm), or NaN after a real clip: no cause claimed
     for record in (_norms(float("nan"), float("nan")), _norms(float("inf"), float("nan"), limit=1.0)):
@@ -102,8 +130,11 @@ def test_a_recorded_loop_that_logs_the_norm_through_clip_inf_gets_the_same_cause
             torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
     sgd.step()
     rec.step(loss=loss)
-    cause = (r"the gradient norm was inf and then every gradient NaN" if log_with == "clip_grad_norm_"
-             else r"every gradient is finite \(their float64 norm is 4.24e\+19\): only the norm overflowed")
+    cause = (
+        r"the gradient norm was inf and then every gradient NaN"
+        if log_with == "clip_grad_norm_"
+        else r"every gradient is finite \(their float64 norm is 4.24e\+19\): only the norm overflowed"
+    )
     with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 1 \(inf\); " + cause):
         assert_finite(rec.run())
 
@@ -112,11 +143,17 @@ def test_assert_muon_update_scale_on_arrays():
     steps = np.arange(1, 5)
     healthy = {"step": steps, "muon_update_ratio": np.array([0.88, 0.87, 0.9, 0.89])}
     assert assert_muon_update_scale(healthy)["min"] == pytest.approx(0.87)
-    clipped = {**healthy, "muon_update_ratio": np.array([0.043, 0.043, 0.9, 0.04]),
-               "update_clip_norm": np.array([21.2, 21.1, 1.0, 21.0])}
-    with pytest.raises(AssertionError, match=r"^Muon's update at step 4 was 0.04x its expected scale \(allowed 0.5-2x\): "
-                                             r"the step was attenuated 25x by something other than the lr; the clip was "
-                                             r"taken over Muon's update and divided it by 21 \(update_clip_norm\)"):
+    clipped = {
+        **healthy,
+        "muon_update_ratio": np.array([0.043, 0.043, 0.9, 0.04]),
+        "update_clip_norm": np.array([21.2, 21.1, 1.0, 21.0]),
+    }
+    with pytest.raises(
+        AssertionError,
+        match=r"^Muon's update at step 4 was 0.04x its expected scale \(allowed 0.5-2x\): "
+        r"the step was attenuated 25x by something other than the lr; the clip was "
+        r"taken over Muon's update and divided it by 21 \(update_clip_norm\)",
+    ):
         assert_muon_update_scale(clipped)
     with pytest.raises(AssertionError, match=r"at step 2 was 3x .*amplified 3x by something other than the lr\n"):
         assert_muon_update_scale({**healthy, "muon_update_ratio": np.array([1.0, 3.0, 1.0, 1.0])})
@@ -126,8 +163,7 @@ def test_assert_muon_update_scale_on_arrays():
 
 def test_assert_optimizer_steps_counts_applied_steps_only():
     steps = np.arange(1, 6)
-    skipping = Record(metrics={"step": steps, "optimizer_steps": np.array([1.0, 2.0, 2.0, 3.0, 4.0])},
-                      skipped={3: "skip_spikes"})
+    skipping = Record(metrics={"step": steps, "optimizer_steps": np.array([1.0, 2.0, 2.0, 3.0, 4.0])}, skipped={3: "skip_spikes"})
     assert assert_optimizer_steps(skipping) == {"applied": 4, "counted": 4}
     # a counter that advances at a skipped step counts a step that never reached the weights
     counted_skip = Record(metrics={"step": steps, "optimizer_steps": np.arange(1.0, 6.0)}, skipped={3: "skip_spikes"})
@@ -138,14 +174,22 @@ def test_assert_optimizer_steps_counts_applied_steps_only():
         assert_optimizer_steps(counted_skip)
     verdict = caught.value.verdict
     assert (verdict.assertion, verdict.passed, verdict.step, verdict.measured, verdict.limit) == (
-        "assert_optimizer_steps", False, 3, 3.0, 2.0)
+        "assert_optimizer_steps",
+        False,
+        3,
+        3.0,
+        2.0,
+    )
     frozen = Record(metrics={"step": steps, "optimizer_steps": np.zeros(5)})
     with pytest.raises(AssertionError, match=r"^at step 1 the optimizer counted 0 steps but 1 were applied"):
         assert_optimizer_steps(frozen)
 
 
-@pytest.mark.parametrize("defence", [None, QKClip(tau=30.0), QKLayerNorm(), LogitSoftcap(), ZLoss(), GatedAttention()],
-                         ids=lambda d: "none" if d is None else d.config_name)
+@pytest.mark.parametrize(
+    "defence",
+    [None, QKClip(tau=30.0), QKLayerNorm(), LogitSoftcap(), ZLoss(), GatedAttention()],
+    ids=lambda d: "none" if d is None else d.config_name,
+)
 def test_attn_logit_max_is_recorded_whatever_the_defences(defence):
     """Megatron-Bridge PR 5329: the max attention logit was logged only with QK-Clip on. Here the
     column is the model's own stat, recorded at every step with any defence or none."""

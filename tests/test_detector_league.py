@@ -22,6 +22,7 @@ def test_the_committed_heldout_league_is_the_scripts():
 
 def test_flagscale_rule_as_its_source_reads():
     import numpy as np
+
     steps = np.arange(1, 8)
     # +25 % flags and keeps the old reference; a NaN silently becomes the reference; inf flags
     assert detector_league.flagscale(steps, np.array([2.0, 2.5, 2.1, float("nan"), 3.0, float("inf"), 2.0])) == [2, 6]
@@ -49,6 +50,7 @@ def test_the_zclip_entrant_is_the_packages_own_decision():
 
 def test_the_muon_runs_loss_divergence_step():
     import numpy as np
+
     steps = np.arange(1, 7)
     assert detector_league.loss_divergence(steps, np.array([3.0, 2.0, 1.5, 2.1, 2.19, 2.3])) == 6
     assert detector_league.loss_divergence(steps, np.array([3.0, 2.0, 1.5, 1.6, 1.7, 2.1])) is None

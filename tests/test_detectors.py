@@ -54,7 +54,7 @@ def test_olmo_core_compares_to_mean_plus_sigmas_not_sigmas_alone():
     # mean 10, std ~0.1: the buggy rule (value > 6 * std = 0.6) would flag every step.
     steps, v = _series(level=10.0, noise=0.1)
     assert OLMoCore().detect(steps, v) == []
-    buggy = [s for i, s in enumerate(steps[128:], 128) if v[i] > 6 * np.std(v[i - 128:i])]
+    buggy = [s for i, s in enumerate(steps[128:], 128) if v[i] > 6 * np.std(v[i - 128 : i])]
     assert len(buggy) == len(steps) - 128  # what the bug did
     v[200] = 10.0 + 0.1 * 8  # 8 sigma above the mean
     assert [h.step for h in OLMoCore().detect(steps, v)] == [201]
@@ -83,7 +83,7 @@ def test_dense_baseline_is_the_plain_window_median():
 
     steps, v = _series(n=400, noise=0.3)
     for at in range(1, 401):
-        window = v[max(0, at - 1 - 50):at - 1]
+        window = v[max(0, at - 1 - 50) : at - 1]
         expected = float(np.median(window)) if window.size >= 10 else math.nan
         got = spike_baseline(steps, v, at)
         assert got == expected or (math.isnan(got) and math.isnan(expected)), at
@@ -102,6 +102,7 @@ def test_every_detector_judges_a_log_written_every_50_steps(name):
 
 
 # -- each rule at its threshold, with how many values it judged ---------------------------------
+
 
 def _judge(name, values, steps=None, **params):
     values = np.asarray(values, dtype=float)
@@ -135,8 +136,13 @@ AT_THE_THRESHOLD = [
     # ... and of 6 robust sigmas on a noisy history (median 2, MAD 1: bar 6 x 1.4826 = 8.8956);
     # without the log-noise floor the alternation's first points, judged on 5 values with no
     # spread yet, are flagged too
-    ("loss-jump", {"noise_sigmas": 0.0}, [1.0, 3.0] * 5 + [10.9, 10.8], 7,
-     [(6, 3.0, 1.0, 2.0), (8, 3.0, 1.0, 2.0), (10, 3.0, 1.0, 2.0), (11, 10.9, 2.0, 8.9)]),
+    (
+        "loss-jump",
+        {"noise_sigmas": 0.0},
+        [1.0, 3.0] * 5 + [10.9, 10.8],
+        7,
+        [(6, 3.0, 1.0, 2.0), (8, 3.0, 1.0, 2.0), (10, 3.0, 1.0, 2.0), (11, 10.9, 2.0, 8.9)],
+    ),
     # ... with it, the alternation is the log's own noise (second differences of 4: sigma
     # 1.4826 x 4 / sqrt 6 = 2.421) and the bar is 4 of those, 9.684: 8.9 is no spike, 10.5 is
     ("loss-jump", {}, [1.0, 3.0] * 5 + [10.9, 10.8], 7, []),
@@ -154,29 +160,47 @@ AT_THE_THRESHOLD = [
     # ... never against less than half the long-run level: after a collapse to 0.001, 0.6 is no spike
     ("grad-ratio", {}, [1.0] * 20 + [0.001] * 10 + [0.6], 21, []),
     # ... half the long-run median exactly: 10 values 1-10 then 10 of 0.01 (median (0.01 + 1) / 2)
-    ("grad-ratio", {}, list(range(1, 11)) + [0.01] * 10 + [10 * 0.5 * (0.01 + 1.0) / 2], 11,
-     [(21, 10 * 0.5 * (0.01 + 1.0) / 2, 0.5 * (0.01 + 1.0) / 2, 10.0)]),
+    (
+        "grad-ratio",
+        {},
+        list(range(1, 11)) + [0.01] * 10 + [10 * 0.5 * (0.01 + 1.0) / 2],
+        11,
+        [(21, 10 * 0.5 * (0.01 + 1.0) / 2, 0.5 * (0.01 + 1.0) / 2, 10.0)],
+    ),
     ("grad-ratio", {}, list(range(1, 12)) + [0.01] * 10 + [5.0], 12, [(22, 5.0, 0.5, 10.0)]),  # odd count: median 1
     ("grad-ratio", {}, list(range(1, 12)) + [0.01] * 10 + [4.99], 12, []),
     # zero norms (no gradient) are judged but are no level: the 10 after them is 10x the ones before
     ("grad-ratio", {}, [1.0] * 10 + [0.0] * 5 + [10.0], 6, [(16, 10.0, 1.0, 10.0)]),
     # the window is the caller's: over 100 steps the level is 100 (no spike); over the last 10, 1 (floored at 50)
-    ("grad-ratio", {"window": 100, "min_history": 5}, [1.0] * 5 + [100.0] * 20 + [1.0] * 10 + [1000.0], 31,
-     [(s, 100.0, 1.0, 100.0) for s in range(6, 11)]),
-    ("grad-ratio", {"min_history": 5}, [1.0] * 5 + [100.0] * 20 + [1.0] * 10 + [1000.0], 31,
-     [(s, 100.0, 1.0, 100.0) for s in range(6, 11)] + [(36, 1000.0, 50.0, 20.0)]),
+    (
+        "grad-ratio",
+        {"window": 100, "min_history": 5},
+        [1.0] * 5 + [100.0] * 20 + [1.0] * 10 + [1000.0],
+        31,
+        [(s, 100.0, 1.0, 100.0) for s in range(6, 11)],
+    ),
+    (
+        "grad-ratio",
+        {"min_history": 5},
+        [1.0] * 5 + [100.0] * 20 + [1.0] * 10 + [1000.0],
+        31,
+        [(s, 100.0, 1.0, 100.0) for s in range(6, 11)] + [(36, 1000.0, 50.0, 20.0)],
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "params", "values", "judged", "found"), AT_THE_THRESHOLD,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(AT_THE_THRESHOLD)])
+@pytest.mark.parametrize(
+    ("name", "params", "values", "judged", "found"), AT_THE_THRESHOLD, ids=[f"{c[0]}-{i}" for i, c in enumerate(AT_THE_THRESHOLD)]
+)
 def test_each_rule_at_its_threshold(name, params, values, judged, found):
     assert _judge(name, values, **params) == (judged, found)
 
 
 def test_megatron_without_a_finite_reference_flags_only_the_non_finite_values():
-    assert _judge("megatron", [NAN, NAN, NAN, 5.0], steps=[1, 2, 3, 200]) == (3, [
-        (1, None, None, math.inf), (2, None, None, math.inf), (3, None, None, math.inf)])
+    assert _judge("megatron", [NAN, NAN, NAN, 5.0], steps=[1, 2, 3, 200]) == (
+        3,
+        [(1, None, None, math.inf), (2, None, None, math.inf), (3, None, None, math.inf)],
+    )
 
 
 def test_zclip_follows_the_ema_of_zclip():
@@ -201,23 +225,35 @@ def test_zclip_follows_the_ema_of_zclip():
 def test_what_a_detector_says_it_needs_and_could_not_judge():
     judgement = get_detector("ratio").judge([10, 20, 30], [1.0, 1.0, 1.0])
     assert judgement.blind and judgement.not_judged_text() == (
-        "not judged: 3 points, interval 10 steps, needs 10 earlier logged points (over at least 50 steps)")
+        "not judged: 3 points, interval 10 steps, needs 10 earlier logged points (over at least 50 steps)"
+    )
     assert get_detector("ratio").judge([5], [1.0]).not_judged_text() == (
-        "not judged: 1 point, needs 10 earlier logged points (over at least 50 steps)")
+        "not judged: 1 point, needs 10 earlier logged points (over at least 50 steps)"
+    )
     assert get_detector("lightning").judge([1, 2], [1.0, 1.0]).not_judged_text() == (
-        "not judged: 2 points, interval 1 step, needs 5 earlier logged points (over at least 10 steps)")
+        "not judged: 2 points, interval 1 step, needs 5 earlier logged points (over at least 10 steps)"
+    )
     assert not get_detector("ratio").judge(np.arange(1, 12), np.ones(11)).blind
-    assert [get_detector(name, **params).needs() for name, params in [
-        ("ratio", {"min_history": 1}), ("lightning", {"window": 1}), ("lightning", {"window": 7}),
-        ("loss-sustained", {}), ("loss-sustained", {"min_history": 2, "hold": 2}), ("zclip", {"warmup": 3}),
-        ("megatron", {"reference_steps": 7})]] == [
+    assert [
+        get_detector(name, **params).needs()
+        for name, params in [
+            ("ratio", {"min_history": 1}),
+            ("lightning", {"window": 1}),
+            ("lightning", {"window": 7}),
+            ("loss-sustained", {}),
+            ("loss-sustained", {"min_history": 2, "hold": 2}),
+            ("zclip", {"warmup": 3}),
+            ("megatron", {"reference_steps": 7}),
+        ]
+    ] == [
         "1 earlier logged point (over at least 50 steps)",
         "1 earlier logged points (over at least 1 steps)",
         "3 earlier logged points (over at least 7 steps)",
         "1 earlier logged point and 2 later ones",
         "2 earlier logged points and 1 later one",
         "3 earlier logged points (the EMA's warm-up)",
-        "a finite value in the first 7 steps and a value after them"]
+        "a finite value in the first 7 steps and a value after them",
+    ]
     assert get_detector("olmo-core", sigmas=4).describe() == "olmo-core(sigmas=4, window=128, min_history=20)"
     assert get_detector("lightning", window=7).judge(np.arange(1, 5), np.ones(4)).judged == 1  # 3 earlier points
 
@@ -228,15 +264,18 @@ _EVERY_10 = np.arange(10, 1001, 10)  # a log written every 10 steps, values 1, 2
 _VALUES = np.arange(1.0, 101.0)
 
 
-@pytest.mark.parametrize(("values", "at", "window", "min_points", "expected"), [
-    (_VALUES, 500, 50, 10, list(range(40, 50))),  # 5 in [450, 500), widened back to 10 points
-    (_VALUES, 500, 50, 3, [45, 46, 47, 48, 49]),  # the window alone has enough
-    (_VALUES, 500, 50, 0, [45, 46, 47, 48, 49]),  # at least one point, always
-    (_VALUES, 500, 20, 2, [48, 49]),  # [480, 500): 490 and 480
-    (_VALUES, 100, 50, 10, []),  # 9 points before step 100: no baseline
-    (_VALUES, 110, 50, 10, list(range(1, 11))),  # exactly 10
-    (np.where((_VALUES > 40) & (_VALUES < 46), np.nan, _VALUES), 500, 50, 10, [35, 36, 37, 38, 39, 40, 46, 47, 48, 49]),
-])
+@pytest.mark.parametrize(
+    ("values", "at", "window", "min_points", "expected"),
+    [
+        (_VALUES, 500, 50, 10, list(range(40, 50))),  # 5 in [450, 500), widened back to 10 points
+        (_VALUES, 500, 50, 3, [45, 46, 47, 48, 49]),  # the window alone has enough
+        (_VALUES, 500, 50, 0, [45, 46, 47, 48, 49]),  # at least one point, always
+        (_VALUES, 500, 20, 2, [48, 49]),  # [480, 500): 490 and 480
+        (_VALUES, 100, 50, 10, []),  # 9 points before step 100: no baseline
+        (_VALUES, 110, 50, 10, list(range(1, 11))),  # exactly 10
+        (np.where((_VALUES > 40) & (_VALUES < 46), np.nan, _VALUES), 500, 50, 10, [35, 36, 37, 38, 39, 40, 46, 47, 48, 49]),
+    ],
+)
 def test_the_baseline_history_is_the_window_widened_to_min_points(values, at, window, min_points, expected):
     assert baseline_history(_EVERY_10, values, at, window, min_points).tolist() == expected
 

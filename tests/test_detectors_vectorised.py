@@ -22,9 +22,11 @@ from reallogs import ROOT, corpus
 # The vectorised rules at the settings the loop implementation had (issue 24 added the log's own
 # noise to the loss rules, issue 35 the detrended spread to loss-jump; those settings are judged by tests/test_detectors.py, not by this oracle).
 TODAY = {"loss-jump": dict(noise_sigmas=0.0, detrend=False), "loss-sustained": dict(early="median"), "grad-ratio": {}}
-PAIRS = {"loss-jump": (lambda **p: detectors.LossJump(**TODAY["loss-jump"], **p), oracle.LossJump),
-         "loss-sustained": (lambda **p: detectors.SustainedLoss(**TODAY["loss-sustained"], **p), oracle.SustainedLoss),
-         "grad-ratio": (detectors.GradRatio, oracle.GradRatio)}
+PAIRS = {
+    "loss-jump": (lambda **p: detectors.LossJump(**TODAY["loss-jump"], **p), oracle.LossJump),
+    "loss-sustained": (lambda **p: detectors.SustainedLoss(**TODAY["loss-sustained"], **p), oracle.SustainedLoss),
+    "grad-ratio": (detectors.GradRatio, oracle.GradRatio),
+}
 
 
 def same(a: float, b: float) -> bool:
@@ -69,14 +71,28 @@ def rules(draw):
     name = draw(st.sampled_from(sorted(PAIRS)))
     window = draw(st.sampled_from([1, 3, 10, 50, 400]))
     if name == "loss-jump":
-        params = dict(window=window, min_history=draw(st.sampled_from([0, 1, 5, 12])),
-                      nats=draw(st.sampled_from([0.1, math.log(2)])), sigmas=draw(st.sampled_from([0.0, 3.0, 6.0])))
+        params = dict(
+            window=window,
+            min_history=draw(st.sampled_from([0, 1, 5, 12])),
+            nats=draw(st.sampled_from([0.1, math.log(2)])),
+            sigmas=draw(st.sampled_from([0.0, 3.0, 6.0])),
+        )
     elif name == "loss-sustained":
-        params = dict(window=window, min_history=draw(st.sampled_from([0, 1, 3])), hold=draw(st.sampled_from([1, 2, 3, 5])),
-                      history_points=draw(st.sampled_from([1, 5, 9])), sigmas=draw(st.sampled_from([0.0, 3.0])))
+        params = dict(
+            window=window,
+            min_history=draw(st.sampled_from([0, 1, 3])),
+            hold=draw(st.sampled_from([1, 2, 3, 5])),
+            history_points=draw(st.sampled_from([1, 5, 9])),
+            sigmas=draw(st.sampled_from([0.0, 3.0])),
+        )
     else:
-        params = dict(window=window, min_history=draw(st.sampled_from([1, 4, 10])), floor=draw(st.sampled_from([0.0, 0.5, 2.0])),
-                      threshold=draw(st.sampled_from([2.0, 10.0])), sigmas=draw(st.sampled_from([0.0, 2.5])))
+        params = dict(
+            window=window,
+            min_history=draw(st.sampled_from([1, 4, 10])),
+            floor=draw(st.sampled_from([0.0, 0.5, 2.0])),
+            threshold=draw(st.sampled_from([2.0, 10.0])),
+            sigmas=draw(st.sampled_from([0.0, 2.5])),
+        )
     new, old = PAIRS[name]
     return new(**params), old(**params)
 
@@ -115,7 +131,7 @@ def test_step_spread_is_the_mad_of_each_historys_changes(data):
     h = rolling.histories(steps, values, 50, 5)
     got = rolling.step_spread(h)
     for i in range(values.size):
-        d = np.diff(h.finite[h.start[i]:h.stop[i]])
+        d = np.diff(h.finite[h.start[i] : h.stop[i]])
         want = np.median(np.abs(d - np.median(d))) / math.sqrt(2) if d.size >= 2 else math.nan
         assert same(float(got[i]), float(want)) or got[i] == pytest.approx(want, rel=1e-12, abs=1e-300), (i, got[i], want)
 

@@ -55,8 +55,12 @@ def records(draw):
     elif outcome == "random":
         post[spike_at] = draw(st.floats(0.0, 1e4))
     factor = np.where(pre > 0, np.minimum(1.0, post / pre), 1.0)
-    cols = {"loss": 2.0 * noise, draw(st.sampled_from(["grad_norm_pre", "grad_norm"])): pre,
-            "grad_norm_post": post, "clip_factor": factor}
+    cols = {
+        "loss": 2.0 * noise,
+        draw(st.sampled_from(["grad_norm_pre", "grad_norm"])): pre,
+        "grad_norm_post": post,
+        "clip_factor": factor,
+    }
     # The gradient norm is always there; each other column is left out now and then.
     cols = {k: v for k, v in cols.items() if k in ("grad_norm_pre", "grad_norm") or draw(st.integers(0, 3))}
     # Real non-finite values and entries that were not logged, often right at the spike.
@@ -74,9 +78,18 @@ def records(draw):
         if gone.any() or draw(st.booleans()):
             missing[name] = gone
     where = draw(st.sampled_from(["planted spike", "largest spike", "planted spike", "any step"]))
-    step = (None if where == "largest spike" else int(steps[spike_at]) if where == "planted spike"
-            else int(draw(st.sampled_from(steps))))
-    return Record({"step": steps, **cols}, None, "drawn", missing=missing), step, (None if draw(st.integers(0, 3)) == 0 else max_norm)
+    step = (
+        None
+        if where == "largest spike"
+        else int(steps[spike_at])
+        if where == "planted spike"
+        else int(draw(st.sampled_from(steps)))
+    )
+    return (
+        Record({"step": steps, **cols}, None, "drawn", missing=missing),
+        step,
+        (None if draw(st.integers(0, 3)) == 0 else max_norm),
+    )
 
 
 def _oracle_logged(rec: Record, name: str, step: int) -> float | None:
@@ -109,11 +122,17 @@ def test_every_claim_matches_the_record(drawn):
     post, factor = _oracle_logged(rec, "grad_norm_post", step), _oracle_logged(rec, "clip_factor", step)
     finite = lambda v: v is not None and math.isfinite(v)  # noqa: E731
 
-    clipped = (post < pre * (1 - CLIPPED_RTOL) if finite(post) and finite(pre)
-               else factor < 1 - CLIPPED_RTOL if post is None and finite(factor) else None)
+    clipped = (
+        post < pre * (1 - CLIPPED_RTOL)
+        if finite(post) and finite(pre)
+        else factor < 1 - CLIPPED_RTOL
+        if post is None and finite(factor)
+        else None
+    )
     contained = post <= max_norm * (1 + CLIP_RTOL) if finite(post) and max_norm is not None else None
-    nonfinite = sorted(name for name, v in (("loss", loss), (grad, pre), ("grad_norm_post", post))
-                       if v is not None and not math.isfinite(v))
+    nonfinite = sorted(
+        name for name, v in (("loss", loss), (grad, pre), ("grad_norm_post", post)) if v is not None and not math.isfinite(v)
+    )
     assert (d.facts["clipped"], d.facts["contained"], sorted(d.facts["nonfinite"])) == (clipped, contained, nonfinite)
 
     lines = dict(d.lines)

@@ -18,7 +18,15 @@ import torch
 import torch.distributed as dist
 
 from pytest_spikecheck import (
-    ClipAt, ClipBeforeUnscale, ClipEachMicrobatch, ConfigError, NoClip, RareTokenBurst, Scenario, ShardLocalNorm, train,
+    ClipAt,
+    ClipBeforeUnscale,
+    ClipEachMicrobatch,
+    ConfigError,
+    NoClip,
+    RareTokenBurst,
+    Scenario,
+    ShardLocalNorm,
+    train,
 )
 from pytest_spikecheck.clipping import clip_grads_
 from pytest_spikecheck.training.distributed import DistributedError, FlatShard, run_on_ranks, train_in_process_group
@@ -31,21 +39,29 @@ MAX_NORMS = (0.5, 1e3, math.inf)
 #: The short scenario of the 2-rank tests: Phase-19, 60 steps, a burst of 3 unseen sentences at 40.
 BURST = 40
 SHORT = Scenario.preset("phase-19").replace(steps=60).with_breaks(RareTokenBurst(count=3, at_step=BURST))
-SCENARIOS = {"clip": SHORT.replace(name="two-ranks-clip"),  # clips all 60 steps (norms 1.1-22)
-             "no_clip": SHORT.with_breaks(NoClip()).replace(name="two-ranks-no-clip"),
-             # about half the steps clip: the clip decision itself is compared step by step
-             "clip_at_1.6": SHORT.with_breaks(ClipAt(max_norm=1.6)).replace(name="two-ranks-clip-at-1.6")}
+SCENARIOS = {
+    "clip": SHORT.replace(name="two-ranks-clip"),  # clips all 60 steps (norms 1.1-22)
+    "no_clip": SHORT.with_breaks(NoClip()).replace(name="two-ranks-no-clip"),
+    # about half the steps clip: the clip decision itself is compared step by step
+    "clip_at_1.6": SHORT.with_breaks(ClipAt(max_norm=1.6)).replace(name="two-ranks-clip-at-1.6"),
+}
 SHARD_LOCAL = SHORT.with_breaks(ShardLocalNorm()).replace(name="two-ranks-shard-local")
 #: Muon on 2 ranks: its matrices replicated (whole-matrix orthogonalisation), its AdamW part sharded.
-MUON = (Scenario.preset("phase-19").replace(name="two-ranks-muon", steps=12, optimizer__name="muon", optimizer__lr=0.2)
-        .with_breaks(RareTokenBurst(count=3, at_step=8)))
+MUON = (
+    Scenario.preset("phase-19")
+    .replace(name="two-ranks-muon", steps=12, optimizer__name="muon", optimizer__lr=0.2)
+    .with_breaks(RareTokenBurst(count=3, at_step=8))
+)
 #: SGD on 2 ranks (elementwise, sharded as AdamW is; no Adam moments for the event records to gather).
 SGD = MUON.replace(name="two-ranks-sgd", optimizer__name="sgd", optimizer__lr=0.3)
 #: fp16 with dynamic loss scaling, 2 micro-batches per step and the clip before the unscale (the
 #: bug), in the same launch: each rank runs its rows' micro-batches, the ranks agree on the
 #: overflow skip of the 8-sample burst (one all-reduce of the flag), the records stay unscaled.
-FP16_BUG = (Scenario.preset("phase-19").replace(steps=30, sampler__accumulation=2, name="two-ranks-fp16-bug")
-            .with_breaks(RareTokenBurst(count=8, at_step=24), ClipBeforeUnscale()))
+FP16_BUG = (
+    Scenario.preset("phase-19")
+    .replace(steps=30, sampler__accumulation=2, name="two-ranks-fp16-bug")
+    .with_breaks(RareTokenBurst(count=8, at_step=24), ClipBeforeUnscale())
+)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -61,7 +77,7 @@ def _shard(grads: list[torch.Tensor], rank: int, world: int) -> list[torch.Tenso
     """This rank's contiguous part of the flattened gradients (cut inside tensors, as flat
     shards are), as two parameters whose .grad hold it."""
     flat = torch.cat([g.reshape(-1) for g in grads])
-    mine = flat[flat.numel() * rank // world: flat.numel() * (rank + 1) // world]
+    mine = flat[flat.numel() * rank // world : flat.numel() * (rank + 1) // world]
     cut = mine.numel() // 3
     params = [torch.zeros(cut), torch.zeros(mine.numel() - cut)]
     params[0].grad, params[1].grad = mine[:cut].clone(), mine[cut:].clone()
@@ -76,17 +92,24 @@ def _clip_on_ranks(backends: tuple[str, ...]) -> dict:
         for max_norm in MAX_NORMS:
             params = _shard(_gradients(), rank, world)
             result = clip_grads_(params, max_norm, backend=backend, process_group=group)
-            seen[backend, max_norm] = (float(result.total_norm), float(result.scale), bool(result.nonfinite),
-                                       torch.cat([p.grad for p in params]))
+            seen[backend, max_norm] = (
+                float(result.total_norm),
+                float(result.scale),
+                bool(result.nonfinite),
+                torch.cat([p.grad for p in params]),
+            )
         params = _shard(_gradients(), rank, world)
         if rank == 1:
             params[1].grad[5] = math.nan
         before = torch.cat([p.grad for p in params])
         result = clip_grads_(params, 1.0, backend=backend, process_group=group)
         after = torch.cat([p.grad for p in params])
-        seen[backend, "nan on rank 1"] = (float(result.total_norm), float(result.scale), bool(result.nonfinite),
-                                          bool(torch.equal(after.nan_to_num(), before.nan_to_num())
-                                               and torch.equal(after.isnan(), before.isnan())))
+        seen[backend, "nan on rank 1"] = (
+            float(result.total_norm),
+            float(result.scale),
+            bool(result.nonfinite),
+            bool(torch.equal(after.nan_to_num(), before.nan_to_num()) and torch.equal(after.isnan(), before.isnan())),
+        )
         params = _shard(_gradients(), rank, world)
         if rank == 1:  # a rank without gradients still takes part in the all-reduce
             for p in params:
@@ -250,8 +273,8 @@ def test_shard_local_norm_clips_each_shard_and_records_the_whole_gradient(two_ra
     # Every rank believes it clipped: its own shard is within max_norm after its clip ...
     assert (post <= 1.0 * (1 + 1e-6)).all()
     # ... and the run records the truth: the norms of the whole gradient, before and after.
-    np.testing.assert_allclose(run["grad_norm_pre"], np.sqrt((pre ** 2).sum(axis=1)), rtol=1e-6)
-    np.testing.assert_allclose(run["grad_norm_post"], np.sqrt((post ** 2).sum(axis=1)), rtol=1e-6)
+    np.testing.assert_allclose(run["grad_norm_pre"], np.sqrt((pre**2).sum(axis=1)), rtol=1e-6)
+    np.testing.assert_allclose(run["grad_norm_post"], np.sqrt((post**2).sum(axis=1)), rtol=1e-6)
     assert run["grad_norm_post"].max() > 1.2  # the whole gradient got through above max_norm 1.0
     assert "shard-local" in run.meta["distributed"]["clip_norm"]
 
@@ -320,18 +343,27 @@ def test_bad_nproc_is_one_clear_error(nproc):
         train(SHORT, nproc=nproc)
 
 
-@pytest.mark.parametrize("scenario, kwargs, message", [
-    (SHORT.with_breaks(ShardLocalNorm()), {"nproc": 1}, r"ShardLocalNorm .* needs nproc >= 2"),
-    (SHORT.with_breaks(ClipAt(max_norm=1.0, mode="per_tensor")), {"nproc": 2}, r"per-tensor clipping is not defined"),
-    (Scenario.preset("phase-19").replace(sampler__batch_size=1), {"nproc": 2}, r"nproc 2 exceeds the batch size 1"),
-    (Scenario.preset("phase-19").replace(sampler__accumulation=8), {"nproc": 2},
-     r"nproc 2 x accumulation 8 exceeds the batch size 8: every rank needs at least one sample of each micro-batch"),
-    (Scenario.preset("phase-19").replace(sampler__accumulation=2).with_breaks(ClipEachMicrobatch()), {"nproc": 2},
-     r"ClipEachMicrobatch \(clip_when per_microbatch\) is declared on one process"),
-    (SHORT, {"nproc": 2, "callbacks": [print]}, r"callbacks cannot be used with nproc > 1"),
-    (SHORT.replace(model_factory=lambda vocab_size: None), {"nproc": 2}, r"must be picklable"),
-    (SHORT, {"nproc": 2, "device": "cuda:1"}, r"pass device 'cuda' \(rank r trains on cuda:r\)"),
-])
+@pytest.mark.parametrize(
+    "scenario, kwargs, message",
+    [
+        (SHORT.with_breaks(ShardLocalNorm()), {"nproc": 1}, r"ShardLocalNorm .* needs nproc >= 2"),
+        (SHORT.with_breaks(ClipAt(max_norm=1.0, mode="per_tensor")), {"nproc": 2}, r"per-tensor clipping is not defined"),
+        (Scenario.preset("phase-19").replace(sampler__batch_size=1), {"nproc": 2}, r"nproc 2 exceeds the batch size 1"),
+        (
+            Scenario.preset("phase-19").replace(sampler__accumulation=8),
+            {"nproc": 2},
+            r"nproc 2 x accumulation 8 exceeds the batch size 8: every rank needs at least one sample of each micro-batch",
+        ),
+        (
+            Scenario.preset("phase-19").replace(sampler__accumulation=2).with_breaks(ClipEachMicrobatch()),
+            {"nproc": 2},
+            r"ClipEachMicrobatch \(clip_when per_microbatch\) is declared on one process",
+        ),
+        (SHORT, {"nproc": 2, "callbacks": [print]}, r"callbacks cannot be used with nproc > 1"),
+        (SHORT.replace(model_factory=lambda vocab_size: None), {"nproc": 2}, r"must be picklable"),
+        (SHORT, {"nproc": 2, "device": "cuda:1"}, r"pass device 'cuda' \(rank r trains on cuda:r\)"),
+    ],
+)
 def test_configurations_that_cannot_train_on_ranks_are_refused(scenario, kwargs, message):
     with pytest.raises(ConfigError, match=message):
         train(scenario, **kwargs)
@@ -357,9 +389,11 @@ def test_cli_refuses_shard_local_norm_on_one_process(tmp_path, capsys):
     config = tmp_path / "config.yaml"
     config.write_text("preset: phase-19\nsteps: 12\nbreaks:\n  - shard_local_norm\n")
     assert main(["train", str(config), "--quiet"]) == 2
-    assert capsys.readouterr().err == ("spikecheck: error: ShardLocalNorm (clip_kind shard_local) needs nproc >= 2: "
-                                       "on one process the shard is the whole gradient, so there is no per-rank norm "
-                                       "to get wrong\n")
+    assert capsys.readouterr().err == (
+        "spikecheck: error: ShardLocalNorm (clip_kind shard_local) needs nproc >= 2: "
+        "on one process the shard is the whole gradient, so there is no per-rank norm "
+        "to get wrong\n"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -379,11 +413,14 @@ def _fail_on_rank_1(how: str) -> float:
     return float(total)
 
 
-@pytest.mark.parametrize("how, message", [
-    ("raise", r"^rank 1 of 2 failed: ValueError: broken on purpose\n"),  # (pytest matches the notes too)
-    ("exit", r"^rank 1 of 2 exited with code 3 without reporting an error"),
-    ("hang", r"^rank 0 of 2 failed: .*[Tt]imed out"),
-])
+@pytest.mark.parametrize(
+    "how, message",
+    [
+        ("raise", r"^rank 1 of 2 failed: ValueError: broken on purpose\n"),  # (pytest matches the notes too)
+        ("exit", r"^rank 1 of 2 exited with code 3 without reporting an error"),
+        ("hang", r"^rank 0 of 2 failed: .*[Tt]imed out"),
+    ],
+)
 def test_a_failing_rank_is_named(how, message):
     with pytest.raises(DistributedError, match=message) as info:
         run_on_ranks(_fail_on_rank_1, 2, args=(how,), timeout_s=3)
@@ -398,6 +435,9 @@ def _unreachable() -> None:
 
 def test_a_process_group_that_cannot_start_is_one_clear_error(monkeypatch):
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "no-such-interface0")  # inherited by the spawned ranks
-    with pytest.raises(DistributedError, match=r"^rank \d of 2 failed: could not start the gloo "
-                                               r"process group: "):
+    with pytest.raises(
+        DistributedError,
+        match=r"^rank \d of 2 failed: could not start the gloo "
+        r"process group: ",
+    ):
         run_on_ranks(_unreachable, 2, timeout_s=10)

@@ -36,18 +36,44 @@ import pytest_spikecheck
 
 ROOT = Path(__file__).resolve().parents[1]
 #: source folder -> where its files land in the wheel (pyproject's [tool.setuptools] package-dir)
-WHEEL_PLACES = {"pytest_spikecheck": "pytest_spikecheck", "models": "pytest_spikecheck/models",
-                "kernels": "pytest_spikecheck/kernels"}
+WHEEL_PLACES = {
+    "pytest_spikecheck": "pytest_spikecheck",
+    "models": "pytest_spikecheck/models",
+    "kernels": "pytest_spikecheck/kernels",
+}
 #: what the sdist must carry whatever MANIFEST.in says: sources, kernels, models, tests, licence, changelog, readme
-SDIST_NEEDS = {"pyproject.toml", "MANIFEST.in", "LICENSE", "CHANGELOG.md", "README.md", "conftest.py",
-               "pytest_spikecheck/__init__.py", "kernels/clip.cu", "models/gpt.py", "tests/test_distribution.py"}
+SDIST_NEEDS = {
+    "pyproject.toml",
+    "MANIFEST.in",
+    "LICENSE",
+    "CHANGELOG.md",
+    "README.md",
+    "conftest.py",
+    "pytest_spikecheck/__init__.py",
+    "kernels/clip.cu",
+    "models/gpt.py",
+    "tests/test_distribution.py",
+}
 #: files setuptools writes into every sdist
 SDIST_GENERATED = {"PKG-INFO", "setup.cfg"}
 #: tree files left out of the sdist on purpose (git's own configuration)
 SDIST_LEAVES_OUT = {".gitignore"}
 #: folders a walk of the tree skips when git is not there to say what is ignored
-_WALK_SKIPS = {".git", ".venv", "build", "dist", "out", "runs", "mutants", "__pycache__", ".pytest_cache",
-               ".hypothesis", ".benchmarks", ".cache", "run"}
+_WALK_SKIPS = {
+    ".git",
+    ".venv",
+    "build",
+    "dist",
+    "out",
+    "runs",
+    "mutants",
+    "__pycache__",
+    ".pytest_cache",
+    ".hypothesis",
+    ".benchmarks",
+    ".cache",
+    "run",
+}
 
 
 @dataclass(frozen=True)
@@ -64,8 +90,9 @@ def tree_files() -> tuple[tuple[str, ...], bool]:
     """The tree's files as git sees them (tracked, and untracked but not ignored), else a walk that
     leaves out the usual build and run output; and whether git said."""
     if (ROOT / ".git").exists() and shutil.which("git"):
-        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                             cwd=ROOT, capture_output=True, check=True).stdout.decode()
+        out = subprocess.run(
+            ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, check=True
+        ).stdout.decode()
         return tuple(sorted({p for p in out.split("\0") if p and (ROOT / p).is_file()})), True
     found = []
     for folder, dirs, files in os.walk(ROOT):
@@ -94,16 +121,22 @@ def _run_together(jobs: list[tuple[list, str, dict]]) -> list[subprocess.Complet
         procs = []
         for command, what, kwargs in jobs:
             out, err = files.enter_context(tempfile.TemporaryFile("w+")), files.enter_context(tempfile.TemporaryFile("w+"))
-            procs.append((subprocess.Popen([str(c) for c in command], stdout=out, stderr=err, text=True, **kwargs),
-                          command, what, out, err))
+            procs.append(
+                (
+                    subprocess.Popen([str(c) for c in command], stdout=out, stderr=err, text=True, **kwargs),
+                    command,
+                    what,
+                    out,
+                    err,
+                )
+            )
         results = []
         for proc, command, _, out, err in procs:
             proc.wait()
             out.seek(0), err.seek(0)
             results.append(subprocess.CompletedProcess(command, proc.returncode, out.read(), err.read()))
     for result, (_, _, what, _, _) in zip(results, procs):
-        assert result.returncode == 0, (f"{what} failed (exit {result.returncode}):\n"
-                                        f"{(result.stdout + result.stderr)[-3000:]}")
+        assert result.returncode == 0, f"{what} failed (exit {result.returncode}):\n{(result.stdout + result.stderr)[-3000:]}"
     return results
 
 
@@ -125,11 +158,16 @@ def dist(tmp_path_factory) -> Dist:
     # into the folder it builds): the sdist and a wheel from it (what `python -m build` makes),
     # and a wheel from the tree itself
     build = [sys.executable, "-m", "build", "--no-isolation", "--skip-dependency-check"]
-    _run_together([
-        ([*build, "--outdir", work / "from-sdist", _copy_tree(tree, work / "src")], "python -m build", {}),
-        ([*build, "--wheel", "--outdir", work / "from-tree", _copy_tree(tree, work / "src-wheel")],
-         "python -m build --wheel", {}),
-    ])
+    _run_together(
+        [
+            ([*build, "--outdir", work / "from-sdist", _copy_tree(tree, work / "src")], "python -m build", {}),
+            (
+                [*build, "--wheel", "--outdir", work / "from-tree", _copy_tree(tree, work / "src-wheel")],
+                "python -m build --wheel",
+                {},
+            ),
+        ]
+    )
     (sdist,) = (work / "from-sdist").glob("*.tar.gz")
     (wheel,) = (work / "from-sdist").glob("*.whl")
     (tree_wheel,) = (work / "from-tree").glob("*.whl")
@@ -147,8 +185,12 @@ def test_the_wheel_carries_every_file_of_the_package(dist: Dist) -> None:
     assert needs - names == set(), f"missing from the wheel (package data in pyproject.toml?): {sorted(needs - names)}"
     assert names - needs == set(), f"in the wheel but not in the tree: {sorted(names - needs)}"
     # what the code opens by name is among them (the CUDA sources, read by importlib.resources)
-    assert {"pytest_spikecheck/kernels/clip.cu", "pytest_spikecheck/kernels/cuda_emulator.h",
-            "pytest_spikecheck/kernels/emulator_driver.cpp", "pytest_spikecheck/models/gpt.py"} <= names
+    assert {
+        "pytest_spikecheck/kernels/clip.cu",
+        "pytest_spikecheck/kernels/cuda_emulator.h",
+        "pytest_spikecheck/kernels/emulator_driver.cpp",
+        "pytest_spikecheck/models/gpt.py",
+    } <= names
     info = {n.split("/", 1)[1] for n in _wheel_files(dist.wheel) if ".dist-info/" in n}
     assert {"METADATA", "WHEEL", "RECORD", "entry_points.txt", "licenses/LICENSE"} <= info
 
@@ -164,7 +206,7 @@ def test_the_sdist_carries_the_tree(dist: Dist) -> None:
         top = f"pytest_spikecheck-{pytest_spikecheck.__version__}/"
         members = [m for m in tar.getmembers() if m.isfile()]
         assert all(m.name.startswith(top) for m in members)
-        names = {m.name[len(top):] for m in members}
+        names = {m.name[len(top) :] for m in members}
     generated = SDIST_GENERATED | {n for n in names if n.startswith("pytest_spikecheck.egg-info/")}
     assert SDIST_NEEDS - names == set()
     if dist.from_git:  # exactly git's view of the tree: nothing ignored (run folders, build output) slips in
@@ -211,7 +253,9 @@ def test_the_versions_agree(dist: Dist) -> None:
 
 def test_a_changelog_heading_of_another_shape_is_refused() -> None:
     assert changelog_releases("# Changelog\n\n## 0.3.0 (unreleased)\n\n## 0.2.0 (2026-12-02)\n") == [
-        ("0.3.0", "unreleased"), ("0.2.0", "2026-12-02")]
+        ("0.3.0", "unreleased"),
+        ("0.2.0", "2026-12-02"),
+    ]
     with pytest.raises(ValueError, match="not '## Unreleased'"):
         changelog_releases("## Unreleased\n")
 
@@ -289,8 +333,23 @@ def _fresh_venv(work: Path, wheel: Path) -> tuple[Path, Path]:
                 (links / entry.name).symlink_to(entry)
     (purelib / "_spikecheck_test_deps.pth").write_text(f"{links}\n")
     python = venv / "bin" / "python"
-    _run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "--no-compile", "-q",
-          "--disable-pip-version-check", wheel], "pip install the wheel")
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--no-compile",
+            "-q",
+            "--disable-pip-version-check",
+            wheel,
+        ],
+        "pip install the wheel",
+    )
     return python, purelib
 
 
@@ -304,8 +363,12 @@ def test_the_installed_wheel_works_outside_the_tree(dist: Dist) -> None:
     home = dist.work / "outside"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "PYTEST", "VIRTUAL_ENV"))}
-    env.update(PYTHONSAFEPATH="1", PYTHONNOUSERSITE="1", SPIKECHECK_CACHE_DIR=str(dist.work / "cache"),
-               PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}")
+    env.update(
+        PYTHONSAFEPATH="1",
+        PYTHONNOUSERSITE="1",
+        SPIKECHECK_CACHE_DIR=str(dist.work / "cache"),
+        PATH=f"{python.parent}{os.pathsep}{env.get('PATH', '')}",
+    )
     run = {"cwd": home, "env": env}
 
     probe = json.loads(_run([python, "-c", _PROBE], "the probe", **run).stdout)
@@ -316,8 +379,11 @@ def test_the_installed_wheel_works_outside_the_tree(dist: Dist) -> None:
     assert probe["distributions"] == 1
     assert probe["version"] == probe["metadata_version"] == pytest_spikecheck.__version__
     assert probe["torch"].split("+")[0] == _torch_pin()
-    tree_kernels = {p.name: hashlib.sha256(p.read_text("utf-8").encode()).hexdigest()
-                    for p in (ROOT / "kernels").iterdir() if p.name.endswith((".cu", ".h", ".cpp"))}
+    tree_kernels = {
+        p.name: hashlib.sha256(p.read_text("utf-8").encode()).hexdigest()
+        for p in (ROOT / "kernels").iterdir()
+        if p.name.endswith((".cu", ".h", ".cpp"))
+    }
     assert probe["sources"] == tree_kernels and probe["clip_cu_has_kernels"]
     assert probe["cupy"] is None or isinstance(probe["cupy"], str)  # asked without a crash, GPU or not
     # the run store's key for "the same source" (training/store.py) is the tree's: runs cached by a
@@ -333,8 +399,9 @@ def test_the_installed_wheel_works_outside_the_tree(dist: Dist) -> None:
     (downstream / "pytest.ini").write_text("[pytest]\naddopts = --strict-markers\nfilterwarnings = error\n")
     (downstream / "conftest.py").write_text(textwrap.dedent(_DOWNSTREAM_CONFTEST))
     (downstream / "test_downstream.py").write_text(textwrap.dedent(_DOWNSTREAM_TEST))
-    tested = _run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--spikecheck"], "pytest --spikecheck",
-                  cwd=downstream, env=env)
+    tested = _run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--spikecheck"], "pytest --spikecheck", cwd=downstream, env=env
+    )
     assert "2 passed" in tested.stdout
     meta = json.loads((home / "run" / "run.json").read_text())
     assert meta["package_version"] == pytest_spikecheck.__version__

@@ -38,10 +38,18 @@ def _hooks():
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     # (no skip without mkdocs: the dev extra pins it, and `make test` must build the site)
-    assert done.returncode == 0, f"mkdocs build --strict failed (mkdocs is in the dev extra):\n{done.stdout[-3000:]}{done.stderr[-6000:]}"
+    assert done.returncode == 0, (
+        f"mkdocs build --strict failed (mkdocs is in the dev extra):\n{done.stdout[-3000:]}{done.stderr[-6000:]}"
+    )
     return out
 
 
@@ -52,8 +60,11 @@ def _text(fragment: str) -> str:
 # --------------------------------------------------------------------------------- offline
 
 #: An attribute that makes the browser fetch something, or a CSS rule that does.
-_FETCHES = re.compile(r"<(?:script|link|img|iframe|source|video|audio|embed|object)\b[^>]*?\b(?:src|href|data|srcset)"
-                      r"\s*=\s*[\"']?(?P<url>[^\"'\s>]+)", re.IGNORECASE)
+_FETCHES = re.compile(
+    r"<(?:script|link|img|iframe|source|video|audio|embed|object)\b[^>]*?\b(?:src|href|data|srcset)"
+    r"\s*=\s*[\"']?(?P<url>[^\"'\s>]+)",
+    re.IGNORECASE,
+)
 _CSS_FETCHES = re.compile(r"(?:@import\s+(?:url\()?|url\()\s*[\"']?(?P<url>[^\"')\s]+)", re.IGNORECASE)
 _REMOTE = re.compile(r"^(?:https?:)?//", re.IGNORECASE)
 
@@ -80,11 +91,16 @@ def test_the_site_loads_nothing_from_the_network(site):
 
 
 def test_the_offline_check_finds_a_web_font_a_cdn_script_and_a_css_import():
-    page = ('<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
-            '<script src="//cdn.jsdelivr.net/npm/x.js"></script><img src="panels/a.png">'
-            '<style>@import url("https://unpkg.com/y.css");</style>')
-    assert external_assets(page) == ["https://unpkg.com/y.css", "https://fonts.googleapis.com/css?family=Roboto",
-                                     "//cdn.jsdelivr.net/npm/x.js"]
+    page = (
+        '<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
+        '<script src="//cdn.jsdelivr.net/npm/x.js"></script><img src="panels/a.png">'
+        '<style>@import url("https://unpkg.com/y.css");</style>'
+    )
+    assert external_assets(page) == [
+        "https://unpkg.com/y.css",
+        "https://fonts.googleapis.com/css?family=Roboto",
+        "//cdn.jsdelivr.net/npm/x.js",
+    ]
     assert external_assets("a { background: url(https://example.com/x.png) }", css=True) == ["https://example.com/x.png"]
     assert external_assets('<a href="https://github.com/x">a link, not an asset</a>') == []
 
@@ -106,7 +122,7 @@ def _signature_problems(page: str, name: str, module: str) -> list[str]:
         return [f"{name}: no entry ({anchor})"]
     start = page.index(anchor)
     following = page.find('class="doc doc-heading"', page.index("</h", start))
-    text = _text(page[start:following if following > 0 else None])
+    text = _text(page[start : following if following > 0 else None])
     obj = getattr(pytest_spikecheck, name)
     if not (callable(obj) and not (isinstance(obj, type) and issubclass(obj, BaseException))):
         return [] if name in text else [f"{name}: its entry does not name it"]
@@ -143,7 +159,7 @@ def test_every_public_module_has_its_group_on_the_api_page():
 def test_the_api_check_fails_on_a_dropped_name_and_a_stale_signature(site):
     page = (site / "reference" / "api.html").read_text()
     dropped = page.replace('id="pytest_spikecheck.judge.assertions.assert_spike"', 'id="gone"')
-    assert "assert_spike: no entry (id=\"pytest_spikecheck.judge.assertions.assert_spike\")" in api_problems(dropped)
+    assert 'assert_spike: no entry (id="pytest_spikecheck.judge.assertions.assert_spike")' in api_problems(dropped)
     start = page.index('id="pytest_spikecheck.judge.assertions.assert_recovers"')
     stale = page[:start] + page[start:].replace("within", "inside", 2)
     assert "assert_recovers: the signature lacks within" in api_problems(stale)
@@ -173,7 +189,8 @@ def test_the_docstring_extension_writes_markdown():
     assert module.markdown_docstring("Returns a :class:`~.records.run.Run` (:func:`train`).") == "Returns a `Run` (`train`)."
     assert module.markdown_docstring("Like this::\n\n    x = 1") == "Like this:\n\n    x = 1"
     assert module.markdown_docstring("An example.\n\n>>> 1 + 1\n2\n\nDone.") == (
-        "An example.\n\n```python\n>>> 1 + 1\n2\n```\n\nDone.")
+        "An example.\n\n```python\n>>> 1 + 1\n2\n```\n\nDone."
+    )
 
 
 # ------------------------------------------------------------------------------------ the CLI
@@ -185,7 +202,7 @@ def _section(page: str, anchor: str, anchors: list[str]) -> str | None:
     if start < 0:
         return None
     ends = [i for i in (page.find(f'id="{other}"', start + 1) for other in anchors) if i > start]
-    return page[start:min(ends, default=len(page))]
+    return page[start : min(ends, default=len(page))]
 
 
 def cli_problems(page: str) -> list[str]:
@@ -217,7 +234,8 @@ def test_the_cli_page_names_every_subcommand_and_option(site):
 def test_the_cli_check_fails_on_a_missing_option(site):
     page = (site / "reference" / "cli.html").read_text()
     assert "spikecheck check: --strict-finite is not in its table of options" in cli_problems(
-        page.replace("<td><code>--strict-finite</code></td>", "<td><code>--x</code></td>"))
+        page.replace("<td><code>--strict-finite</code></td>", "<td><code>--x</code></td>")
+    )
     assert "spikecheck sweep: no section" in cli_problems(page.replace('id="spikecheck-sweep"', 'id="x"'))
 
 
@@ -282,7 +300,10 @@ def test_the_field_comments_are_the_dataclass_source_comments():
 
     comments = _hooks().field_comments(SamplerSpec)
     assert comments["rare_cap"] == "stratified: at most this many rare samples per batch"
-    assert comments["accumulate"].startswith("mean: the loss is the token-weighted mean") and "(AccumulateSum, the bug)" in comments["accumulate"]
+    assert (
+        comments["accumulate"].startswith("mean: the loss is the token-weighted mean")
+        and "(AccumulateSum, the bug)" in comments["accumulate"]
+    )
 
 
 def _schema_keys(node: dict, prefix: str = "") -> list[str]:
@@ -320,8 +341,9 @@ def test_the_documentation_test_covers_every_nav_page_with_a_block():
     finally:
         sys.path.remove(str(ROOT / "tests" / "docs"))
     nav = docs_harness.site_pages()
-    with_blocks = [f"docs/{p.relative_to(ROOT / 'docs').as_posix()}" for p in (ROOT / "docs").rglob("*.md")
-                   if "```" in p.read_text()]
+    with_blocks = [
+        f"docs/{p.relative_to(ROOT / 'docs').as_posix()}" for p in (ROOT / "docs").rglob("*.md") if "```" in p.read_text()
+    ]
     assert sorted(with_blocks) == sorted(nav), "a page with blocks is missing from mkdocs.yml's nav"
     assert set(docs_harness.PAGES) == {"README.md", *nav}
 

@@ -15,13 +15,7 @@ import torch
 
 from pytest_spikecheck.clipping import clip_grads_
 from pytest_spikecheck.clipping import emulator_backend
-from pytest_spikecheck.clipping._kernel_runner import (
-    CHUNK_ELEMENTS,
-    KERNEL_NAMES,
-    KernelCompileError,
-    SMALL_LAUNCH,
-    LaunchConfig,
-)
+from pytest_spikecheck.clipping._kernel_runner import CHUNK_ELEMENTS, KERNEL_NAMES, KernelCompileError, SMALL_LAUNCH, LaunchConfig
 from pytest_spikecheck.clipping.emulator_backend import (
     EMULATOR_SOURCES,
     EmulatorClipBackend,
@@ -33,7 +27,6 @@ from pytest_spikecheck.clipping.emulator_backend import (
 
 REASON = emulator_backend.BACKEND.unavailable_reason()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=f"needs the emulator: {REASON}")
-
 
 
 def random_grads(shapes, dtype=torch.float32, seed=0, scale=1.0) -> list[torch.Tensor]:
@@ -89,7 +82,9 @@ def test_compile_error_names_the_first_error_line(tmp_path):
     lines.insert(broken_line - 1, "this is not C++;")
     sources["clip.cu"] = "\n".join(lines)
 
-    with pytest.raises(KernelCompileError, match=rf"clip.cu failed to compile with g\+\+: clip.cu:{broken_line}:\d+: error:") as info:
+    with pytest.raises(
+        KernelCompileError, match=rf"clip.cu failed to compile with g\+\+: clip.cu:{broken_line}:\d+: error:"
+    ) as info:
         build_emulator(sources, cache_dir=tmp_path)
     assert "this is not C++" in info.value.log
     assert not list(tmp_path.glob("*.so"))
@@ -118,8 +113,15 @@ def final_kernel_args(num_chunks=np.int64(1)):
     outputs = np.zeros(2, np.float32)
     flag = np.zeros(1, np.int32)
     pointers = (partial.ctypes.data, outputs.ctypes.data, outputs[1:].ctypes.data, flag.ctypes.data)
-    args = (np.uint64(pointers[0]), num_chunks, np.float32(1.0), np.float32(1e-6),
-            np.uint64(pointers[1]), np.uint64(pointers[2]), np.uint64(pointers[3]))
+    args = (
+        np.uint64(pointers[0]),
+        num_chunks,
+        np.float32(1.0),
+        np.float32(1e-6),
+        np.uint64(pointers[1]),
+        np.uint64(pointers[2]),
+        np.uint64(pointers[3]),
+    )
     return args, (partial, outputs, flag)
 
 
@@ -152,8 +154,14 @@ def test_launch_config_is_validated():
 @pytest.mark.parametrize(
     "grads, message",
     [
-        ([torch.zeros(3, dtype=torch.float64)], "expected float32, float16, bfloat16 gradients, was gradient 0 of dtype torch.float64"),
-        ([torch.zeros(4), torch.zeros(4, 4).t()], r"expected contiguous gradients, was gradient 1 with shape \(4, 4\) and strides \(1, 4\)"),
+        (
+            [torch.zeros(3, dtype=torch.float64)],
+            "expected float32, float16, bfloat16 gradients, was gradient 0 of dtype torch.float64",
+        ),
+        (
+            [torch.zeros(4), torch.zeros(4, 4).t()],
+            r"expected contiguous gradients, was gradient 1 with shape \(4, 4\) and strides \(1, 4\)",
+        ),
         ([torch.zeros(3, device="meta")], "expected gradients on a cpu device, was gradient 0 on meta"),
     ],
     ids=["float64", "transposed", "meta"],
@@ -233,7 +241,7 @@ def test_nonfinite_flag_and_gradients_untouched(emulator, bad_value, norm_is):
 def test_misaligned_tensors_take_the_scalar_path(dtype, offset):
     """Views that start off a 16-byte boundary cannot use 128-bit loads; results must not change."""
     storage = random_grads([(5000,)], dtype, seed=6, scale=0.1)[0]
-    grads = [storage[offset:offset + 4000], storage[4500:4500 + 130]]  # 9 chunks of 512
+    grads = [storage[offset : offset + 4000], storage[4500 : 4500 + 130]]  # 9 chunks of 512
     assert grads[0].data_ptr() % 16 != 0
     untouched = storage.clone()
     original = [g.clone() for g in grads]
@@ -242,7 +250,7 @@ def test_misaligned_tensors_take_the_scalar_path(dtype, offset):
     assert_scaled_exactly(grads, original, outputs.scale)
     # Nothing outside the views was written.
     assert torch.equal(storage[:offset], untouched[:offset])
-    assert torch.equal(storage[offset + 4000:4500], untouched[offset + 4000:4500])
+    assert torch.equal(storage[offset + 4000 : 4500], untouched[offset + 4000 : 4500])
 
 
 def test_pointer_table_is_rebuilt_only_when_an_address_changes():
@@ -315,17 +323,21 @@ def test_a_module_that_cannot_load_fails_the_same_way_every_time():
     assert launcher.loads == [0]  # not recompiled at every step
 
 
-@pytest.mark.parametrize("max_norm, expected", [
-    (1.0, ["k_grad_norm_partial", "k_grad_norm_final", "k_grad_scale"]),
-    (math.inf, ["k_grad_norm_partial", "k_grad_norm_final"]),  # measure only: no scale pass
-])
+@pytest.mark.parametrize(
+    "max_norm, expected",
+    [
+        (1.0, ["k_grad_norm_partial", "k_grad_norm_final", "k_grad_scale"]),
+        (math.inf, ["k_grad_norm_partial", "k_grad_norm_final"]),  # measure only: no scale pass
+    ],
+)
 def test_at_most_three_launches_whatever_the_number_of_tensors(monkeypatch, max_norm, expected):
     backend = EmulatorClipBackend()
     launcher = backend.runner.launcher
     launched = []
     real_launch = launcher.launch
-    monkeypatch.setattr(launcher, "launch",
-                        lambda module, kernel, *args: (launched.append(kernel), real_launch(module, kernel, *args)))
+    monkeypatch.setattr(
+        launcher, "launch", lambda module, kernel, *args: (launched.append(kernel), real_launch(module, kernel, *args))
+    )
     backend.run(random_grads([(3,)] * 40 + [(CHUNK_ELEMENTS * 2 + 1,)], seed=9), max_norm)
     assert launched == expected
 
@@ -364,7 +376,7 @@ def float32_patterns() -> np.ndarray:
     with the low halves that decide rounding (exact, just above 0, just below / at / just above the
     tie, all ones), and 2**20 random patterns: ~1.4M float32 bit patterns."""
     high = np.arange(2**16, dtype=np.uint32) << 16
-    lows = np.array([0x0000, 0x0001, 0x0fff, 0x1000, 0x1001, 0x7fff, 0x8000, 0x8001, 0xffff], dtype=np.uint32)
+    lows = np.array([0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint32)
     random = np.random.default_rng(0).integers(0, 2**32, size=2**20, dtype=np.uint32)
     return np.concatenate([(high[:, None] | lows[None, :]).ravel(), random]).view(np.float32)
 
@@ -384,8 +396,9 @@ def test_float_to_bfloat16_rounds_like_torch_for_every_kind_of_float():
     theirs = torch.from_numpy(values).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
     assert_same_bits_except_nan(ours, theirs, values, "fp32 -> bf16")
     nan = np.isnan(values)
-    assert nan.sum() > 1000 and np.all(ours[nan] == ((values[nan].view(np.uint32) >> 16) | 0x40)), \
+    assert nan.sum() > 1000 and np.all(ours[nan] == ((values[nan].view(np.uint32) >> 16) | 0x40)), (
         "a NaN must stay a quiet NaN with its sign and top payload bits"
+    )
 
 
 def test_bfloat16_to_float_is_exact_for_every_bf16_value():
@@ -401,4 +414,4 @@ def test_float_to_half_rounds_like_torch_for_every_kind_of_float():
     theirs = torch.from_numpy(values).half().view(torch.int16).numpy().view(np.uint16)
     assert_same_bits_except_nan(ours, theirs, values, "fp32 -> fp16")
     nan = np.isnan(values)
-    assert np.all((ours[nan] & 0x7e00) == 0x7e00), "a NaN must stay a quiet NaN"
+    assert np.all((ours[nan] & 0x7E00) == 0x7E00), "a NaN must stay a quiet NaN"

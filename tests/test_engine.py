@@ -15,7 +15,7 @@ def test_records_every_step_and_the_burst_event(short_runs):
     for run in short_runs:
         assert list(run["step"]) == list(range(1, 91))
         assert set(METRIC_KEYS) <= set(run.metrics)
-        assert np.isfinite(run["eval_loss"][SHORT_BURST - 10:SHORT_BURST + 20]).all()  # dense around the burst
+        assert np.isfinite(run["eval_loss"][SHORT_BURST - 10 : SHORT_BURST + 20]).all()  # dense around the burst
         event = run.event_at(SHORT_BURST)
         assert "burst" in event.kinds
         assert event.token_losses["worst"] and event.param_grad_norms
@@ -150,11 +150,15 @@ def test_your_own_texts_are_a_corpus():
     from pytest_spikecheck import ConfigError, RareTokenBurst
     from pytest_spikecheck.judge.analysis import spike_ratio
 
-    texts = tuple(f"Order {i} ships from the {w} warehouse on day {i % 7}." for i, w in
-                  zip(range(300), ["north", "south", "east", "west", "main"] * 60))
-    scenario = (Scenario.preset("phase-19").replace(steps=80, data__corpus="texts", data__texts=texts,
-                                                     data__eval_sentences=20, data__vocab_size=300)
-                .with_breaks(RareTokenBurst(count=8, at_step=70)))
+    texts = tuple(
+        f"Order {i} ships from the {w} warehouse on day {i % 7}."
+        for i, w in zip(range(300), ["north", "south", "east", "west", "main"] * 60)
+    )
+    scenario = (
+        Scenario.preset("phase-19")
+        .replace(steps=80, data__corpus="texts", data__texts=texts, data__eval_sentences=20, data__vocab_size=300)
+        .with_breaks(RareTokenBurst(count=8, at_step=70))
+    )
     run = train(scenario)
     assert {s for b in run.batches for s in b["sources"]} == {"texts", "burst:greek"}
     assert spike_ratio(run.metrics, 70) > 5
@@ -183,8 +187,7 @@ class _WithDeadBranches(torch.nn.Module):
 def test_parameters_without_a_gradient_are_skipped_like_torch_skips_them(mode):
     from pytest_spikecheck import ClipAt, diagnose
 
-    scenario = short_scenario(ClipAt(max_norm=1.0, mode=mode), steps=SHORT_BURST + 5).replace(
-        model_factory=_WithDeadBranches)
+    scenario = short_scenario(ClipAt(max_norm=1.0, mode=mode), steps=SHORT_BURST + 5).replace(model_factory=_WithDeadBranches)
     run = train(scenario)
     assert len(run) == SHORT_BURST + 5 and not run.stopped_early
     event = run.event_at(SHORT_BURST)
@@ -205,7 +208,6 @@ def test_diagnose_defaults_to_the_declared_event_over_a_larger_spike_elsewhere()
     assert diagnose(run).step == SHORT_BURST - 10
     run.meta["declared_events"] = []
     assert diagnose(run).step == SHORT_BURST  # no declaration: the largest spike
-
 
 
 def test_the_measured_norm_is_float64_where_torchs_float32_reduction_drifts():

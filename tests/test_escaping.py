@@ -24,10 +24,17 @@ ESCAPES = "\x1b[2J\x1b[32mOK: no spike\x1b[0m\r"
 
 
 def _row(name: str) -> dict:
-    return ScenarioRow(scenario=name, steps=10, spike_step=3, spike_ratio=4.0, containment="no clip", recovery="2 steps",
-                       description=f"{name}: 10 steps", reproduce=f"pytest --spikecheck  # scenario {name}",
-                       diagnosis={"step": 3, "lines": [["4 token losses", f"worst: {INJECTED!s}"]],
-                                  "verdict": "x"}).to_json()
+    return ScenarioRow(
+        scenario=name,
+        steps=10,
+        spike_step=3,
+        spike_ratio=4.0,
+        containment="no clip",
+        recovery="2 steps",
+        description=f"{name}: 10 steps",
+        reproduce=f"pytest --spikecheck  # scenario {name}",
+        diagnosis={"step": 3, "lines": [["4 token losses", f"worst: {INJECTED!s}"]], "verdict": "x"},
+    ).to_json()
 
 
 def _no_injection(markdown: str) -> None:
@@ -43,7 +50,7 @@ def test_markdown_writers_keep_a_name_with_newlines_on_its_row():
         _no_injection(markdown)
         lines = markdown.splitlines()
         header = next(i for i, line in enumerate(lines) if line.startswith("| scenario"))
-        assert len(lines[header + 2:lines.index("", header)]) == 2  # two rows, not eight
+        assert len(lines[header + 2 : lines.index("", header)]) == 2  # two rows, not eight
     _no_injection(diagnosis_markdown(rows[INJECTED]["diagnosis"]))
 
 
@@ -62,9 +69,16 @@ def test_comparison_md_escapes_names_like_the_page(tmp_path, monkeypatch):
     steps = np.arange(1, 31)
     runs = []
     for name in ("<title>pwn</title>", "<img src=x onerror=alert(1)>\n# heading"):
-        run = Run(scenario=Scenario.preset("phase-19").replace(name=name, steps=30),
-                  metrics={"step": steps, "loss": np.linspace(3, 1, 30), "grad_norm_pre": np.ones(30),
-                           "grad_norm_post": np.ones(30), "eval_loss": np.full(30, np.nan)})
+        run = Run(
+            scenario=Scenario.preset("phase-19").replace(name=name, steps=30),
+            metrics={
+                "step": steps,
+                "loss": np.linspace(3, 1, 30),
+                "grad_norm_pre": np.ones(30),
+                "grad_norm_post": np.ones(30),
+                "eval_loss": np.full(30, np.nan),
+            },
+        )
         runs.append(run.save(tmp_path / f"r{len(runs)}"))
     assert main(["compare", str(runs[0]), str(runs[1]), "--out", str(tmp_path / "cmp")]) == 0
     md = (tmp_path / "cmp" / "comparison.md").read_text()

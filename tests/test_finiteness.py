@@ -24,8 +24,12 @@ def overflow_run(n=60, at=30, loss_at=2.0, skipped_at=None):
     grad[at - 1] = math.inf
     loss = np.full(n, 2.0)
     loss[at - 1] = loss_at
-    return record({at if skipped_at is None else skipped_at: "overflow"}, loss=loss, grad_norm_pre=grad,
-                  clip_factor=np.where(np.isfinite(grad), 1.0, math.nan))
+    return record(
+        {at if skipped_at is None else skipped_at: "overflow"},
+        loss=loss,
+        grad_norm_pre=grad,
+        clip_factor=np.where(np.isfinite(grad), 1.0, math.nan),
+    )
 
 
 def test_a_skipped_steps_gradient_norm_is_excused_and_counted():
@@ -33,9 +37,12 @@ def test_a_skipped_steps_gradient_norm_is_excused_and_counted():
     finite = assert_finite(rec)
     assert finite.ok and finite.skipped_steps == (30,)  # the steps (a count would not say which)
     assert [(g.metric, g.decision, g.first_step, g.count) for g in finite.groups] == [
-        ("grad_norm_pre", SKIPPED_STEP, 30, 1), ("clip_factor", SKIPPED_STEP, 30, 1)]
-    assert finite.groups[0].text() == ("grad_norm_pre = inf at step 30: a skipped step (overflow): "
-                                       "the update was not applied, not a failure")
+        ("grad_norm_pre", SKIPPED_STEP, 30, 1),
+        ("clip_factor", SKIPPED_STEP, 30, 1),
+    ]
+    assert finite.groups[0].text() == (
+        "grad_norm_pre = inf at step 30: a skipped step (overflow): the update was not applied, not a failure"
+    )
     assert assert_finite(rec).excused["grad_norm_pre"].sum() == 1
     with pytest.raises(SpikeCheckError, match="expected the run to diverge"):
         assert_diverges(rec)  # a skipped step is no divergence
@@ -53,11 +60,11 @@ def test_the_loss_of_a_skipped_step_is_never_excused():
     with pytest.raises(SpikeCheckError) as info:
         assert_finite(rec)
     head = str(info.value).split("\n\n")[0].splitlines()
-    assert head == ["non-finite loss at step 30 (nan)",
-                    "(excused: grad_norm_pre = inf at step 30: a skipped step (overflow): the update was not applied, "
-                    "not a failure)",
-                    "(excused: clip_factor = nan at step 30: a skipped step (overflow): the update was not applied, "
-                    "not a failure)"]
+    assert head == [
+        "non-finite loss at step 30 (nan)",
+        "(excused: grad_norm_pre = inf at step 30: a skipped step (overflow): the update was not applied, not a failure)",
+        "(excused: clip_factor = nan at step 30: a skipped step (overflow): the update was not applied, not a failure)",
+    ]
     assert assert_diverges(rec) == 30
 
 
@@ -140,15 +147,25 @@ def test_sabotage_a_nan_grad_norm_followed_by_nan_losses_is_a_divergence(tmp_pat
 
 
 def test_placeholders_evaluations_and_other_columns(tmp_path, capsys):
-    rows = [{"step": s, "loss": 2.0 - 0.01 * s, "grad_norm": 1.0,
-             "hidden_gradient_norm": float("nan") if s == 0 else 0.5,  # nothing computed yet at step 0
-             "eval_loss": float("nan") if s == 20 else None, "lr": float("inf") if s == 30 else 1e-4}
-            for s in range(0, 40)]
+    rows = [
+        {
+            "step": s,
+            "loss": 2.0 - 0.01 * s,
+            "grad_norm": 1.0,
+            "hidden_gradient_norm": float("nan") if s == 0 else 0.5,  # nothing computed yet at step 0
+            "eval_loss": float("nan") if s == 20 else None,
+            "lr": float("inf") if s == 30 else 1e-4,
+        }
+        for s in range(0, 40)
+    ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     finite = assert_finite(path)
     assert [(g.metric, g.decision) for g in finite.groups] == [
-        ("hidden_gradient_norm", NOT_YET_COMPUTED), ("eval_loss", EVALUATION), ("lr", NOT_TRAINING)]
+        ("hidden_gradient_norm", NOT_YET_COMPUTED),
+        ("eval_loss", EVALUATION),
+        ("lr", NOT_TRAINING),
+    ]
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "  hidden_gradient_norm = nan at step 0: before the column's first value (step 1): not yet computed" in out
@@ -167,8 +184,16 @@ def test_sabotage_a_nan_after_the_first_value_is_no_placeholder():
 
 def test_a_skip_column_names_the_reason(tmp_path):
     # our metrics.jsonl's own column: the reason, or null
-    rows = [{"step": s, "loss": 2.0, "grad_norm_pre": math.inf if s == 3 else 1.0, "skipped": "overflow" if s == 3 else None,
-             "loss_scale": 65536.0 if s < 3 else 32768.0} for s in range(1, 8)]
+    rows = [
+        {
+            "step": s,
+            "loss": 2.0,
+            "grad_norm_pre": math.inf if s == 3 else 1.0,
+            "skipped": "overflow" if s == 3 else None,
+            "loss_scale": 65536.0 if s < 3 else 32768.0,
+        }
+        for s in range(1, 8)
+    ]
     path = tmp_path / "metrics.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     record_ = read_log(path)
@@ -176,12 +201,24 @@ def test_a_skip_column_names_the_reason(tmp_path):
     assert len(assert_finite(path).skipped_steps) == 1
 
 
-@pytest.mark.parametrize(("name", "role"), [
-    ("loss", "training loss"), ("z_loss", "training loss"), ("train/loss", "training loss"), ("eval_loss", "evaluation"),
-    ("val/loss", "evaluation"), ("loss/val", "evaluation"), ("test_loss", "evaluation"), ("grad_norm", "gradient norm"),
-    ("hidden_gradient_norm", "gradient norm"), ("clip_factor", "gradient norm"), ("loss_scale", "other"), ("lr", "other"),
-    ("rewards/chosen", "other"),
-])
+@pytest.mark.parametrize(
+    ("name", "role"),
+    [
+        ("loss", "training loss"),
+        ("z_loss", "training loss"),
+        ("train/loss", "training loss"),
+        ("eval_loss", "evaluation"),
+        ("val/loss", "evaluation"),
+        ("loss/val", "evaluation"),
+        ("test_loss", "evaluation"),
+        ("grad_norm", "gradient norm"),
+        ("hidden_gradient_norm", "gradient norm"),
+        ("clip_factor", "gradient norm"),
+        ("loss_scale", "other"),
+        ("lr", "other"),
+        ("rewards/chosen", "other"),
+    ],
+)
 def test_column_roles(name, role):
     assert column_role(name) == role
 
@@ -191,6 +228,7 @@ def test_an_fp16_runs_first_skipped_steps_are_skips_not_not_yet_computed():
     # log's skipped column says overflow) read them as "not yet computed".
     from pytest_spikecheck.judge.finiteness import SKIPPED_STEP, judge_finite
     from pytest_spikecheck.records import Record
+
     metrics = {"step": np.arange(1, 7), "loss": np.full(6, 2.0), "grad_norm_pre": np.r_[np.nan, np.nan, 1.0, 1.1, 0.9, 1.0]}
     rec = Record(metrics, None, "fp16", log_format="jsonl", skipped={1: "overflow", 2: "overflow"})
     decisions = [(g.metric, g.decision, g.count) for g in judge_finite(rec).groups]

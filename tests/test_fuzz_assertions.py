@@ -68,7 +68,10 @@ def assertion_calls(draw) -> tuple[str, dict]:
     if name == "assert_spike":
         kwargs = {"at": some_step(draw, log), "min_ratio": draw(st.floats(0.5, 100)), "window": draw(st.integers(1, 200))}
     elif name == "assert_no_spike":
-        kwargs = {"detector": draw(st.sampled_from(sorted(DETECTORS))), "metric": draw(st.sampled_from(["grad_norm_pre", "loss"]))}
+        kwargs = {
+            "detector": draw(st.sampled_from(sorted(DETECTORS))),
+            "metric": draw(st.sampled_from(["grad_norm_pre", "loss"])),
+        }
     elif name == "assert_clip_contains":
         kwargs = {"max_norm": draw(st.floats(0, 10)), "rtol": draw(st.sampled_from([0.0, 1e-5, 0.1]))}
     elif name == "assert_recovers":
@@ -94,7 +97,11 @@ def _expected_verdict(name: str, kwargs: dict) -> bool | None:
             bad |= np.isnan(post) & np.isfinite(pre)
             # over-clipped: below min(pre-clip, max_norm) by more than rtol and torch's 1e-6 epsilon
             with np.errstate(invalid="ignore"):
-                bad |= np.isfinite(pre) & np.isfinite(post) & (post < np.minimum(pre, kwargs["max_norm"]) * (1 - kwargs["rtol"]) - 1e-6)
+                bad |= (
+                    np.isfinite(pre)
+                    & np.isfinite(post)
+                    & (post < np.minimum(pre, kwargs["max_norm"]) * (1 - kwargs["rtol"]) - 1e-6)
+                )
         return not bad.any()
     if name == "assert_finite":
         # judge.finiteness: evaluation columns (eval_loss) are no training failure; the loss fails
@@ -132,8 +139,11 @@ def test_assertions_fail_cleanly_on_any_series(call):
         assert 0 <= returned <= kwargs["within"]
     elif name == "assert_diverges":
         log = kwargs["run"]
-        bad = [int(log["step"][np.flatnonzero(~np.isfinite(log[k]))[0]]) for k in ("loss", "grad_norm_pre")
-               if k in log and not np.isfinite(log[k]).all()]
+        bad = [
+            int(log["step"][np.flatnonzero(~np.isfinite(log[k]))[0]])
+            for k in ("loss", "grad_norm_pre")
+            if k in log and not np.isfinite(log[k]).all()
+        ]
         assert returned == min(bad)
 
 
@@ -151,9 +161,12 @@ def test_detectors_never_crash_and_flag_every_nonfinite_value(name, data, thresh
     assert all(isinstance(h.score, float) and not math.isnan(h.score) for h in hits)
 
 
-@given(max_norm=st.floats(0.01, 10), rtol=st.sampled_from([0.0, 1e-5, 0.1]),
-       factors=st.lists(st.sampled_from([0.5, 1.0, 1 + 4e-6, 1 + 2e-5, 1.05, 1.2, math.nan, math.inf]), min_size=1, max_size=20),
-       with_pre=st.booleans())
+@given(
+    max_norm=st.floats(0.01, 10),
+    rtol=st.sampled_from([0.0, 1e-5, 0.1]),
+    factors=st.lists(st.sampled_from([0.5, 1.0, 1 + 4e-6, 1 + 2e-5, 1.05, 1.2, math.nan, math.inf]), min_size=1, max_size=20),
+    with_pre=st.booleans(),
+)
 def test_clip_contains_fails_exactly_when_a_post_clip_norm_is_over_the_limit_or_over_clipped(max_norm, rtol, factors, with_pre):
     post = max_norm * np.asarray(factors)
     log = {"grad_norm_post": post, **({"grad_norm_pre": np.full(post.size, 2.0 * max_norm)} if with_pre else {})}

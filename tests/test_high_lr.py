@@ -12,8 +12,21 @@ import torch
 import torch.nn.functional as F
 
 from pytest_spikecheck import (
-    ConfigError, HighLR, LogitSoftcap, LRSweep, QKLayerNorm, Scenario, SpikeCheckError, ZLoss,
-    assert_logits_bounded, assert_lr_sensitivity, assert_stable_up_to, diagnose, lr_sensitivity, lr_sweep, train,
+    ConfigError,
+    HighLR,
+    LogitSoftcap,
+    LRSweep,
+    QKLayerNorm,
+    Scenario,
+    SpikeCheckError,
+    ZLoss,
+    assert_logits_bounded,
+    assert_lr_sensitivity,
+    assert_stable_up_to,
+    diagnose,
+    lr_sensitivity,
+    lr_sweep,
+    train,
 )
 from pytest_spikecheck.models.config import GPTConfig, model_preset
 from pytest_spikecheck.models.gpt import GPT
@@ -32,8 +45,10 @@ def _gpt(**options) -> GPT:
 
 # -- the model ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("field,value", [("z_loss", -1e-4), ("z_loss", math.inf), ("logit_softcap", True),
-                                         ("logit_softcap", math.nan)])
+
+@pytest.mark.parametrize(
+    "field,value", [("z_loss", -1e-4), ("z_loss", math.inf), ("logit_softcap", True), ("logit_softcap", math.nan)]
+)
 def test_bad_model_options_are_one_clear_line(field, value):
     with pytest.raises(ConfigError, match=f"model.{field} must be a finite number >= 0"):
         GPTConfig(**{field: value})
@@ -104,6 +119,7 @@ def test_logit_softcap_bounds_the_output_logits():
 
 # -- the breaks -------------------------------------------------------------------------------
 
+
 def test_breaks_set_the_switches_and_round_trip_through_yaml(tmp_path):
     scenario = _tiny(HighLR(lr=0.3), QKLayerNorm(), ZLoss(), LogitSoftcap(cap=30))
     r = scenario.resolved()
@@ -115,8 +131,9 @@ def test_breaks_set_the_switches_and_round_trip_through_yaml(tmp_path):
     assert Scenario.preset("phase-19").resolved().model.qk_layernorm is False  # presets unchanged
 
 
-@pytest.mark.parametrize("make", [lambda: HighLR(lr=0), lambda: ZLoss(coefficient=-1), lambda: LogitSoftcap(cap="x"),
-                                  lambda: HighLR(lr=True)])
+@pytest.mark.parametrize(
+    "make", [lambda: HighLR(lr=0), lambda: ZLoss(coefficient=-1), lambda: LogitSoftcap(cap="x"), lambda: HighLR(lr=True)]
+)
 def test_bad_break_parameters_are_one_clear_line(make):
     with pytest.raises(ConfigError, match="must be a finite number > 0"):
         make()
@@ -131,6 +148,7 @@ def test_z_loss_with_several_ranks_is_refused_before_training():
 
 # -- the engine's columns ---------------------------------------------------------------------
 
+
 def test_runs_record_the_model_stats_and_the_loss_stays_the_cross_entropy(tmp_path):
     plain, with_z = train(_tiny(steps=1)), train(_tiny(ZLoss(coefficient=1e-2), steps=1))
     for run in (plain, with_z):
@@ -144,7 +162,9 @@ def test_runs_record_the_model_stats_and_the_loss_stays_the_cross_entropy(tmp_pa
     from pytest_spikecheck.report import write_comparison
 
     _, files = write_comparison(plain, with_z, tmp_path / "cmp")
-    assert (tmp_path / "cmp" / "logits.png") in files and "![logits](logits.png)" in (tmp_path / "cmp" / "comparison.md").read_text()
+    assert (tmp_path / "cmp" / "logits.png") in files and "![logits](logits.png)" in (
+        tmp_path / "cmp" / "comparison.md"
+    ).read_text()
 
 
 def test_a_model_without_the_hook_gets_no_stat_columns():
@@ -162,6 +182,7 @@ def test_a_model_without_the_hook_gets_no_stat_columns():
 
 
 # -- sweeps and their judgement (numbers, no training) ------------------------------------------
+
 
 def test_lr_sensitivity_is_wortsmans_definition():
     sweep = LRSweep("recipe", lrs=(1e-3, 1e-2, 1e-1), final_losses=(1.0, 2.0, math.inf), initial=5.0)
@@ -184,8 +205,12 @@ def test_stable_up_to():
 
 
 def test_logits_bounded_on_arrays():
-    record = {"step": [1, 2, 3], "loss": [3.0, 2.0, 1.0], "attn_logit_max": [5.0, 900.0, 40.0],
-              "logz_absmax": [6.0, 7.0, math.nan]}
+    record = {
+        "step": [1, 2, 3],
+        "loss": [3.0, 2.0, 1.0],
+        "attn_logit_max": [5.0, 900.0, 40.0],
+        "logz_absmax": [6.0, 7.0, math.nan],
+    }
     assert_logits_bounded(record, attention=1000)
     with pytest.raises(SpikeCheckError, match="attention logit 900 exceeds 100 at step 2"):
         assert_logits_bounded(record, attention=100)
@@ -214,6 +239,7 @@ def test_diagnosis_names_attention_logit_growth():
 
 
 # -- lr_sweep trains (two spawned workers, two steps each) ---------------------------------------
+
 
 def test_lr_sweep_trains_each_lr_as_train_does():
     scenario = _tiny(HighLR(lr=0.5), steps=2)

@@ -24,11 +24,19 @@ KEY = RunKey("abc123-torch-cpu-t1")
 def _run(name: str = "made", steps: int = 200, seed: int = 42, events: bool = True) -> Run:
     s = np.arange(1, steps + 1)
     loss = np.linspace(3.0, 0.7, steps)
-    run = Run(scenario=Scenario.preset("phase-19").replace(name=name, steps=steps, seed=seed),
-              metrics={"step": s, "loss": loss, "grad_norm_pre": np.ones(steps), "grad_norm_post": np.ones(steps),
-                       "eval_loss": loss + 0.01},
-              batches=[],
-              events=[Event(step=3, loss=float(seed))] if events else [], meta={"content_hash": f"h{seed}", "seconds": 1.5})
+    run = Run(
+        scenario=Scenario.preset("phase-19").replace(name=name, steps=steps, seed=seed),
+        metrics={
+            "step": s,
+            "loss": loss,
+            "grad_norm_pre": np.ones(steps),
+            "grad_norm_post": np.ones(steps),
+            "eval_loss": loss + 0.01,
+        },
+        batches=[],
+        events=[Event(step=3, loss=float(seed))] if events else [],
+        meta={"content_hash": f"h{seed}", "seconds": 1.5},
+    )
     return run
 
 
@@ -45,8 +53,10 @@ def _store_with_entry(tmp_path: Path) -> tuple[RunStore, Path, list[str]]:
 
 # -- the cache: a damaged entry is one warning and a retrain --------------------------------------
 
-@pytest.mark.parametrize("damage", ["cut-at-a-line", "cut-mid-line", "run.json-edited", "no-manifest",
-                                    "events-of-another-run", "run.json-not-json"])
+
+@pytest.mark.parametrize(
+    "damage", ["cut-at-a-line", "cut-mid-line", "run.json-edited", "no-manifest", "events-of-another-run", "run.json-not-json"]
+)
 def test_a_damaged_store_entry_is_trained_again_after_one_warning(tmp_path, damage):
     store, entry, said = _store_with_entry(tmp_path)
     if damage == "cut-at-a-line":  # 50 of 200 steps: was served as a whole run (final eval loss 1.180)
@@ -78,7 +88,11 @@ def test_a_whole_store_entry_is_reused_without_a_word(tmp_path):
     run, _ = store.get(KEY)
     assert len(run) == 200 and said == [] and is_whole(entry)
     assert run.meta["manifest"]["steps"] == 200 and set(run.meta["manifest"]["files"]) == {
-        "metrics.jsonl", "events.json", "batches.jsonl", "config.yaml"}
+        "metrics.jsonl",
+        "events.json",
+        "batches.jsonl",
+        "config.yaml",
+    }
 
 
 def test_the_plugin_session_retrains_a_cut_disk_cache_entry(tmp_path, monkeypatch):
@@ -109,13 +123,17 @@ def test_the_plugin_session_retrains_a_cut_disk_cache_entry(tmp_path, monkeypatc
 
 # -- a user's folder: a damaged one is one line of refusal -----------------------------------------
 
+
 def test_a_cut_run_folder_is_refused_by_diagnose_check_and_compare(tmp_path, capsys):
     folder = _run().save(tmp_path / "run")
     _cut_lines(folder / "metrics.jsonl", 49)  # a kill during a non-atomic save left 49 of 200 steps
     with pytest.raises(DamagedRunError, match="metrics.jsonl holds .* bytes, its manifest says"):
         Run.load(folder)
-    for argv in (["diagnose", str(folder)], ["check", str(folder)], ["compare", str(folder), str(folder),
-                                                                      "--out", str(tmp_path / "cmp")]):
+    for argv in (
+        ["diagnose", str(folder)],
+        ["check", str(folder)],
+        ["compare", str(folder), str(folder), "--out", str(tmp_path / "cmp")],
+    ):
         capsys.readouterr()
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip()
@@ -133,6 +151,7 @@ def test_a_folder_without_a_manifest_is_read_as_it_is(tmp_path):
 
 
 # -- saving is atomic and never mixes two runs -------------------------------------------------------
+
 
 def test_a_save_over_an_older_run_leaves_only_the_new_run(tmp_path):
     """train --out DIR over an older run left one seed's config and metrics beside another's
@@ -168,6 +187,7 @@ def test_a_save_refuses_a_folder_holding_a_users_files(tmp_path):
 
 
 # -- a sweep's resume ----------------------------------------------------------------------------
+
 
 class _MadeRuns:
     """A stand-in executor: each point's run made from arrays (no torch), counted."""
@@ -212,14 +232,21 @@ def test_a_sweep_stores_each_run_once_on_disk(tmp_path):
     from pytest_spikecheck.sweep import Sweep, sweep
     from pytest_spikecheck.sweep.engine import STORE_DIR
 
-    sweep(Sweep(Scenario.preset("phase-19").replace(steps=30), grid={"seed": [0, 1]}), executor=_MadeRuns(), out=tmp_path,
-          progress=False)
+    sweep(
+        Sweep(Scenario.preset("phase-19").replace(steps=30), grid={"seed": [0, 1]}),
+        executor=_MadeRuns(),
+        out=tmp_path,
+        progress=False,
+    )
     entries = {p.name for p in (tmp_path / STORE_DIR).iterdir() if not p.name.startswith(".")}
     for copy in (tmp_path / "runs").iterdir():
         store_json = __import__("json").loads((copy / "store.json").read_text())
         assert store_json["name"] == copy.name
-        (entry,) = [tmp_path / STORE_DIR / e for e in entries
-                    if (tmp_path / STORE_DIR / e / "metrics.jsonl").samefile(copy / "metrics.jsonl")]
+        (entry,) = [
+            tmp_path / STORE_DIR / e
+            for e in entries
+            if (tmp_path / STORE_DIR / e / "metrics.jsonl").samefile(copy / "metrics.jsonl")
+        ]
         assert all((copy / f).samefile(entry / f) for f in ("metrics.jsonl", "events.json", "run.json"))
 
 
@@ -236,6 +263,7 @@ def test_train_never_overwrites_the_config_it_was_read_from(tmp_path, capsys):
 
 
 # -- no deletion outside what we own ---------------------------------------------------------------
+
 
 def _session_with_made_runs(monkeypatch, report: Path):
     from pytest_spikecheck.plugin.session import Settings, SpikecheckSession
@@ -318,7 +346,7 @@ def test_two_sweeps_on_one_out_train_each_point_once(tmp_path):
     assert not list((tmp_path / ".store" / ".locks").glob("*.claim"))  # every claim released
 
 
-DRIVER = '''
+DRIVER = """
 import sys
 sys.path.insert(0, sys.argv[2])
 from sweep_points import TINY, sleeper
@@ -328,7 +356,7 @@ from pytest_spikecheck.sweep.worker import PointJob
 if __name__ == "__main__":
     jobs = [PointJob(i, TINY, "torch", "cpu", 1, f"{sys.argv[1]}/job-{i}") for i in range(4)]
     LocalExecutor(jobs=2, work=sleeper).run(jobs, lambda outcome: None)
-'''
+"""
 
 
 def test_workers_die_with_their_driver(tmp_path):

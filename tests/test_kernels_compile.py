@@ -88,10 +88,7 @@ def resource_usage(log: str) -> dict[str, dict[str, int]]:
         r"(\d+) bytes spill loads\s*\n.*?Used (\d+) registers"
     )
     for name, stack, stores, loads, registers in pattern.findall(log):
-        usage[name] = {
-            "stack": int(stack), "spill_stores": int(stores), "spill_loads": int(loads),
-            "registers": int(registers),
-        }
+        usage[name] = {"stack": int(stack), "spill_stores": int(stores), "spill_loads": int(loads), "registers": int(registers)}
     return usage
 
 
@@ -130,13 +127,16 @@ def test_no_flush_to_zero_under_cupys_ftz_flag(nvrtc, arch):
 def kernel_body(ptx: str, kernel: str) -> str:
     start = ptx.index(f".entry {kernel}(")
     following = ptx.find(".entry ", start + 1)
-    return ptx[start:following if following != -1 else len(ptx)]
+    return ptx[start : following if following != -1 else len(ptx)]
 
 
-@pytest.mark.parametrize("kernel, instructions", [
-    ("k_grad_norm_partial", ("ld.global.v4.u32", "ld.global.v4.f32")),  # 16-bit and fp32 packs
-    ("k_grad_scale", ("ld.global.v4", "st.global.v4")),
-])
+@pytest.mark.parametrize(
+    "kernel, instructions",
+    [
+        ("k_grad_norm_partial", ("ld.global.v4.u32", "ld.global.v4.f32")),  # 16-bit and fp32 packs
+        ("k_grad_scale", ("ld.global.v4", "st.global.v4")),
+    ],
+)
 def test_gradients_move_in_128_bit_global_accesses(ptx, kernel, instructions):
     body = kernel_body(ptx, kernel)
     for instruction in instructions:

@@ -27,8 +27,13 @@ def _numeric_paths(prefix: str, spec: object) -> list[str]:
         value, path = getattr(spec, f.name), f"{prefix}.{f.name}"
         if dataclasses.is_dataclass(value):
             out += _numeric_paths(path, value)
-        elif not isinstance(value, bool) and (isinstance(value, (int, float)) or value is None and path != "sampler.mixture.new_source"
-                                              or isinstance(value, tuple) and path in RANGES):
+        elif not isinstance(value, bool) and (
+            isinstance(value, (int, float))
+            or value is None
+            and path != "sampler.mixture.new_source"
+            or isinstance(value, tuple)
+            and path in RANGES
+        ):
             out.append(path)
     return out
 
@@ -45,7 +50,9 @@ def test_every_numeric_field_has_a_documented_range():
 
 def _outside(path: str) -> st.SearchStrategy:
     r = RANGES[path]
-    integer = isinstance(field_value(BASE, path), int) or (isinstance(field_value(BASE, path), tuple) and path.endswith("lengths"))
+    integer = isinstance(field_value(BASE, path), int) or (
+        isinstance(field_value(BASE, path), tuple) and path.endswith("lengths")
+    )
     if integer:
         below = st.integers(max_value=int(r.low) - (0 if r.low_open else 1))
         above = st.integers(min_value=int(r.high) + (0 if r.high_open else 1))
@@ -95,15 +102,17 @@ def test_a_yaml_alias_bomb_is_one_line_before_it_expands(tmp_path):
     assert read_yaml(tmp_path / "fine.yaml") == {"base": {"lr": 0.01}, "other": {"lr": 0.01}}  # aliases still work
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("preset: phase-19\nname: caf\xe9\n".encode("latin-1"), "not UTF-8 text"),
-    ("preset: phase-19\n".encode("utf-16"), "not UTF-8 text"),
-    (f"preset: phase-19\nseed: {'9' * 5000}\n".encode(), "a value YAML cannot read"),
-    (b"preset: phase-19\nseed: 99999999999999999999999\n", "seed must be in [0, 9223372036854775807]"),
-    (b"preset: phase-19\nsteps: 1000000000000\n", "steps must be in [1, 1000000]"),
-])
-def test_unreadable_or_unbounded_configs_are_one_short_line_naming_the_file(tmp_path, capsys, monkeypatch, content,
-                                                                           message):
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("preset: phase-19\nname: caf\xe9\n".encode("latin-1"), "not UTF-8 text"),
+        ("preset: phase-19\n".encode("utf-16"), "not UTF-8 text"),
+        (f"preset: phase-19\nseed: {'9' * 5000}\n".encode(), "a value YAML cannot read"),
+        (b"preset: phase-19\nseed: 99999999999999999999999\n", "seed must be in [0, 9223372036854775807]"),
+        (b"preset: phase-19\nsteps: 1000000000000\n", "steps must be in [1, 1000000]"),
+    ],
+)
+def test_unreadable_or_unbounded_configs_are_one_short_line_naming_the_file(tmp_path, capsys, monkeypatch, content, message):
     import types
 
     never = types.ModuleType("pytest_spikecheck.training.launch")  # no torch import; a refusal never gets here
@@ -122,8 +131,10 @@ def test_a_sweep_beyond_its_point_limit_is_refused_before_it_expands(tmp_path):
     from pytest_spikecheck.sweep.spec import MAX_POINTS
 
     path = tmp_path / "sweep.yaml"
-    path.write_text("base: {preset: phase-19}\ngrid: {seed: [" + ", ".join(map(str, range(1000))) + "],\n"
-                    "  optimizer.lr: [" + ", ".join(f"{i + 1}e-3" for i in range(1000)) + "]}\n")
+    path.write_text(
+        "base: {preset: phase-19}\ngrid: {seed: [" + ", ".join(map(str, range(1000))) + "],\n"
+        "  optimizer.lr: [" + ", ".join(f"{i + 1}e-3" for i in range(1000)) + "]}\n"
+    )
     with pytest.raises(ConfigError, match=f"1,000,000 points .* more than the {MAX_POINTS:,}"):
         load_sweep(path)
 
@@ -155,12 +166,15 @@ def test_a_sweep_expands_its_points_once(tmp_path, monkeypatch):
     assert expanding == 0, expanding  # the points load_sweep expanded, not a second expansion
 
 
-@pytest.mark.parametrize(("factory", "message"), [
-    ("os:_exit", "is a built-in function, not a model factory"),  # it was called: the process ended silently
-    ("no_such_module_x:make", "cannot import 'no_such_module_x'"),
-    ("os:sep", "is not callable"),
-    ("os:no_such_attr", "has no attribute 'no_such_attr'"),
-])
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("os:_exit", "is a built-in function, not a model factory"),  # it was called: the process ended silently
+        ("no_such_module_x:make", "cannot import 'no_such_module_x'"),
+        ("os:sep", "is not callable"),
+        ("os:no_such_attr", "has no attribute 'no_such_attr'"),
+    ],
+)
 def test_a_model_factory_that_is_not_one_is_a_refusal_line(factory, message):
     from pytest_spikecheck.training.model_contract import resolve_factory
 
@@ -168,12 +182,17 @@ def test_a_model_factory_that_is_not_one_is_a_refusal_line(factory, message):
         resolve_factory(factory)
 
 
-@pytest.mark.parametrize(("make", "message"), [
-    (lambda p: p.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": ' + b"1" * (3 << 20) + b"}\n"),
-     "line 2 is longer than 1,048,576 bytes"),  # a 200 MB line took 47 s and 4.68 GB
-    (lambda p: p.write_text('[{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.9}]'), "a JSON array, not one JSON object"),
-    (lambda p: __import__("os").mkfifo(p), "is not a regular file"),  # was "no such log file"
-])
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (
+            lambda p: p.write_bytes(b'{"step": 1, "loss": 2.0}\n{"step": 2, "loss": ' + b"1" * (3 << 20) + b"}\n"),
+            "line 2 is longer than 1,048,576 bytes",
+        ),  # a 200 MB line took 47 s and 4.68 GB
+        (lambda p: p.write_text('[{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.9}]'), "a JSON array, not one JSON object"),
+        (lambda p: __import__("os").mkfifo(p), "is not a regular file"),  # was "no such log file"
+    ],
+)
 def test_check_refuses_unbounded_or_mistaken_logs_in_one_line(tmp_path, capsys, make, message):
     path = tmp_path / "log"
     make(path)

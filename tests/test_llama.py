@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from pytest_spikecheck import (
-    ConfigError, GatedAttention, LayerNormEps0, LogitSoftcap, MaskPaddingKeys, QKLayerNorm, Scenario, ZLoss, train,
+    ConfigError,
+    GatedAttention,
+    LayerNormEps0,
+    LogitSoftcap,
+    MaskPaddingKeys,
+    QKLayerNorm,
+    Scenario,
+    ZLoss,
+    train,
 )
 from pytest_spikecheck.models.config import HEAD_LOGITS_KEY, GPTConfig, model_preset
 from pytest_spikecheck.models.gpt import GPT
@@ -26,9 +34,11 @@ def _llama(**options) -> Llama:
 
 
 def _tiny_llama(*breaks, steps: int = 2) -> Scenario:
-    return (Scenario.preset("phase-19").replace(name="tiny-llama", steps=steps, seed=0,
-                                                model=GPTConfig(arch="llama", n_layer=2, n_head=2, n_embd=32))
-            .with_breaks(*breaks))
+    return (
+        Scenario.preset("phase-19")
+        .replace(name="tiny-llama", steps=steps, seed=0, model=GPTConfig(arch="llama", n_layer=2, n_head=2, n_embd=32))
+        .with_breaks(*breaks)
+    )
 
 
 def test_the_llama_has_rmsnorm_swiglu_no_biases_and_separate_qkv():
@@ -47,9 +57,11 @@ def test_rope_makes_attention_depend_on_the_position_difference_only():
     cos, sin = rope_tables(8, 16)
     torch.manual_seed(0)
     q, k = torch.randn(8), torch.randn(8)
+
     def logit(i, j):
         at = lambda x, t: apply_rope(x.expand(1, 1, 16, 8), cos, sin)[0, 0, t]  # noqa: E731
         return float(at(q, i) @ at(k, j))
+
     assert logit(5, 3) == pytest.approx(logit(12, 10), abs=1e-5)
     assert logit(5, 3) != pytest.approx(logit(5, 4), abs=1e-3)
 
@@ -113,14 +125,20 @@ def test_model_level_breaks_act_on_the_llama():
     assert masked.model.mask_padding and masked.model.arch == "llama"
 
 
-@pytest.mark.parametrize("changes,message", [
-    ({"arch": "mamba"}, "model.arch must be one of gpt, llama, was 'mamba'"),
-    ({"arch": "llama", "pos_embedding": "learned"}, "model.pos_embedding learned does not go with arch llama, which takes rope or none"),
-    ({"pos_embedding": "rope"}, "model.pos_embedding rope does not go with arch gpt, which takes learned or none"),
-    ({"arch": "llama", "n_kv_head": 3}, r"model.n_kv_head \(3\) must divide model.n_head \(4\)"),
-    ({"arch": "llama", "n_kv_head": -1}, "model.n_kv_head must be an integer >= 0"),
-    ({"n_kv_head": 2}, "grouped-query attention is the llama model's"),
-])
+@pytest.mark.parametrize(
+    "changes,message",
+    [
+        ({"arch": "mamba"}, "model.arch must be one of gpt, llama, was 'mamba'"),
+        (
+            {"arch": "llama", "pos_embedding": "learned"},
+            "model.pos_embedding learned does not go with arch llama, which takes rope or none",
+        ),
+        ({"pos_embedding": "rope"}, "model.pos_embedding rope does not go with arch gpt, which takes learned or none"),
+        ({"arch": "llama", "n_kv_head": 3}, r"model.n_kv_head \(3\) must divide model.n_head \(4\)"),
+        ({"arch": "llama", "n_kv_head": -1}, "model.n_kv_head must be an integer >= 0"),
+        ({"n_kv_head": 2}, "grouped-query attention is the llama model's"),
+    ],
+)
 def test_bad_model_settings_are_one_clear_line(changes, message):
     with pytest.raises(ConfigError, match=message):
         GPTConfig(**changes)
@@ -140,11 +158,18 @@ def test_the_llama_trains_on_the_phase19_data_and_records_its_stats():
     assert run.meta["largest_attn_logit"]["per_head"] and len(run.meta["largest_attn_logit"]["per_head"]) == 2
 
 
-@pytest.mark.parametrize("make", [lambda: GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=11, block_size=8,
-                                                       mask_padding=True, pad_token_id=0)),
-                                  lambda: Llama(GPTConfig(arch="llama", n_layer=1, n_head=2, n_embd=16, vocab_size=11,
-                                                          block_size=8, mask_padding=True, pad_token_id=0))],
-                         ids=["gpt", "llama"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: GPT(GPTConfig(n_layer=1, n_head=2, n_embd=16, vocab_size=11, block_size=8, mask_padding=True, pad_token_id=0)),
+        lambda: Llama(
+            GPTConfig(
+                arch="llama", n_layer=1, n_head=2, n_embd=16, vocab_size=11, block_size=8, mask_padding=True, pad_token_id=0
+            )
+        ),
+    ],
+    ids=["gpt", "llama"],
+)
 def test_both_models_check_the_length_and_mask_the_padding_keys_by_default(make):
     torch.manual_seed(0)
     model = make().eval()

@@ -16,7 +16,13 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    ConfigError, SpikeCheckError, assert_clip_contains, assert_diverges, assert_finite, assert_no_spike, assert_spike,
+    ConfigError,
+    SpikeCheckError,
+    assert_clip_contains,
+    assert_diverges,
+    assert_finite,
+    assert_no_spike,
+    assert_spike,
 )
 from pytest_spikecheck.judge.detectors import get_detector
 from pytest_spikecheck.records.logs import TENSORBOARD_EXTRA, detect_format, find_logs, read_log
@@ -25,8 +31,9 @@ from pytest_spikecheck.records import as_record
 LOGS = Path(__file__).parent / "data" / "logs"
 BURST = 90  # the step of the rare-token burst in the example runs
 
-needs_tensorboard = pytest.mark.skipif(find_spec("tensorboard") is None,
-                                       reason=f"the tensorboard extra is not installed: {TENSORBOARD_EXTRA}")
+needs_tensorboard = pytest.mark.skipif(
+    find_spec("tensorboard") is None, reason=f"the tensorboard extra is not installed: {TENSORBOARD_EXTRA}"
+)
 
 
 def write(tmp_path, name, text):
@@ -40,6 +47,7 @@ def flagged(record, metric, detector="ratio"):
 
 
 # -- the example logs ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     ("name", "fmt", "logged", "first", "last"),
@@ -82,8 +90,12 @@ def test_hf_non_finite_values_are_values_and_null_is_missing(tmp_path):
     with pytest.raises(SpikeCheckError, match="non-finite grad_norm at step 28"):
         assert_finite(LOGS / "hf" / "trainer_state_diverged.json")
 
-    path = write(tmp_path, "trainer_state.json", '{"log_history": [{"step": 1, "loss": 1.0, "grad_norm": NaN},'
-                 ' {"step": 2, "loss": -Infinity, "grad_norm": null}, {"step": 3, "loss": 2.0}]}')
+    path = write(
+        tmp_path,
+        "trainer_state.json",
+        '{"log_history": [{"step": 1, "loss": 1.0, "grad_norm": NaN},'
+        ' {"step": 2, "loss": -Infinity, "grad_norm": null}, {"step": 3, "loss": 2.0}]}',
+    )
     record = read_log(path)
     np.testing.assert_array_equal(record.missing["grad_norm"], [False, True, True])
     assert math.isnan(record.metrics["grad_norm"][0]) and record.metrics["loss"][1] == -math.inf
@@ -124,10 +136,17 @@ def test_tensorboard_folder_with_a_restart_keeps_the_resumed_run():
 
 # -- detection from content, not names ------------------------------------------------------------
 
-@pytest.mark.parametrize(("name", "fmt"), [
-    ("hf/trainer_state.json", "hf-trainer"), ("lightning/metrics.csv", "lightning"), ("wandb/history.csv", "csv"),
-    ("jsonl/metrics.jsonl", "jsonl"), ("tensorboard/events.out.tfevents.1800000000.example", "tensorboard"),
-])
+
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("hf/trainer_state.json", "hf-trainer"),
+        ("lightning/metrics.csv", "lightning"),
+        ("wandb/history.csv", "csv"),
+        ("jsonl/metrics.jsonl", "jsonl"),
+        ("tensorboard/events.out.tfevents.1800000000.example", "tensorboard"),
+    ],
+)
 def test_format_is_detected_from_the_content(tmp_path, name, fmt):
     renamed = tmp_path / "log.dat"
     shutil.copy(LOGS / name, renamed)
@@ -144,6 +163,7 @@ def test_compact_trainer_state_and_one_line_jsonl(tmp_path):
 
 # -- names, mapping ---------------------------------------------------------------------------------
 
+
 def test_mapping_renames_and_replaces(tmp_path):
     path = write(tmp_path, "log.csv", "iteration,train/loss,loss,gn\n10,2.0,9.0,1.0\n20,2.1,9.0,1.1\n")
     record = read_log(path, mapping={"step": "iteration", "loss": "train/loss", "grad_norm_pre": "gn"})
@@ -152,11 +172,14 @@ def test_mapping_renames_and_replaces(tmp_path):
     assert set(record.metrics) == {"step", "loss", "grad_norm_pre"}
 
 
-@pytest.mark.parametrize(("mapping", "message"), [
-    ({"loss": "nope"}, "cannot map loss=nope: the log has no 'nope' column"),
-    ({"loss": "gn", "grad_norm_pre": "gn"}, "column 'gn' is mapped twice"),
-    ({"step": "nope"}, "no 'nope' column; expected a step column"),
-])
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({"loss": "nope"}, "cannot map loss=nope: the log has no 'nope' column"),
+        ({"loss": "gn", "grad_norm_pre": "gn"}, "column 'gn' is mapped twice"),
+        ({"step": "nope"}, "no 'nope' column; expected a step column"),
+    ],
+)
 def test_mapping_errors_name_the_column(tmp_path, mapping, message):
     path = write(tmp_path, "log.csv", "step,loss,gn\n1,2.0,1.0\n")
     with pytest.raises(ConfigError, match=message):
@@ -170,6 +193,7 @@ def test_a_log_without_a_step_column_is_numbered(tmp_path):
 
 
 # -- irregular steps --------------------------------------------------------------------------------
+
 
 def jsonl(rows):
     return "\n".join(json.dumps(r) for r in rows) + "\n"
@@ -191,33 +215,51 @@ def test_gaps_keep_the_real_step_axis(tmp_path):
 
 def test_a_restart_replaces_the_rolled_back_steps(tmp_path):
     # Logged every step to 30; resumed from the step-20 checkpoint, logging every other step.
-    path = write(tmp_path, "restart.jsonl", jsonl([{"step": s, "loss": 5.0} for s in range(1, 31)]
-                                                   + [{"step": s, "loss": 2.0} for s in range(21, 41, 2)]))
+    path = write(
+        tmp_path,
+        "restart.jsonl",
+        jsonl([{"step": s, "loss": 5.0} for s in range(1, 31)] + [{"step": s, "loss": 2.0} for s in range(21, 41, 2)]),
+    )
     record = read_log(path)
     steps, loss = record.series("loss")
     # Steps 21-30 of the first attempt are gone, including the even ones the resumed run
     # did not log again: the model never went through them on the way to step 40.
     assert list(steps) == [*range(1, 21), *range(21, 41, 2)]
     assert set(loss[steps > 20]) == {2.0}
-    assert record.notes == ("steps go back from 30 to 21 at line 31: read as a restart from a checkpoint "
-                            "(10 earlier logged steps from 21 on replaced)",)
+    assert record.notes == (
+        "steps go back from 30 to 21 at line 31: read as a restart from a checkpoint "
+        "(10 earlier logged steps from 21 on replaced)",
+    )
 
 
 @pytest.mark.parametrize("restart", [False, True], ids=["no-restart", "after-a-restart"])
 def test_a_word_in_a_numeric_column_is_one_error_also_after_a_restart(tmp_path, restart):
     # The text cell is in a row the restart keeps (the resumed step 3): it must still be named.
     rows = [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}, {"step": 3, "loss": 2.4}]
-    rows += [{"step": 2, "loss": 2.6}, {"step": 3, "loss": "oops"}] if restart else [{"step": 4, "loss": 2.3}, {"step": 5, "loss": "oops"}]
+    rows += (
+        [{"step": 2, "loss": 2.6}, {"step": 3, "loss": "oops"}]
+        if restart
+        else [{"step": 4, "loss": 2.3}, {"step": 5, "loss": "oops"}]
+    )
     path = write(tmp_path, "log.jsonl", jsonl(rows))
     with pytest.raises(ConfigError, match=r"line 5: 'loss' holds 'oops', not a number \(the column is numeric elsewhere\)"):
         read_log(path)
 
 
 def test_rows_at_one_step_merge_and_null_does_not_erase(tmp_path):
-    path = write(tmp_path, "log.jsonl", jsonl([
-        {"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.0}, {"step": 2, "eval_loss": 2.5, "loss": None},
-        {"step": 3, "loss": 1.0}, {"step": 3, "loss": 1.5},
-    ]))
+    path = write(
+        tmp_path,
+        "log.jsonl",
+        jsonl(
+            [
+                {"step": 1, "loss": 3.0},
+                {"step": 2, "loss": 2.0},
+                {"step": 2, "eval_loss": 2.5, "loss": None},
+                {"step": 3, "loss": 1.0},
+                {"step": 3, "loss": 1.5},
+            ]
+        ),
+    )
     record = read_log(path)
     np.testing.assert_array_equal(record.metrics["loss"], [3.0, 2.0, 1.5])  # the later of two values wins
     np.testing.assert_array_equal(record.missing["eval_loss"], [True, False, True])
@@ -231,21 +273,29 @@ def test_text_and_bookkeeping_columns_are_not_metrics(tmp_path):
 
 # -- wrong and corrupt files ------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("name", "content", "message"), [
-    ("empty.json", "  \n", "empty file; expected"),
-    ("trainer_state.json", '{\n  "log_history": [\n    {"step": 1, "loss": 2.0},\n', "not valid JSON .* expected a Hugging Face trainer_state.json"),
-    ("config.json", '{\n  "lr": 0.1\n}\n', r"no log_history list \(it has lr\); expected a Hugging Face trainer_state.json"),
-    ("trainer_state.json", '{"log_history": [{"loss": 2.0}]}', r"log_history\[0\] has no step, and no other entry does"),
-    ("log.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "loss": \n', "line 2 is not valid JSON"),
-    ("log.jsonl", '{"step": 1, "loss": 2}\n[1, 2]\n', "line 2 is a JSON list, not an object"),
-    ("log.csv", "step,loss\n1,2.0\n2,2.0,7\n", "line 3 has 3 cells but the header has 2"),
-    ("log.csv", "step,loss\n1,2.0\n2,abc\n", "line 3: 'loss' holds 'abc', not a number"),
-    ("log.csv", "step,loss\n1.5,2.0\n", "line 2: 'step' holds '1.5', expected a step number"),
-    ("log.csv", "step,loss\n", "no logged steps; expected a CSV log"),
-    ("notes.txt", "just some words\nand more words\n", r"no line of a known training-log form \(tried Megatron-LM, "),
-    ("metrics.csv", "epoch,loss\n0,2.0\n", None),  # a CSV without Lightning's step column reads as generic CSV
-    ("image.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "a binary file that is not a TensorBoard event file"),
-])
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("empty.json", "  \n", "empty file; expected"),
+        (
+            "trainer_state.json",
+            '{\n  "log_history": [\n    {"step": 1, "loss": 2.0},\n',
+            "not valid JSON .* expected a Hugging Face trainer_state.json",
+        ),
+        ("config.json", '{\n  "lr": 0.1\n}\n', r"no log_history list \(it has lr\); expected a Hugging Face trainer_state.json"),
+        ("trainer_state.json", '{"log_history": [{"loss": 2.0}]}', r"log_history\[0\] has no step, and no other entry does"),
+        ("log.jsonl", '{"step": 1, "loss": 2}\n{"step": 2, "loss": \n', "line 2 is not valid JSON"),
+        ("log.jsonl", '{"step": 1, "loss": 2}\n[1, 2]\n', "line 2 is a JSON list, not an object"),
+        ("log.csv", "step,loss\n1,2.0\n2,2.0,7\n", "line 3 has 3 cells but the header has 2"),
+        ("log.csv", "step,loss\n1,2.0\n2,abc\n", "line 3: 'loss' holds 'abc', not a number"),
+        ("log.csv", "step,loss\n1.5,2.0\n", "line 2: 'step' holds '1.5', expected a step number"),
+        ("log.csv", "step,loss\n", "no logged steps; expected a CSV log"),
+        ("notes.txt", "just some words\nand more words\n", r"no line of a known training-log form \(tried Megatron-LM, "),
+        ("metrics.csv", "epoch,loss\n0,2.0\n", None),  # a CSV without Lightning's step column reads as generic CSV
+        ("image.png", b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR", "a binary file that is not a TensorBoard event file"),
+    ],
+)
 def test_wrong_or_corrupt_files_raise_one_line_errors_naming_the_file(tmp_path, name, content, message):
     path = write(tmp_path, name, content)
     if message is None:
@@ -276,6 +326,7 @@ def test_folders(tmp_path):
 
 
 # -- TensorBoard event files written by other writers -----------------------------------------------
+
 
 def write_events(path, events, style="simple_value"):
     """A TensorBoard event file as TF1/tensorboardX (simple_value) or TF2 (tensor, with the
@@ -325,7 +376,7 @@ def test_tensorboard_truncated_and_corrupt_files(tmp_path):
     assert "partly written record" in record.notes[0]
     record_starts = [0]
     while record_starts[-1] < len(data):  # frame: length (8 bytes), its CRC (4), event, its CRC (4)
-        record_starts.append(record_starts[-1] + 16 + int.from_bytes(data[record_starts[-1]:record_starts[-1] + 8], "little"))
+        record_starts.append(record_starts[-1] + 16 + int.from_bytes(data[record_starts[-1] : record_starts[-1] + 8], "little"))
     for where, offset in (("event", 12), ("length", 0)):  # a flipped bit in record 11's event or length field
         corrupt = bytearray(data)
         corrupt[record_starts[10] + offset] ^= 0x01
@@ -342,6 +393,7 @@ def test_missing_tensorboard_extra_is_named(monkeypatch):
 
 
 # -- the assertions take a path to any of these logs --------------------------------------------------
+
 
 def test_assertions_accept_log_paths():
     assert assert_spike(LOGS / "hf" / "trainer_state.json", at=BURST, min_ratio=10) > 10  # grad_norm = pre-clip
@@ -365,14 +417,18 @@ def test_our_run_folders_still_load_as_runs(tmp_path):
 
 
 def test_reading_logs_imports_numpy_only():
-    code = ("import sys, pytest_spikecheck.records.logs as logs; logs.read_log(sys.argv[1]); "
-            "print(sorted(m for m in ('torch', 'pandas', 'tensorboard') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code, str(LOGS / "hf" / "trainer_state.json")],
-                         capture_output=True, text=True, check=True)
+    code = (
+        "import sys, pytest_spikecheck.records.logs as logs; logs.read_log(sys.argv[1]); "
+        "print(sorted(m for m in ('torch', 'pandas', 'tensorboard') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(LOGS / "hf" / "trainer_state.json")], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == "[]"
 
 
 # -- the logs people have (issue 12) -----------------------------------------------------------------
+
 
 def hf_state(entries, **extra):
     return json.dumps({"global_step": entries[-1].get("step", 0) if entries else 0, **extra, "log_history": entries})
@@ -388,8 +444,10 @@ def test_hf_rows_without_a_step_are_skipped_with_a_note(tmp_path):
 
 @pytest.mark.parametrize("name", ["trainer_state.json", "metrics.csv", "events.out.tfevents.1.host"])
 def test_a_git_lfs_pointer_is_named_as_such(tmp_path, name):
-    pointer = ("version https://git-lfs.github.com/spec/v1\n"
-               "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n")
+    pointer = (
+        "version https://git-lfs.github.com/spec/v1\n"
+        "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 12345\n"
+    )
     path = write(tmp_path, name, pointer)
     with pytest.raises(ConfigError, match=r"a Git LFS pointer, not the log: run `git lfs pull`"):
         read_log(path)
@@ -400,7 +458,9 @@ def test_a_git_lfs_pointer_is_named_as_such(tmp_path, name):
 def test_trainer_state_without_log_history_says_so(tmp_path):
     with pytest.raises(ConfigError, match=r"no log_history list \(it has global_step\)"):
         read_log(write(tmp_path, "state.json", '{"global_step": 10}'))
-    with pytest.raises(ConfigError, match=r"log_history is empty: the trainer logged nothing \(global_step 6, logging_steps 50\)"):
+    with pytest.raises(
+        ConfigError, match=r"log_history is empty: the trainer logged nothing \(global_step 6, logging_steps 50\)"
+    ):
         read_log(write(tmp_path, "trainer_state.json", json.dumps({"global_step": 6, "logging_steps": 50, "log_history": []})))
 
 
@@ -452,19 +512,31 @@ def test_no_spike_on_a_log_without_grad_norm_falls_back_to_the_loss(tmp_path):
 HF_EXPECTED = "expected a Hugging Face trainer_state.json (an object with a log_history list)"
 
 
-@pytest.mark.parametrize(("state", "message"), [
-    ([1, 2], f"no log_history list (it has a JSON list); {HF_EXPECTED}"),
-    ({"log_history": [], "max_steps": 9}, f"log_history is empty: the trainer logged nothing (max_steps 9); {HF_EXPECTED}"),
-    ({"log_history": []}, f"log_history is empty: the trainer logged nothing; {HF_EXPECTED}"),
-    ({"log_history": [{"loss": 1}, {"loss": 2}, {"loss": 3}]},
-     f"no log_history entry has a step (log_history[0] and 2 more); {HF_EXPECTED}"),
-    ({"log_history": [{"loss": 1}, {"loss": 2}]}, f"no log_history entry has a step (log_history[0] and 1 more); {HF_EXPECTED}"),
-    ({"log_history": [{"step": 1.5, "loss": 2.0}]},
-     "log_history[0]: 'step' holds 1.5, expected a step number (a whole number >= 0)"),
-    ({"log_history": [{"step": 3, "loss": 2.0}, {"step": -1, "loss": 2.0}]},
-     "log_history[1]: 'step' holds -1, expected a step number (a whole number >= 0)"),
-    ({"log_history": [{"step": 3, "loss": 2.0}, 5]}, f"log_history[1] is not an object; {HF_EXPECTED}"),
-])
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ([1, 2], f"no log_history list (it has a JSON list); {HF_EXPECTED}"),
+        ({"log_history": [], "max_steps": 9}, f"log_history is empty: the trainer logged nothing (max_steps 9); {HF_EXPECTED}"),
+        ({"log_history": []}, f"log_history is empty: the trainer logged nothing; {HF_EXPECTED}"),
+        (
+            {"log_history": [{"loss": 1}, {"loss": 2}, {"loss": 3}]},
+            f"no log_history entry has a step (log_history[0] and 2 more); {HF_EXPECTED}",
+        ),
+        (
+            {"log_history": [{"loss": 1}, {"loss": 2}]},
+            f"no log_history entry has a step (log_history[0] and 1 more); {HF_EXPECTED}",
+        ),
+        (
+            {"log_history": [{"step": 1.5, "loss": 2.0}]},
+            "log_history[0]: 'step' holds 1.5, expected a step number (a whole number >= 0)",
+        ),
+        (
+            {"log_history": [{"step": 3, "loss": 2.0}, {"step": -1, "loss": 2.0}]},
+            "log_history[1]: 'step' holds -1, expected a step number (a whole number >= 0)",
+        ),
+        ({"log_history": [{"step": 3, "loss": 2.0}, 5]}, f"log_history[1] is not an object; {HF_EXPECTED}"),
+    ],
+)
 def test_trainer_state_errors_word_for_word(tmp_path, state, message):
     path = write(tmp_path, "trainer_state.json", json.dumps(state))
     with pytest.raises(ConfigError) as info:
@@ -472,16 +544,22 @@ def test_trainer_state_errors_word_for_word(tmp_path, state, message):
     assert str(info.value) == f"{path}: {message}"
 
 
-@pytest.mark.parametrize(("stepless", "note"), [
-    (1, "1 log_history entry without a step skipped (log_history[1])"),
-    (2, "2 log_history entries without a step skipped (log_history[1], log_history[2])"),
-    (3, "3 log_history entries without a step skipped (log_history[1], log_history[2], log_history[3])"),
-    (4, "4 log_history entries without a step skipped (log_history[1], log_history[2], log_history[3], ...)"),
-])
+@pytest.mark.parametrize(
+    ("stepless", "note"),
+    [
+        (1, "1 log_history entry without a step skipped (log_history[1])"),
+        (2, "2 log_history entries without a step skipped (log_history[1], log_history[2])"),
+        (3, "3 log_history entries without a step skipped (log_history[1], log_history[2], log_history[3])"),
+        (4, "4 log_history entries without a step skipped (log_history[1], log_history[2], log_history[3], ...)"),
+    ],
+)
 def test_trainer_state_rows_without_a_step_are_counted_in_the_note(tmp_path, stepless, note):
     # the end-of-training summary (train_runtime) is skipped silently, and reading goes on after it
-    rows = ([{"step": 1, "loss": 2.0}] + [{"predict_loss": 1.0}] * stepless
-            + [{"step": 2, "train_runtime": 5.0, "train_loss": 9.0}, {"step": 3, "loss": 1.5}])
+    rows = (
+        [{"step": 1, "loss": 2.0}]
+        + [{"predict_loss": 1.0}] * stepless
+        + [{"step": 2, "train_runtime": 5.0, "train_loss": 9.0}, {"step": 3, "loss": 1.5}]
+    )
     record = read_log(write(tmp_path, "trainer_state.json", hf_state(rows)))
     assert record.notes == (note,)
     assert record.metrics["step"].tolist() == [1, 3] and record.metrics["loss"].tolist() == [2.0, 1.5]
@@ -493,20 +571,49 @@ def test_trainer_state_rows_without_a_step_are_counted_in_the_note(tmp_path, ste
 _THIRTEEN = ",".join(f"c{i}" for i in range(13))
 
 
-@pytest.mark.parametrize(("name", "content", "kwargs", "message"), [
-    ("log.csv", f"{_THIRTEEN}\n{','.join('1' * 13)}\n", {"mapping": {"loss": "zz"}},
-     "cannot map loss=zz: the log has no 'zz' column (it has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, ... (1 more))"),
-    ("log.csv", f"{_THIRTEEN[:-4]}\n{','.join('1' * 12)}\n", {"mapping": {"loss": "zz"}},
-     "cannot map loss=zz: the log has no 'zz' column (it has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11)"),
-    ("log.csv", "step,loss\n,2\n,3\n", {}, "line 2: 'step' holds nothing, expected a step number (a whole number >= 0)"),  # empty in every row
-    ("log.csv", "it,loss\n1,2\n1.5,3\n", {"mapping": {"step": "it"}},
-     "line 3: 'it' holds '1.5', expected a step number (a whole number >= 0)"),
-    ("log.csv", 'step,note,loss\n1,"two\nlines",2.0\nx,y,1.5\n', {},  # a quoted newline is inside the cell
-     "line 4: 'step' holds 'x', expected a step number (a whole number >= 0)"),
-    ("log.csv", "", {"format": "csv"}, "no logged steps; expected a CSV log with a header row"),
-    ("log.csv", "step,loss,lr\n1,2.0,0.1\n2,1.9\n", {}, "line 3 has 2 cells but the header has 3; expected a CSV log with a header row"),
-    ("latin.csv", b"step,loss\n1,\xff\n", {}, "not UTF-8 text; expected a CSV log with a header row"),
-])
+@pytest.mark.parametrize(
+    ("name", "content", "kwargs", "message"),
+    [
+        (
+            "log.csv",
+            f"{_THIRTEEN}\n{','.join('1' * 13)}\n",
+            {"mapping": {"loss": "zz"}},
+            "cannot map loss=zz: the log has no 'zz' column (it has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11, ... (1 more))",
+        ),
+        (
+            "log.csv",
+            f"{_THIRTEEN[:-4]}\n{','.join('1' * 12)}\n",
+            {"mapping": {"loss": "zz"}},
+            "cannot map loss=zz: the log has no 'zz' column (it has c0, c1, c2, c3, c4, c5, c6, c7, c8, c9, c10, c11)",
+        ),
+        (
+            "log.csv",
+            "step,loss\n,2\n,3\n",
+            {},
+            "line 2: 'step' holds nothing, expected a step number (a whole number >= 0)",
+        ),  # empty in every row
+        (
+            "log.csv",
+            "it,loss\n1,2\n1.5,3\n",
+            {"mapping": {"step": "it"}},
+            "line 3: 'it' holds '1.5', expected a step number (a whole number >= 0)",
+        ),
+        (
+            "log.csv",
+            'step,note,loss\n1,"two\nlines",2.0\nx,y,1.5\n',
+            {},  # a quoted newline is inside the cell
+            "line 4: 'step' holds 'x', expected a step number (a whole number >= 0)",
+        ),
+        ("log.csv", "", {"format": "csv"}, "no logged steps; expected a CSV log with a header row"),
+        (
+            "log.csv",
+            "step,loss,lr\n1,2.0,0.1\n2,1.9\n",
+            {},
+            "line 3 has 2 cells but the header has 3; expected a CSV log with a header row",
+        ),
+        ("latin.csv", b"step,loss\n1,\xff\n", {}, "not UTF-8 text; expected a CSV log with a header row"),
+    ],
+)
 def test_csv_errors_word_for_word(tmp_path, name, content, kwargs, message):
     path = write(tmp_path, name, content)
     with pytest.raises(ConfigError) as info:
@@ -536,10 +643,12 @@ def test_the_default_policy_headlines_on_a_log(tmp_path):
             call(*args, **kwargs)
         return str(info.value).split("\n\n")[0]
 
-    two = _jsonl(tmp_path, "two.jsonl", [{"step": s, "loss": 2.0, "grad_norm": 40.0 if s in (30, 45) else 1.0}
-                                         for s in range(1, 60)])
+    two = _jsonl(
+        tmp_path, "two.jsonl", [{"step": s, "loss": 2.0, "grad_norm": 40.0 if s in (30, 45) else 1.0} for s in range(1, 60)]
+    )
     assert headline(assert_no_spike, two) == (
-        "the default policy flagged a grad_norm spike at step 30: 40 vs baseline 1 (grad-ratio 40×) (and 1 more)")
+        "the default policy flagged a grad_norm spike at step 30: 40 vs baseline 1 (grad-ratio 40×) (and 1 more)"
+    )
     assert assert_spike(two, at=45) == 40.0
     one = _jsonl(tmp_path, "one.jsonl", [{"step": s, "loss": 2.0, "grad_norm": 40.0 if s == 30 else 1.0} for s in range(1, 60)])
     assert headline(assert_no_spike, one).endswith("(grad-ratio 40×)")
@@ -551,44 +660,63 @@ def test_the_default_policy_headlines_on_a_log(tmp_path):
     assert headline(assert_no_spike, short, strict=True).startswith("not judged (strict): loss: not judged: 3 points")
     # with a detector or a metric named, the log is judged as any record is
     assert headline(assert_spike, LOGS / "hf" / "trainer_state.json", metric="loss") == (
-        "expected a loss spike of ≥ 10× anywhere (largest: step 90), got 3.57× the median of the 50 steps before")
+        "expected a loss spike of ≥ 10× anywhere (largest: step 90), got 3.57× the median of the 50 steps before"
+    )
     assert headline(assert_spike, LOGS / "hf" / "trainer_state.json", at=95) == (
         "expected the default policy to flag a spike at step 95, but it flagged other steps (90) "
-        "(grad_norm: judged 14 of 24 points; loss: judged 21 of 24 points)")
+        "(grad_norm: judged 14 of 24 points; loss: judged 21 of 24 points)"
+    )
     assert headline(assert_spike, LOGS / "hf" / "trainer_state_healthy.json").startswith(
-        "expected the default policy to flag a spike anywhere, but it flagged none (")
+        "expected the default policy to flag a spike anywhere, but it flagged none ("
+    )
 
 
-@pytest.mark.parametrize(("name", "content", "fmt"), [
-    ("log.jsonl", '{"global_step": 10}', "hf-trainer"),  # a compact trainer state: any of its keys tells it
-    ("log.jsonl", '{"max_steps": 10, "loss": 2.0}', "hf-trainer"),
-    ("log.jsonl", '{"logging_steps": 5, "loss": 2.0}', "hf-trainer"),
-    ("log.jsonl", '{"log_history": []}', "hf-trainer"),
-    ("trainer_state.json", '{"loss": 2.0}', "hf-trainer"),  # so named: a trainer state without those keys
-    ("log.jsonl", '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}', "jsonl"),
-    ("log.jsonl", '{\n  "log_history": []\n}', "hf-trainer"),  # an indented object: its first line is no JSON
-    ("log.csv", "step,epoch\n1,0\n", "lightning"),  # exactly the Lightning columns
-    ("log.csv", "epoch,loss\n0,2.0\n", "csv"),
-    ("log.csv", "\ufeffstep,epoch,loss\r\n1,0,2.0\r\n", "lightning"),  # a BOM and CRLF do not hide the header
-    ("log.csv", "\ufeff\n  {\"step\": 1}", "jsonl"),  # the BOM is a prefix, then blank space before the object
-])
+@pytest.mark.parametrize(
+    ("name", "content", "fmt"),
+    [
+        ("log.jsonl", '{"global_step": 10}', "hf-trainer"),  # a compact trainer state: any of its keys tells it
+        ("log.jsonl", '{"max_steps": 10, "loss": 2.0}', "hf-trainer"),
+        ("log.jsonl", '{"logging_steps": 5, "loss": 2.0}', "hf-trainer"),
+        ("log.jsonl", '{"log_history": []}', "hf-trainer"),
+        ("trainer_state.json", '{"loss": 2.0}', "hf-trainer"),  # so named: a trainer state without those keys
+        ("log.jsonl", '{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}', "jsonl"),
+        ("log.jsonl", '{\n  "log_history": []\n}', "hf-trainer"),  # an indented object: its first line is no JSON
+        ("log.csv", "step,epoch\n1,0\n", "lightning"),  # exactly the Lightning columns
+        ("log.csv", "epoch,loss\n0,2.0\n", "csv"),
+        ("log.csv", "\ufeffstep,epoch,loss\r\n1,0,2.0\r\n", "lightning"),  # a BOM and CRLF do not hide the header
+        ("log.csv", '\ufeff\n  {"step": 1}', "jsonl"),  # the BOM is a prefix, then blank space before the object
+    ],
+)
 def test_format_sniffing_details(tmp_path, name, content, fmt):
     assert detect_format(write(tmp_path, name, content)) == fmt
 
 
 def test_bookkeeping_columns_are_left_out_and_restarts_are_noted(tmp_path):
-    columns = ["step", "loss", "_runtime", "eval_runtime", "train_samples_per_second", "total_flos", "total_steps",
-               "percentage", "global_step", "_step", "mystep"]
+    columns = [
+        "step",
+        "loss",
+        "_runtime",
+        "eval_runtime",
+        "train_samples_per_second",
+        "total_flos",
+        "total_steps",
+        "percentage",
+        "global_step",
+        "_step",
+        "mystep",
+    ]
     text = ",".join(columns) + "\n" + "\n".join(",".join(str(s) for _ in columns) for s in (1, 2, 3)) + "\n"
     record = read_log(write(tmp_path, "log.csv", text))
     assert [k for k in record.metrics] == ["step", "loss", "mystep"]
     assert record.source == str(tmp_path / "log.csv") and record.metrics["step"].dtype == np.int64
     one = read_log(write(tmp_path, "one.csv", "step,loss\n1,2\n2,2\n5,2\n3,1\n"))
-    assert one.notes == ("steps go back from 5 to 3 at line 5: read as a restart from a checkpoint "
-                         "(1 earlier logged step from 3 on replaced)",)
+    assert one.notes == (
+        "steps go back from 5 to 3 at line 5: read as a restart from a checkpoint (1 earlier logged step from 3 on replaced)",
+    )
     two = read_log(write(tmp_path, "two.csv", "step,loss\n1,2\n2,2\n3,2\n2,1\n"))
-    assert two.notes == ("steps go back from 3 to 2 at line 5: read as a restart from a checkpoint "
-                         "(2 earlier logged steps from 2 on replaced)",)
+    assert two.notes == (
+        "steps go back from 3 to 2 at line 5: read as a restart from a checkpoint (2 earlier logged steps from 2 on replaced)",
+    )
     assert two.metrics["loss"].tolist() == [2.0, 1.0]
 
 
@@ -601,14 +729,18 @@ def test_kind_and_strict_on_a_log(tmp_path):
     assert "→ 40  9" in table.splitlines()  # the evidence is framed on the flagged step
     assert_no_spike(loss_spike, kind="rl")  # an RL loss is no likelihood: the loss rules step aside
     # strict: one series judged and one not is still a failure, naming the one not judged
-    sparse = _jsonl(tmp_path, "sparse.jsonl", [{"step": s, "loss": 2.0, **({"grad_norm": 1.0} if s in (10, 20, 30) else {})}
-                                               for s in range(1, 60)])
+    sparse = _jsonl(
+        tmp_path,
+        "sparse.jsonl",
+        [{"step": s, "loss": 2.0, **({"grad_norm": 1.0} if s in (10, 20, 30) else {})} for s in range(1, 60)],
+    )
     assert_no_spike(sparse)
     with pytest.raises(SpikeCheckError) as info:
         assert_no_spike(sparse, strict=True)
     assert str(info.value).split("\n\n")[0] == (
         "not judged (strict): grad_norm: not judged: 3 points, interval 10 steps, needs grad-ratio 10 earlier logged "
-        "points (over at least 10 steps)")
+        "points (over at least 10 steps)"
+    )
 
 
 def test_folder_and_mapping_messages(tmp_path):
@@ -637,12 +769,28 @@ def test_a_tensorboard_log_refuses_a_step_mapping():
         read_log(LOGS / "tensorboard", mapping={"step": "x"})
 
 
-@pytest.mark.parametrize("name, bookkeeping", [
-    ("theta_grad_norm", False), ("beta", False), ("zeta_loss", False), ("loss_meta", False), ("split/score", False),
-    ("memory_loss", False), ("eta", True), ("train/eta", True), ("elapsed time per iteration (ms)", True),
-    ("tokens per sec", True), ("tok/s", True), ("it/s", True), ("max memory allocated", True),
-    ("train_samples_per_second", True), ("consumed samples", True), ("grad_norm", False), ("lr", False),
-])
+@pytest.mark.parametrize(
+    "name, bookkeeping",
+    [
+        ("theta_grad_norm", False),
+        ("beta", False),
+        ("zeta_loss", False),
+        ("loss_meta", False),
+        ("split/score", False),
+        ("memory_loss", False),
+        ("eta", True),
+        ("train/eta", True),
+        ("elapsed time per iteration (ms)", True),
+        ("tokens per sec", True),
+        ("tok/s", True),
+        ("it/s", True),
+        ("max memory allocated", True),
+        ("train_samples_per_second", True),
+        ("consumed samples", True),
+        ("grad_norm", False),
+        ("lr", False),
+    ],
+)
 def test_bookkeeping_words_match_whole_words_and_never_a_loss_or_norm(name, bookkeeping):
     from pytest_spikecheck.records.logs.names import is_bookkeeping
 

@@ -45,10 +45,13 @@ def run_folder(root: Path, metrics: dict[str, str], params: dict[str, str] | Non
 
 def test_nested_names_merge_by_step_in_logged_order(tmp_path):
     # "train/loss" is the nested file metrics/train/loss; a resumed run logs steps 3-4 again later
-    run = run_folder(tmp_path, {
-        "train/loss": "1000 3.0 1\n1010 2.5 2\n1020 2.4 3\n1030 9.9 4\n1100 2.3 3\n1110 2.2 4\n",
-        "grad_norm": "1001 1.0 1\n1011 0.9 2\n1021 0.8 3\n1031 40.0 4\n1101 0.8 3\n1111 0.7 4\n",
-    })
+    run = run_folder(
+        tmp_path,
+        {
+            "train/loss": "1000 3.0 1\n1010 2.5 2\n1020 2.4 3\n1030 9.9 4\n1100 2.3 3\n1110 2.2 4\n",
+            "grad_norm": "1001 1.0 1\n1011 0.9 2\n1021 0.8 3\n1031 40.0 4\n1101 0.8 3\n1111 0.7 4\n",
+        },
+    )
     record = read_log(run)
     assert record.metrics["step"].tolist() == [1, 2, 3, 4]
     assert record.metrics["loss"].tolist() == [3.0, 2.5, 2.3, 2.2]  # train/loss is the loss; the rolled-back 9.9 is gone
@@ -58,9 +61,14 @@ def test_nested_names_merge_by_step_in_logged_order(tmp_path):
 
 def test_params_say_fp16_and_an_overflow_step_is_a_skip(tmp_path):
     # HF's MLflowCallback logs every training argument as a param: fp16 True
-    run = run_folder(tmp_path, {"loss": "".join(f"{1000 + s} {2.0 + 0.01 * s} {s}\n" for s in range(1, 21)),
-                                "grad_norm": "".join(f"{1000 + s} {'nan' if s == 12 else 1.0} {s}\n" for s in range(1, 21))},
-                     params={"fp16": "True"})
+    run = run_folder(
+        tmp_path,
+        {
+            "loss": "".join(f"{1000 + s} {2.0 + 0.01 * s} {s}\n" for s in range(1, 21)),
+            "grad_norm": "".join(f"{1000 + s} {'nan' if s == 12 else 1.0} {s}\n" for s in range(1, 21)),
+        },
+        params={"fp16": "True"},
+    )
     record = read_log(run)
     assert record.skipped == {12: "overflow (inferred: non-finite grad norm, finite loss, fp16 run)"}
 
@@ -84,12 +92,27 @@ def test_the_params_are_the_records_facts(tmp_path):
     (clip, accumulation, seed, optimizer, precision) and nothing else (unknown stays None)."""
     from pytest_spikecheck.judge.analysis import clip_limits
 
-    run = run_folder(tmp_path, {"loss": "1000 2.0 1\n1001 2.1 2\n"},
-                     params={"max_grad_norm": "0.5", "gradient_accumulation_steps": "4", "seed": "42",
-                             "optim": "adamw_torch", "learning_rate": "0.0003", "bf16": "True"})
+    run = run_folder(
+        tmp_path,
+        {"loss": "1000 2.0 1\n1001 2.1 2\n"},
+        params={
+            "max_grad_norm": "0.5",
+            "gradient_accumulation_steps": "4",
+            "seed": "42",
+            "optim": "adamw_torch",
+            "learning_rate": "0.0003",
+            "bf16": "True",
+        },
+    )
     facts = read_log(run).facts
     assert (facts.source, facts.max_norm, facts.accumulation, facts.seed, facts.optimizer, facts.amp_dtype) == (
-        "log", 0.5, 4, 42, "adamw", "bfloat16")
+        "log",
+        0.5,
+        4,
+        42,
+        "adamw",
+        "bfloat16",
+    )
     assert facts.optimizers[0].lr == 3e-4 and facts.model.arch is None and facts.world_size is None
     assert clip_limits(read_log(run)).tolist() == [0.5, 0.5]
     unclipped = run_folder(tmp_path / "b", {"loss": "1000 2.0 1\n"}, params={"max_grad_norm": "0.0"})

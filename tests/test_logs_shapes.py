@@ -55,8 +55,10 @@ def test_a_utf16_crlf_log_from_powershell_is_text(tmp_path):
 def test_rows_with_no_step_are_left_out_not_the_log(tmp_path):
     # A JSONL whose first line is the run's config; a CSV whose global_step is empty on some rows.
     jsonl = tmp_path / "metrics.jsonl"
-    jsonl.write_text('{"model": "gpt2", "lr": 0.0006, "batch_size": 8}\n' +
-                     "".join(json.dumps({"step": s, "loss": 3 - 0.1 * s}) + "\n" for s in range(1, 8)))
+    jsonl.write_text(
+        '{"model": "gpt2", "lr": 0.0006, "batch_size": 8}\n'
+        + "".join(json.dumps({"step": s, "loss": 3 - 0.1 * s}) + "\n" for s in range(1, 8))
+    )
     rec = read_log(jsonl)
     assert rec.metrics["step"].tolist() == list(range(1, 8)) and "lr" in rec.metrics
     assert rec.notes[0].startswith("1 row with no 'step' (first at line 1) left out")
@@ -77,16 +79,18 @@ def test_loss_names_of_lightning_and_deepspeed_chat(tmp_path):
     rec = read_log(sft)
     assert sorted(k for k in rec.metrics if k != "step") == ["Epoch", "loss"] and rec.metrics["step"][0] == 1
     ppo = tmp_path / "ppo.log"
-    ppo.write_text("".join(f"epoch: 0|step: {s}|ppo_ep: 1|act_loss: {0.1 * (-1) ** s}|cri_loss: 0.2|unsuper_loss: 0.0\n"
-                           for s in range(30)))
+    ppo.write_text(
+        "".join(f"epoch: 0|step: {s}|ppo_ep: 1|act_loss: {0.1 * (-1) ** s}|cri_loss: 0.2|unsuper_loss: 0.0\n" for s in range(30))
+    )
     report = judge_log(read_log(ppo))
     assert report["kind"] == "rl" and report["ok"] and report["series"][0]["status"] == "skipped"
 
 
 def test_python_logging_lines(tmp_path):
     path = tmp_path / "train.log"
-    path.write_text("".join(f"INFO:root:Epoch 1, Global Batch {120 * k}, Training Loss: {3.2 - 0.05 * k:.3f}\n"
-                            for k in range(1, 12)))
+    path.write_text(
+        "".join(f"INFO:root:Epoch 1, Global Batch {120 * k}, Training Loss: {3.2 - 0.05 * k:.3f}\n" for k in range(1, 12))
+    )
     rec = read_log(path)
     assert rec.metrics["step"].tolist() == [120 * k for k in range(1, 12)] and rec.metrics["loss"][0] == 3.15
 
@@ -94,10 +98,16 @@ def test_python_logging_lines(tmp_path):
 def nanochat_phases() -> str:
     # The forms of nanochat's base_train.py ("step 00000/21400 (0.00%) | loss: ...", counting from 0)
     # and mid_train.py ("step 00001 (0.15%) | loss: ...", counting from 1) printed into one log.
-    base = [f"step {s:05d}/00300 ({s / 3:.2f}%) | loss: {10 - 5 * s / 300:.6f} | lrm: 1.00 | dt: 100.00ms | "
-            f"tok/sec: 5,000 | mfu: 40.00 | total time: 0.10m" for s in range(301)]
-    mid = [f"step {s:05d} ({s / 0.4:.2f}%) | loss: {2.5 - 0.2 * s / 40:.6f} | lrm: 1.00 | dt: 100.00ms | "
-           f"tok/sec: 5,000 | mfu: 40.00 | total time: 0.10m" for s in range(1, 41)]
+    base = [
+        f"step {s:05d}/00300 ({s / 3:.2f}%) | loss: {10 - 5 * s / 300:.6f} | lrm: 1.00 | dt: 100.00ms | "
+        f"tok/sec: 5,000 | mfu: 40.00 | total time: 0.10m"
+        for s in range(301)
+    ]
+    mid = [
+        f"step {s:05d} ({s / 0.4:.2f}%) | loss: {2.5 - 0.2 * s / 40:.6f} | lrm: 1.00 | dt: 100.00ms | "
+        f"tok/sec: 5,000 | mfu: 40.00 | total time: 0.10m"
+        for s in range(1, 41)
+    ]
     return "\n".join(base + mid) + "\n"
 
 
@@ -134,6 +144,7 @@ def test_golden_values_a_nan_string_in_a_timing_series_fails_nothing():
     report = judge_log(rec)
     assert report["ok"] and report["judged"] and report["nonfinite"] is None
     from pytest_spikecheck.records.logs import golden_values
+
     timing = golden_values.read(path).columns["iteration-time"]
     assert np.isnan(timing.values[0]) and not timing.missing[0] and timing.values[1] == 3.30126  # "nan": a value
 

@@ -35,20 +35,35 @@ def test_a_repeated_header_name_is_read_as_name_dot_1(tmp_path):
 
 def test_a_wide_wandb_export_with_a_step_spread_over_rows(tmp_path):
     # W&B's history export: one row per wandb.log call, train and eval rows apart, names with "/"
-    text = ("_step,train/global_step,train/loss,train/grad_norm,eval/loss,train/learning_rate\n"
-            "0,10,2.5,1.1,,0.0001\n1,10,,,2.7,\n2,20,2.4,1.0,,0.0001\n3,30,2.3,0.9,,0.0001\n4,30,,,2.6,\n")
+    text = (
+        "_step,train/global_step,train/loss,train/grad_norm,eval/loss,train/learning_rate\n"
+        "0,10,2.5,1.1,,0.0001\n1,10,,,2.7,\n2,20,2.4,1.0,,0.0001\n3,30,2.3,0.9,,0.0001\n4,30,,,2.6,\n"
+    )
     record = read_log(write(tmp_path, "history.csv", text))
     assert record.metrics["step"].tolist() == [10, 20, 30]
     assert record.metrics["loss"].tolist() == [2.5, 2.4, 2.3] and record.metrics["grad_norm"].tolist() == [1.1, 1.0, 0.9]
     assert record.series("eval_loss")[0].tolist() == [10, 30] and record.metrics["lr"][0] == 0.0001
 
 
-@pytest.mark.parametrize(("column", "ours"), [
-    ("train/loss", "loss"), ("train_loss", "loss"), ("loss/train", "loss"), ("Loss", "loss"), ("lm loss", "loss"),
-    ("LM_Loss", "loss"), ("grad norm", "grad_norm"), ("total_norm", "grad_norm"), ("global_norm", "grad_norm"),
-    ("gradient_norm", "grad_norm"), ("Grad_Norm", "grad_norm"), ("val_loss", "eval_loss"), ("learning rate", "lr"),
-    ("loss scale", "loss_scale"),
-])
+@pytest.mark.parametrize(
+    ("column", "ours"),
+    [
+        ("train/loss", "loss"),
+        ("train_loss", "loss"),
+        ("loss/train", "loss"),
+        ("Loss", "loss"),
+        ("lm loss", "loss"),
+        ("LM_Loss", "loss"),
+        ("grad norm", "grad_norm"),
+        ("total_norm", "grad_norm"),
+        ("global_norm", "grad_norm"),
+        ("gradient_norm", "grad_norm"),
+        ("Grad_Norm", "grad_norm"),
+        ("val_loss", "eval_loss"),
+        ("learning rate", "lr"),
+        ("loss scale", "loss_scale"),
+    ],
+)
 def test_other_tools_names_are_ours_in_any_case(tmp_path, column, ours):
     assert rename(tmp_path, ["step_x", column], {}) == {"step_x": "step_x", column: ours}
 

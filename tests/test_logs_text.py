@@ -34,8 +34,14 @@ def test_megatron_lines_argument_dump_and_counters():
     assert record.log_format == "text" and record.metrics["step"].tolist() == list(range(1, 48))
     # "lm loss" is the loss, "grad norm" the grad norm, "learning rate" lr, "loss scale" loss_scale;
     # elapsed time, consumed samples and the batch size are bookkeeping
-    assert sorted(k for k in record.metrics if k != "step") == ["grad_norm", "loss", "loss_scale", "lr", "nan_iterations",
-                                                               "skipped_iterations"]
+    assert sorted(k for k in record.metrics if k != "step") == [
+        "grad_norm",
+        "loss",
+        "loss_scale",
+        "lr",
+        "nan_iterations",
+        "skipped_iterations",
+    ]
     assert record.metrics["loss"][0] == 3.010825 and record.metrics["grad_norm"][-1] == 0.852
     assert record.notes[0] == "read as text: 47 Megatron-LM lines" and record.skipped == {}
 
@@ -100,8 +106,10 @@ def test_torchtitan_lines_with_and_without_ansi_colours(tmp_path):
     assert set(plain.metrics) == {"step", "loss", "grad_norm", "tps"}  # memory is no number; tflops and mfu bookkeeping
     assert plain.metrics["tps"].tolist() == [7266.0, 21794.0]  # thousands separators
     # torchtitan colours each field on a terminal (its Color class: \x1b[31m ... \x1b[39m)
-    coloured = ["\x1b[31mstep:  1  \x1b[32mloss: 11.88300  \x1b[33mgrad_norm:  3.7500  \x1b[39m",
-                "\x1b[31mstep:  2  \x1b[32mloss: 11.76600  \x1b[33mgrad_norm:  3.6250  \x1b[39m"]
+    coloured = [
+        "\x1b[31mstep:  1  \x1b[32mloss: 11.88300  \x1b[33mgrad_norm:  3.7500  \x1b[39m",
+        "\x1b[31mstep:  2  \x1b[32mloss: 11.76600  \x1b[33mgrad_norm:  3.6250  \x1b[39m",
+    ]
     ansi = read_log(write(tmp_path, "\n".join(coloured) + "\n", "ansi.log"))
     assert ansi.metrics["loss"].tolist() == plain.metrics["loss"].tolist()
 
@@ -121,10 +129,12 @@ def test_nanogpt_iterations_evaluations_and_a_nan(capsys):
 def test_llmc_stdout_and_main_log(tmp_path):
     # Real llm.c stdout lines of a GPT-2 124M reproduction, from a public README in the file
     # index (id 41996914691); the z-scores after the values are no part of them.
-    stdout = ("step    1/19560 | loss 11.010252 (+nanz)| norm 15.1374 (+nanz)| lr 8.57e-07 | 4688.25 ms | 28.8% bf16 MFU | 111830 tok/s\n"
-              "step 19559/19560 | loss 3.314194 (+0.19z)| norm 0.2776 (+3.74z)| lr 1.79e-11 | 4339.91 ms | 31.1% bf16 MFU | 124285 tok/s\n"
-              "step 19560/19560 | loss 3.252871 (-1.21z)| norm 0.2281 (+0.02z)| lr 0.00e+00 | 4367.96 ms | 30.9% bf16 MFU | 124072 tok/s\n"
-              "val loss 3.265413\n")
+    stdout = (
+        "step    1/19560 | loss 11.010252 (+nanz)| norm 15.1374 (+nanz)| lr 8.57e-07 | 4688.25 ms | 28.8% bf16 MFU | 111830 tok/s\n"
+        "step 19559/19560 | loss 3.314194 (+0.19z)| norm 0.2776 (+3.74z)| lr 1.79e-11 | 4339.91 ms | 31.1% bf16 MFU | 124285 tok/s\n"
+        "step 19560/19560 | loss 3.252871 (-1.21z)| norm 0.2281 (+0.02z)| lr 0.00e+00 | 4367.96 ms | 30.9% bf16 MFU | 124072 tok/s\n"
+        "val loss 3.265413\n"
+    )
     record = read_log(write(tmp_path, stdout))
     assert record.metrics["step"].tolist() == [1, 19559, 19560]
     assert record.metrics["loss"].tolist() == [11.010252, 3.314194, 3.252871]
@@ -138,7 +148,9 @@ def test_llmc_stdout_and_main_log(tmp_path):
 def test_olmo_step_blocks():
     record = read_log(REAL / "olmo-1b-continue" / "training.log")
     assert record.metrics["step"].tolist() == list(range(1, 21))
-    assert record.metrics["loss"][0] == 2.998 and record.metrics["grad_norm"][0] == 0.237  # train/CrossEntropyLoss, optim/total_grad_norm
+    assert (
+        record.metrics["loss"][0] == 2.998 and record.metrics["grad_norm"][0] == 0.237
+    )  # train/CrossEntropyLoss, optim/total_grad_norm
     assert "train/Perplexity" in record.metrics and not any(k.startswith(("throughput/", "System/")) for k in record.metrics)
 
 
@@ -156,9 +168,14 @@ def test_key_value_and_key_colon_value_lines(tmp_path):
     assert leading.metrics["step"][:2].tolist() == [1, 2] and leading.metrics["loss"][0] == 3.366
     assert set(leading.metrics) == {"step", "loss", "avg50"}
     # key=value pairs, OLMo's continuation lines (real lines of tests/data/reallogs/text/olmo-1b-continue)
-    equals = read_log(write(tmp_path, "[step=1/15000,epoch=0]\n    optim/total_grad_norm=0.2370\n"
-                                      "    train/CrossEntropyLoss=2.998\nstep=2 train/CrossEntropyLoss=2.919 "
-                                      "optim/total_grad_norm=0.2051\n"))
+    equals = read_log(
+        write(
+            tmp_path,
+            "[step=1/15000,epoch=0]\n    optim/total_grad_norm=0.2370\n"
+            "    train/CrossEntropyLoss=2.998\nstep=2 train/CrossEntropyLoss=2.919 "
+            "optim/total_grad_norm=0.2051\n",
+        )
+    )
     assert equals.metrics["loss"].tolist() == [2.998, 2.919] and equals.metrics["grad_norm"].tolist() == [0.237, 0.2051]
 
 
@@ -175,14 +192,25 @@ def test_hf_trainer_dicts_after_tqdm_bars_with_numbers_as_strings():
     assert record.series("eval_loss")[1].size == 3 and "train_loss" not in record.metrics  # the summary is skipped
     assert any("tqdm redraws" in note for note in record.notes)
     # A real dict of a Qwen3 LoRA run printed after its bar (AAssets/Qwen3-0.6B-Alpaca-LoRA train.log, line 27)
-    line = ("  0%|          | 9/4854 [00:14<2:13:35,  1.65s/it]  0%|          | 10/4854 [00:16<2:14:42,  1.67s/it]"
-            "                                                   {'loss': 1.5618, 'grad_norm': 1.2043813467025757, "
-            "'learning_rate': 9.981458590852905e-05, 'entropy': 1.5958266109228134, 'num_tokens': 52034.0, "
-            "'mean_token_accuracy': 0.6513763800263405, 'epoch': 0.01}")
+    line = (
+        "  0%|          | 9/4854 [00:14<2:13:35,  1.65s/it]  0%|          | 10/4854 [00:16<2:14:42,  1.67s/it]"
+        "                                                   {'loss': 1.5618, 'grad_norm': 1.2043813467025757, "
+        "'learning_rate': 9.981458590852905e-05, 'entropy': 1.5958266109228134, 'num_tokens': 52034.0, "
+        "'mean_token_accuracy': 0.6513763800263405, 'epoch': 0.01}"
+    )
     from pytest_spikecheck.records.logs import text_forms
-    assert text_forms.hf_dicts(line) == [{"loss": 1.5618, "grad_norm": 1.2043813467025757, "learning_rate": 9.981458590852905e-05,
-                                          "entropy": 1.5958266109228134, "num_tokens": 52034.0,
-                                          "mean_token_accuracy": 0.6513763800263405, "epoch": 0.01}]
+
+    assert text_forms.hf_dicts(line) == [
+        {
+            "loss": 1.5618,
+            "grad_norm": 1.2043813467025757,
+            "learning_rate": 9.981458590852905e-05,
+            "entropy": 1.5958266109228134,
+            "num_tokens": 52034.0,
+            "mean_token_accuracy": 0.6513763800263405,
+            "epoch": 0.01,
+        }
+    ]
 
 
 def test_lightning_progress_bars():
@@ -197,13 +225,22 @@ def test_lightning_progress_bars():
 def test_what_real_stdout_logs_hold(tmp_path):
     # numbers as the logs write them
     assert [number(t) for t in ("1.264354E+01", "'3.412'", "Infinity", "-inf", "2,097,152", "1/294", "30.1GiB")] == [
-        12.64354, 3.412, math.inf, -math.inf, 2097152.0, None, None]
+        12.64354,
+        3.412,
+        math.inf,
+        -math.inf,
+        2097152.0,
+        None,
+        None,
+    ]
     assert math.isnan(number("nan"))
     # a traceback, an argument dump and a copy of the script between log lines are skipped
-    noise = ("Traceback (most recent call last):\n  File \"train.py\", line 12, in <module>\n    loss = step(batch)\n"
-             "  lr ............................................ 0.00015\n"
-             "for step in range(10): print(f'step {step}: loss {loss:.4f}')\n"
-             "iter 0: loss 4.2709, time 10268.08ms, mfu -100.00%\niter 5: loss 4.2082, time 1431.27ms, mfu 0.01%\n")
+    noise = (
+        'Traceback (most recent call last):\n  File "train.py", line 12, in <module>\n    loss = step(batch)\n'
+        "  lr ............................................ 0.00015\n"
+        "for step in range(10): print(f'step {step}: loss {loss:.4f}')\n"
+        "iter 0: loss 4.2709, time 10268.08ms, mfu -100.00%\niter 5: loss 4.2082, time 1431.27ms, mfu 0.01%\n"
+    )
     assert read_log(write(tmp_path, noise)).metrics["loss"].tolist() == [4.2709, 4.2082]
     # a file with none of the forms is one error naming the forms tried
     with pytest.raises(ConfigError) as info:
@@ -212,15 +249,18 @@ def test_what_real_stdout_logs_hold(tmp_path):
     assert "\n" not in str(info.value) and detect_format(tmp_path / "notes.txt") == "text"
 
 
-@pytest.mark.parametrize(("dump", "fp16"), [
-    ("  fp16 ............................................ True\n", True),  # Megatron's argument dump
-    ("  fp16 ............................................ False\n  bf16 ........ True\n", False),
-    ("python train.py --fp16 --lr 1e-4\n", True),
-    ("TrainingArguments(fp16=False, bf16=True)\n", False),
-    ("dtype = 'float16'\n", True),  # nanoGPT's config
-    ("TrainConfig(precision='amp_bf16')\n", False),  # OLMo
-    ("nothing about precision\n", None),
-])
+@pytest.mark.parametrize(
+    ("dump", "fp16"),
+    [
+        ("  fp16 ............................................ True\n", True),  # Megatron's argument dump
+        ("  fp16 ............................................ False\n  bf16 ........ True\n", False),
+        ("python train.py --fp16 --lr 1e-4\n", True),
+        ("TrainingArguments(fp16=False, bf16=True)\n", False),
+        ("dtype = 'float16'\n", True),  # nanoGPT's config
+        ("TrainConfig(precision='amp_bf16')\n", False),  # OLMo
+        ("nothing about precision\n", None),
+    ],
+)
 def test_what_a_log_says_of_its_precision(dump, fp16):
     assert fp16_of(dump) is fp16
 

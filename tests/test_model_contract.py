@@ -11,8 +11,19 @@ import pytest
 import torch
 
 from pytest_spikecheck import (
-    IGNORE_INDEX, ConfigError, GatedAttention, LayerNormEps0, LeftPadding, MaskPaddingKeys, NoClip, QKLayerNorm, Run, Scenario,
-    SpikeCheckError, assert_no_lockin, train,
+    IGNORE_INDEX,
+    ConfigError,
+    GatedAttention,
+    LayerNormEps0,
+    LeftPadding,
+    MaskPaddingKeys,
+    NoClip,
+    QKLayerNorm,
+    Run,
+    Scenario,
+    SpikeCheckError,
+    assert_no_lockin,
+    train,
 )
 from pytest_spikecheck.cli import main
 from pytest_spikecheck.training.build import build_model
@@ -92,7 +103,9 @@ def test_a_logits_only_model_given_by_import_path_trains_and_its_saved_run_repro
     assert scenario.name == "phase-19+steps=6+model=my_models:make(width=8)+no_clip"
     run = train(scenario)
     assert len(run) == 6 and np.isfinite(run["loss"]).all()
-    assert repr(run) == f"Run({scenario.name!r}, 6 steps, {len(run.events)} event records, content hash {run.meta['content_hash']})"
+    assert (
+        repr(run) == f"Run({scenario.name!r}, 6 steps, {len(run.events)} event records, content hash {run.meta['content_hash']})"
+    )
     with pytest.raises(SpikeCheckError, match=r"built-in GPT only, and this run trained your own model \(my_models:make\)"):
         assert_no_lockin(run)
     run.save(tmp_path / "run")
@@ -115,12 +128,15 @@ def test_the_yaml_form_of_a_model_factory(models, tmp_path):
     assert scenario.model_factory == "my_models:make" and dict(scenario.model_kwargs) == {"width": 4}
 
 
-@pytest.mark.parametrize(("factory", "message"), [
-    ("my_models:nano", r"failed on targets holding IGNORE_INDEX \(-100, padding\): compute the loss with ignore_index="),
-    ("my_models:three_outputs", r"forward must return logits or \(logits, loss\), returned tuple of length 3"),
-    ("my_models:missing", r"module 'my_models' has no attribute 'missing'"),
-    ("no_such_module_here:make", r"cannot import 'no_such_module_here'"),
-])
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("my_models:nano", r"failed on targets holding IGNORE_INDEX \(-100, padding\): compute the loss with ignore_index="),
+        ("my_models:three_outputs", r"forward must return logits or \(logits, loss\), returned tuple of length 3"),
+        ("my_models:missing", r"module 'my_models' has no attribute 'missing'"),
+        ("no_such_module_here:make", r"cannot import 'no_such_module_here'"),
+    ],
+)
 def test_contract_violations_are_one_line_errors_when_the_model_is_built(models, factory, message):
     with pytest.raises(ConfigError, match=message) as info:
         build_model(TINY.replace(model_factory=factory), vocab_size=50)
@@ -134,7 +150,9 @@ def test_bad_factory_arguments_are_refused_at_construction_or_build(models):
         build_model(TINY.replace(model_factory="my_models:make", model_kwargs={"depth": 3}), vocab_size=50)
 
 
-@pytest.mark.parametrize("breaks", [(LayerNormEps0(),), (MaskPaddingKeys(), LeftPadding()), (QKLayerNorm(),), (GatedAttention(),)])
+@pytest.mark.parametrize(
+    "breaks", [(LayerNormEps0(),), (MaskPaddingKeys(), LeftPadding()), (QKLayerNorm(),), (GatedAttention(),)]
+)
 def test_model_level_breaks_need_the_hook(models, breaks):
     with pytest.raises(ConfigError, match="has no spikecheck_configure"):
         build_model(TINY.replace(model_factory="my_models:make").with_breaks(*breaks).resolved(), vocab_size=50)
@@ -146,8 +164,9 @@ def test_the_built_in_models_switches_are_refused_with_your_own_model(models):
 
 
 def test_model_level_breaks_reach_a_model_with_the_hook(models):
-    build_model(TINY.replace(model_factory="my_models:hooked").with_breaks(MaskPaddingKeys()).resolved(),
-                vocab_size=50, pad_token_id=3)
+    build_model(
+        TINY.replace(model_factory="my_models:hooked").with_breaks(MaskPaddingKeys()).resolved(), vocab_size=50, pad_token_id=3
+    )
     assert models.WithHook.configured == {"mask_padding": True, "pad_token_id": 3}
 
 

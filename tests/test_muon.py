@@ -23,8 +23,12 @@ from pytest_spikecheck.training.probe import Probe, _torch_threads
 
 def _nano(arch: str = "gpt", **optimizer) -> Scenario:
     return Scenario.preset("phase-19").replace(
-        name=f"nano-{arch}", steps=3, seed=0, model=GPTConfig(arch=arch, n_layer=2, n_head=2, n_embd=32),
-        **{f"optimizer__{k}": v for k, v in {"name": "muon", "lr": 0.2, "weight_decay": 0.0, **optimizer}.items()})
+        name=f"nano-{arch}",
+        steps=3,
+        seed=0,
+        model=GPTConfig(arch=arch, n_layer=2, n_head=2, n_embd=32),
+        **{f"optimizer__{k}": v for k, v in {"name": "muon", "lr": 0.2, "weight_decay": 0.0, **optimizer}.items()},
+    )
 
 
 def _model(arch: str) -> torch.nn.Module:
@@ -35,21 +39,30 @@ def _model(arch: str) -> torch.nn.Module:
 
 # -- the role rule ---------------------------------------------------------------------------
 
+
 def test_muon_takes_the_gpts_hidden_matrices_and_splits_the_fused_qkv():
     chosen = {m.name: m.blocks for m in muon_matrices(_model("gpt"), _nano())}
-    assert chosen == {f"blocks.{i}.{n}": (3 if n == "attn.c_attn.weight" else 1) for i in (0, 1)
-                      for n in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")}
+    assert chosen == {
+        f"blocks.{i}.{n}": (3 if n == "attn.c_attn.weight" else 1)
+        for i in (0, 1)
+        for n in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+    }
 
 
 def test_muon_takes_the_llamas_projections_never_embeddings_head_or_norms():
     chosen = {m.name for m in muon_matrices(_model("llama"), _nano("llama"))}
-    assert chosen == {f"blocks.{i}.{n}.weight" for i in (0, 1)
-                      for n in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj",
-                                "mlp.up_proj", "mlp.down_proj")}
+    assert chosen == {
+        f"blocks.{i}.{n}.weight"
+        for i in (0, 1)
+        for n in ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    }
 
 
-@pytest.mark.parametrize("arch, vocab", [("gpt", 96), ("gpt", 128), ("llama", 32)],
-                         ids=["gpt-vocab-of-qkv-rows", "gpt-vocab-of-mlp-rows", "llama-vocab-of-the-width"])
+@pytest.mark.parametrize(
+    "arch, vocab",
+    [("gpt", 96), ("gpt", 128), ("llama", 32)],
+    ids=["gpt-vocab-of-qkv-rows", "gpt-vocab-of-mlp-rows", "llama-vocab-of-the-width"],
+)
 def test_a_hidden_matrix_as_tall_as_the_vocabulary_stays_muons(arch, vocab):
     # The head is the layer that makes the logits, not any matrix with a vocabulary-sized side:
     # at vocabulary 96 the GPT's fused q/k/v (96 x 32) has as many rows, at 128 its MLP's c_fc,
@@ -102,6 +115,7 @@ def test_a_model_where_the_rule_finds_nothing_is_one_line():
 
 
 # -- the optimizer object ----------------------------------------------------------------------
+
 
 def test_q_k_and_v_are_orthogonalised_separately():
     """One Muon step from zero momentum: each block of the fused c_attn moves as torch's Muon moves
@@ -162,28 +176,36 @@ def test_every_optimizer_trains_both_models(arch, name):
 
 def test_spikecheck_train_of_a_llama_with_muon_records_attention_logits(tmp_path, capsys):
     config = tmp_path / "config.yaml"
-    config.write_text("preset: phase-19\nsteps: 3\nmodel: {arch: llama, n_embd: 32, n_head: 2}\n"
-                      "optimizer: {name: muon, lr: 0.2, weight_decay: 0}\n")
+    config.write_text(
+        "preset: phase-19\nsteps: 3\nmodel: {arch: llama, n_embd: 32, n_head: 2}\n"
+        "optimizer: {name: muon, lr: 0.2, weight_decay: 0}\n"
+    )
     assert main(["train", str(config), "--out", str(tmp_path / "run"), "--quiet"]) == 0
     rows = [line for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines() if line]
     assert len(rows) == 3 and all('"attn_logit_max": ' in row for row in rows)
     assert "arch: llama" in (tmp_path / "run" / "config.yaml").read_text()
 
 
-@pytest.mark.parametrize("yaml,message", [
-    ("optimizer: {name: lion}", "optimizer.name must be one of adamw, muon, sgd, was 'lion'"),
-    ("optimizer: {name: muon, adjust_lr_fn: foo}", "optimizer.adjust_lr_fn must be one of original, match_rms_adamw, was 'foo'"),
-    ("optimizer: {momentum: 1.0}", r"optimizer.momentum must be in \[0, 1\), was 1.0"),
-    ("optimizer: {adamw_lr: 0}", "optimizer.adamw_lr must be in \\(0, 1e\\+06\\], was 0.0"),
-    ("optimizer: {muon_params: '(unclosed'}", r"optimizer.muon_params '\(unclosed' is not a regular expression"),
-    ("breaks: [{qk_clip: {tau: 0}}]", "QKClip tau must be a finite number > 0, was 0"),
-    ("breaks: [{qk_clip: {tau: .nan}}]", "QKClip tau must be a finite number > 0, was nan"),
-    ("breaks: [{qk_clip: {tau: -5}}]", "QKClip tau must be a finite number > 0, was -5"),
-    ("breaks: [{qk_clip: {alpha: 2}}]", r"QKClip alpha must be a number in \[0, 1\], was 2"),
-    ("optimizer: {qk_clip: 0}", "optimizer.qk_clip must be in \\(0, 1e\\+30\\], was 0.0"),
-    ("model: {arch: llama, n_kv_head: 3}", r"model.n_kv_head \(3\) must divide model.n_head \(4\)"),
-    ("model: {arch: llama, pos_embedding: learned}", "model.pos_embedding learned does not go with arch llama"),
-])
+@pytest.mark.parametrize(
+    "yaml,message",
+    [
+        ("optimizer: {name: lion}", "optimizer.name must be one of adamw, muon, sgd, was 'lion'"),
+        (
+            "optimizer: {name: muon, adjust_lr_fn: foo}",
+            "optimizer.adjust_lr_fn must be one of original, match_rms_adamw, was 'foo'",
+        ),
+        ("optimizer: {momentum: 1.0}", r"optimizer.momentum must be in \[0, 1\), was 1.0"),
+        ("optimizer: {adamw_lr: 0}", "optimizer.adamw_lr must be in \\(0, 1e\\+06\\], was 0.0"),
+        ("optimizer: {muon_params: '(unclosed'}", r"optimizer.muon_params '\(unclosed' is not a regular expression"),
+        ("breaks: [{qk_clip: {tau: 0}}]", "QKClip tau must be a finite number > 0, was 0"),
+        ("breaks: [{qk_clip: {tau: .nan}}]", "QKClip tau must be a finite number > 0, was nan"),
+        ("breaks: [{qk_clip: {tau: -5}}]", "QKClip tau must be a finite number > 0, was -5"),
+        ("breaks: [{qk_clip: {alpha: 2}}]", r"QKClip alpha must be a number in \[0, 1\], was 2"),
+        ("optimizer: {qk_clip: 0}", "optimizer.qk_clip must be in \\(0, 1e\\+30\\], was 0.0"),
+        ("model: {arch: llama, n_kv_head: 3}", r"model.n_kv_head \(3\) must divide model.n_head \(4\)"),
+        ("model: {arch: llama, pos_embedding: learned}", "model.pos_embedding learned does not go with arch llama"),
+    ],
+)
 def test_bad_optimizer_and_model_input_is_one_line_before_training(tmp_path, capsys, yaml, message):
     config = tmp_path / "config.yaml"
     config.write_text(f"preset: phase-19\n{yaml}\n")
@@ -196,8 +218,11 @@ def test_bad_optimizer_and_model_input_is_one_line_before_training(tmp_path, cap
 def test_the_yaml_round_trip_keeps_the_new_fields_and_breaks(tmp_path):
     from pytest_spikecheck import GatedAttention
 
-    scenario = _nano("llama", adjust_lr_fn="match_rms_adamw", adamw_lr=3e-3).replace(model__n_kv_head=1) \
+    scenario = (
+        _nano("llama", adjust_lr_fn="match_rms_adamw", adamw_lr=3e-3)
+        .replace(model__n_kv_head=1)
         .with_breaks(QKClip(tau=30, per_head=False), GatedAttention())
+    )
     path = tmp_path / "c.yaml"
     path.write_text(scenario.to_yaml())
     loaded = Scenario.from_yaml(path)
@@ -209,6 +234,7 @@ def test_the_yaml_round_trip_keeps_the_new_fields_and_breaks(tmp_path):
 
 
 # -- every path that trains: probes, lr_sweep --------------------------------------------------
+
 
 @pytest.mark.parametrize("arch,name", [("gpt", "muon"), ("llama", "muon"), ("llama", "sgd")])
 def test_the_probe_replays_a_step_with_qk_clip_bit_for_bit(arch, name):
@@ -227,8 +253,9 @@ def test_the_probe_replays_a_step_with_qk_clip_bit_for_bit(arch, name):
     # the probe restored step 4's state; replay step 5 once more (one thread, as the engine) and compare the weights
     batch = list(probe.real_batch)
     with _torch_threads(probe.threads):
-        probe._trainer.forward_backward_clip(5, batch, probe._inputs[batch], probe._targets[batch], lr=probe.lr,
-                                             max_norm=probe.scenario.max_norm)
+        probe._trainer.forward_backward_clip(
+            5, batch, probe._inputs[batch], probe._targets[batch], lr=probe.lr, max_norm=probe.scenario.max_norm
+        )
         probe._trainer.update()
     for after, expected in zip(probe.model.parameters(), seen["weights"]):
         assert torch.equal(after.detach(), expected)
@@ -272,6 +299,9 @@ def test_a_loss_scaler_unscales_the_stacked_matrices_muon_reads_at_its_step():
 
 
 def test_muon_trains_under_fp16_loss_scaling_and_accumulation():
-    run = train(_nano("llama").replace(steps=3, sampler__accumulation=2, amp__dtype="float16",
-                                      amp__loss_scale="dynamic").with_breaks(QKClip(tau=1e-3)))
+    run = train(
+        _nano("llama")
+        .replace(steps=3, sampler__accumulation=2, amp__dtype="float16", amp__loss_scale="dynamic")
+        .with_breaks(QKClip(tau=1e-3))
+    )
     assert np.isfinite(run["loss"]).all() and "loss_scale" in run.metrics and run["qk_clipped_heads"].max() > 0

@@ -29,8 +29,11 @@ def test_an_unknown_schedule_is_not_cosine():
 def test_an_unknown_accumulation_is_not_the_mean():
     model = torch.nn.Linear(2, 2)
     optimizer = SimpleNamespace(param_groups=[], step=lambda: None)  # any object with param_groups and step
-    make = lambda how: TrainingStep(model, optimizer, SingleProcess(list(model.parameters())),  # noqa: E731
-                                    backend="torch", clip=ClipSpec(), accumulation=2, accumulate=how)
+    shard = SingleProcess(list(model.parameters()))
+
+    def make(how: str) -> TrainingStep:
+        return TrainingStep(model, optimizer, shard, backend="torch", clip=ClipSpec(), accumulation=2, accumulate=how)
+
     assert make("sum").accumulate == "sum"
     with pytest.raises(ConfigError, match=r"^accumulate must be one of mean, sum, was 'max'$"):
         make("max")

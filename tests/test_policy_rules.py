@@ -53,8 +53,9 @@ def test_a_noisy_short_log_is_judged_on_its_own_scale():
     # about a third of such logs (a +1.2-nat move against five quiet points), the new ones few.
     steps = np.arange(1, 29) * 50
     new = sum(bool(flagged([LossJump(), SustainedLoss()], steps, noisy_short_log(s))) for s in range(60))
-    old = sum(bool(flagged([LossJump(noise_sigmas=0.0), SustainedLoss(early="median")], steps, noisy_short_log(s)))
-              for s in range(60))
+    old = sum(
+        bool(flagged([LossJump(noise_sigmas=0.0), SustainedLoss(early="median")], steps, noisy_short_log(s))) for s in range(60)
+    )
     assert new <= 6 < 12 <= old, (new, old)
 
 
@@ -158,6 +159,7 @@ def test_a_preference_loss_that_starts_at_ln2_is_no_likelihood():
     from pytest_spikecheck.judge.policy import detect_kind
     from pytest_spikecheck.records.logs import read_log
     from reallogs import ROOT
+
     full = read_log(ROOT / "jsonl" / "dpo-360-llamafactory" / "trainer_log.jsonl")
     steps, loss = full.series("loss")
     rec = Record({"step": steps, "loss": loss}, None, "dpo", log_format="jsonl")
@@ -188,6 +190,7 @@ def test_a_log_of_row_means_with_five_jumps_that_recover_is_found():
 
 def test_sabotage_the_median_noise_misses_the_five_jumps(monkeypatch):
     import pytest_spikecheck.judge.detectors as detectors
+
     median_noise = detectors.log_noise
     monkeypatch.setattr(detectors, "log_noise", lambda v: median_noise(v, quantile=0.5))
     assert flagged([LossJump(), SustainedLoss()], np.arange(1, 31) * 10, five_jumps()) == []
@@ -198,10 +201,13 @@ def test_a_loss_spike_at_an_fp16_overflow_step_is_still_a_loss_spike(tmp_path):
     # grad norm is Infinity (the scaler skipped that update): the skip excuses the grad norm, not the loss.
     import json
     from pytest_spikecheck.records.logs import read_log
+
     loss = 3.2 - 0.04 * np.arange(40) + np.tile([0.05, -0.04, 0.02, -0.06, 0.03], 8)
     loss[24] += 1.6
-    history = [{"step": s + 1, "loss": round(float(v), 4), "grad_norm": math.inf if s == 24 else 1.0 + 0.1 * (s % 3)}
-               for s, v in enumerate(loss)]
+    history = [
+        {"step": s + 1, "loss": round(float(v), 4), "grad_norm": math.inf if s == 24 else 1.0 + 0.1 * (s % 3)}
+        for s, v in enumerate(loss)
+    ]
     path = tmp_path / "trainer_state.json"
     path.write_text(json.dumps({"log_history": history}))  # json writes inf as Infinity, as HF does
     rec = read_log(path)

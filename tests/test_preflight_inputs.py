@@ -14,9 +14,20 @@ from pytest_spikecheck.preflight.hf_config import check_config, check_widths, pr
 from pytest_spikecheck.preflight.recipe import recipe_from_dict
 
 CONFIGS = Path(__file__).parent / "data" / "hf_configs"
-LLAMA = {"model_type": "llama", "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
-         "intermediate_size": 8192, "num_hidden_layers": 16, "head_dim": 64, "tie_word_embeddings": True,
-         "rope_theta": 500000.0, "vocab_size": 128256, "pad_token_id": None, "bos_token_id": 128000}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "head_dim": 64,
+    "tie_word_embeddings": True,
+    "rope_theta": 500000.0,
+    "vocab_size": 128256,
+    "pad_token_id": None,
+    "bos_token_id": 128000,
+}
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:
@@ -25,13 +36,16 @@ def one_line(exc: pytest.ExceptionInfo) -> str:
     return text
 
 
-@pytest.mark.parametrize("content, expected", [
-    ("{not json", "is not JSON"),
-    ("[1, 2]", "holds one JSON object"),
-    ('{"hidden_size": 64}', "has no 'model_type'"),
-    ('{"model_type": "llama"}', "has no 'hidden_size'"),
-    ('{"model_type": "gemma2", "hidden_size": 64}', "model_type 'gemma2' is not supported"),
-])
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        ("{not json", "is not JSON"),
+        ("[1, 2]", "holds one JSON object"),
+        ('{"hidden_size": 64}', "has no 'model_type'"),
+        ('{"model_type": "llama"}', "has no 'hidden_size'"),
+        ('{"model_type": "gemma2", "hidden_size": 64}', "model_type 'gemma2' is not supported"),
+    ],
+)
 def test_a_bad_config_file_is_one_line(tmp_path, content, expected):
     path = tmp_path / "config.json"
     path.write_text(content)
@@ -40,13 +54,16 @@ def test_a_bad_config_file_is_one_line(tmp_path, content, expected):
     assert expected in one_line(exc)
 
 
-@pytest.mark.parametrize("field, value, what", [
-    ("num_local_experts", 8, "mixture-of-experts"),
-    ("num_experts", 64, "mixture-of-experts"),
-    ("kv_lora_rank", 512, "multi-head latent attention"),
-    ("attn_logit_softcapping", 50.0, "soft-capping"),
-    ("final_logit_softcapping", 30.0, "soft-capping"),
-])
+@pytest.mark.parametrize(
+    "field, value, what",
+    [
+        ("num_local_experts", 8, "mixture-of-experts"),
+        ("num_experts", 64, "mixture-of-experts"),
+        ("kv_lora_rank", 512, "multi-head latent attention"),
+        ("attn_logit_softcapping", 50.0, "soft-capping"),
+        ("final_logit_softcapping", 30.0, "soft-capping"),
+    ],
+)
 def test_an_architecture_field_not_modelled_is_named(field, value, what):
     with pytest.raises(ConfigError) as exc:
         check_config({**LLAMA, field: value}, "cfg")
@@ -65,13 +82,16 @@ def test_a_sliding_window_is_named_refused_when_shorter_than_the_proxy_sequences
     assert qwen_off.notes == ()  # Qwen2 carries a window it does not use
 
 
-@pytest.mark.parametrize("widths, expected", [
-    ([], "width list is empty"),
-    ([128, 64], "strictly increasing"),
-    ([64, 64], "strictly increasing"),
-    ([1024, 4096], "larger than the config's hidden_size 2048"),
-    ([64, 96], "width 64 does not hold a whole number of 4-query-head groups of head_dim 64"),
-])
+@pytest.mark.parametrize(
+    "widths, expected",
+    [
+        ([], "width list is empty"),
+        ([128, 64], "strictly increasing"),
+        ([64, 64], "strictly increasing"),
+        ([1024, 4096], "larger than the config's hidden_size 2048"),
+        ([64, 96], "width 64 does not hold a whole number of 4-query-head groups of head_dim 64"),
+    ],
+)
 def test_bad_widths_are_one_line(widths, expected):
     with pytest.raises(ConfigError) as exc:
         check_widths(check_config(LLAMA, "cfg"), widths)
@@ -105,19 +125,22 @@ def test_every_real_config_reads_and_scales(name):
         assert len(p["layer_types"]) == p["num_hidden_layers"]
 
 
-@pytest.mark.parametrize("raw, expected", [
-    ({"lr": 0}, "learning rate must be a number > 0"),
-    ({"lr": -1e-3}, "learning rate must be a number > 0"),
-    ({"optimizer": "lion", "lr": 1e-3}, "unknown optimizer 'lion'"),
-    ({"lr": 1e-3, "beta": 0.9}, "unknown recipe key 'beta'"),
-    ({"optimizer": "adamw"}, "has no learning rate"),
-    ({"learning_rate": 1e-3, "optim": "adafactor"}, "unknown optimizer optim='adafactor'"),
-    ({"learning_rate": 1e-3, "lr_scheduler_type": "linear"}, "lr_scheduler_type 'linear'"),
-    ({"learning_rate": 1e-3, "lr_scheduler_type": "cosine", "warmup_steps": 100}, "needs max_steps"),
-    ({"learning_rate": 1e-3, "label_smoothing_factor": 0.1}, "'label_smoothing_factor' is not a TrainingArguments key"),
-    ({"optimizer": "muon", "lr": 0.02, "lr_transfer": "mup"}, "mup is defined for AdamW"),
-    ({"lr": 1e-3, "lr_transfer": "magic"}, "lr_transfer must be one of standard, mup"),
-])
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ({"lr": 0}, "learning rate must be a number > 0"),
+        ({"lr": -1e-3}, "learning rate must be a number > 0"),
+        ({"optimizer": "lion", "lr": 1e-3}, "unknown optimizer 'lion'"),
+        ({"lr": 1e-3, "beta": 0.9}, "unknown recipe key 'beta'"),
+        ({"optimizer": "adamw"}, "has no learning rate"),
+        ({"learning_rate": 1e-3, "optim": "adafactor"}, "unknown optimizer optim='adafactor'"),
+        ({"learning_rate": 1e-3, "lr_scheduler_type": "linear"}, "lr_scheduler_type 'linear'"),
+        ({"learning_rate": 1e-3, "lr_scheduler_type": "cosine", "warmup_steps": 100}, "needs max_steps"),
+        ({"learning_rate": 1e-3, "label_smoothing_factor": 0.1}, "'label_smoothing_factor' is not a TrainingArguments key"),
+        ({"optimizer": "muon", "lr": 0.02, "lr_transfer": "mup"}, "mup is defined for AdamW"),
+        ({"lr": 1e-3, "lr_transfer": "magic"}, "lr_transfer must be one of standard, mup"),
+    ],
+)
 def test_a_bad_recipe_is_one_line(raw, expected):
     with pytest.raises(ConfigError) as exc:
         recipe_from_dict(raw, "recipe.yaml")
@@ -125,11 +148,29 @@ def test_a_bad_recipe_is_one_line(raw, expected):
 
 
 def test_training_arguments_map_onto_the_recipe():
-    r = recipe_from_dict({"learning_rate": 3e-4, "warmup_ratio": 0.1, "lr_scheduler_type": "cosine", "weight_decay": 0.05,
-                          "max_grad_norm": 0.0, "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_epsilon": 1e-6,
-                          "per_device_train_batch_size": 16, "output_dir": "x"})
-    assert (r.lr, r.warmup, r.schedule, r.weight_decay, r.grad_clip, r.betas, r.eps) == \
-        (3e-4, 0.1, "cosine", 0.05, None, (0.9, 0.95), 1e-6)
+    r = recipe_from_dict(
+        {
+            "learning_rate": 3e-4,
+            "warmup_ratio": 0.1,
+            "lr_scheduler_type": "cosine",
+            "weight_decay": 0.05,
+            "max_grad_norm": 0.0,
+            "adam_beta1": 0.9,
+            "adam_beta2": 0.95,
+            "adam_epsilon": 1e-6,
+            "per_device_train_batch_size": 16,
+            "output_dir": "x",
+        }
+    )
+    assert (r.lr, r.warmup, r.schedule, r.weight_decay, r.grad_clip, r.betas, r.eps) == (
+        3e-4,
+        0.1,
+        "cosine",
+        0.05,
+        None,
+        (0.9, 0.95),
+        1e-6,
+    )
     assert set(r.ignored) == {"per_device_train_batch_size", "output_dir"}
     changes = r.scenario_changes(100)
     assert changes["schedule__warmup_steps"] == 10 and changes["optimizer__name"] == "adamw"
@@ -180,9 +221,20 @@ def _rows(first_failing: dict[tuple[int, int], float | None], lrs=(1e-3, 2e-3, 4
     for (width, seed), first in first_failing.items():
         for lr in lrs:
             bad = first is not None and lr >= first
-            rows.append({"corpus": "induction", "defence": "as-given", "width": width, "seed": seed, "lr": lr,
-                         "status": "done", "final_eval_loss": float("inf") if bad else 2.0, "initial_loss": 5.0,
-                         "max_attn_logit": 20.0, "diverged": bad})
+            rows.append(
+                {
+                    "corpus": "induction",
+                    "defence": "as-given",
+                    "width": width,
+                    "seed": seed,
+                    "lr": lr,
+                    "status": "done",
+                    "final_eval_loss": float("inf") if bad else 2.0,
+                    "initial_loss": 5.0,
+                    "max_attn_logit": 20.0,
+                    "diverged": bad,
+                }
+            )
     return rows
 
 
@@ -235,8 +287,16 @@ def test_the_sweep_starts_the_widest_proxy_first_by_its_own_size_not_the_presets
     from pytest_spikecheck.sweep.spec import factory_size
     from pytest_spikecheck.sweep.worker import Outcome
 
-    study = plan_study(check_config(LLAMA, "llama"), recipe_from_dict({"lr": 1e-3}), widths=[64, 256],
-                       head_dim=16, lr_factors=[1.0], defences=["as-given"], seeds=[0], steps=10)
+    study = plan_study(
+        check_config(LLAMA, "llama"),
+        recipe_from_dict({"lr": 1e-3}),
+        widths=[64, 256],
+        head_dim=16,
+        lr_factors=[1.0],
+        defences=["as-given"],
+        seeds=[0],
+        steps=10,
+    )
     plan = study_sweep(study)
     points = plan.expand()
     by = {(p.scenario.data.corpus, p.scenario.model_kwargs["config"]["hidden_size"]): p.cost for p in points}
@@ -255,8 +315,9 @@ def test_the_sweep_starts_the_widest_proxy_first_by_its_own_size_not_the_presets
 
     recording = Recording()
     sweep(plan, executor=recording, progress=False)
-    started = [(points[i].scenario.data.corpus, points[i].scenario.model_kwargs["config"]["hidden_size"])
-               for i in recording.order]
+    started = [
+        (points[i].scenario.data.corpus, points[i].scenario.model_kwargs["config"]["hidden_size"]) for i in recording.order
+    ]
     assert started == [("induction", 256), ("phase19", 256), ("induction", 64), ("phase19", 64)]
 
 
@@ -269,7 +330,12 @@ def test_quick_is_the_documented_subset():
     recipe = recipe_from_dict({"lr": 3e-3})
     llama = plan_study(read_config(CONFIGS / "llama-3.2-1b.json"), recipe, quick=True, head_dim=16)
     assert (llama.widths, llama.lr_factors, llama.defences, llama.seeds, llama.steps) == (
-        (64, 128), (1.0, 2.0, 4.0), ("as-given", "qk-norm"), (0,), 100)
+        (64, 128),
+        (1.0, 2.0, 4.0),
+        ("as-given", "qk-norm"),
+        (0,),
+        100,
+    )
     assert llama.corpora == ("phase19", "induction") and llama.n_points == 24
     qwen3 = plan_study(read_config(CONFIGS / "qwen3-1.7b.json"), recipe, quick=True, head_dim=16)
     assert qwen3.defences == ("as-given",) and qwen3.n_points == 12

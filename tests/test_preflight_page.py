@@ -5,7 +5,6 @@ verdict as a list; built from study rows (no training)."""
 from __future__ import annotations
 
 
-
 from chromium import Chromium, require_chromium
 from pytest_spikecheck.preflight.result import PreflightResult
 from pytest_spikecheck.preflight.verdict import verdict
@@ -17,16 +16,36 @@ def _rows() -> list[dict]:
         for width in (64, 128):
             for lr in (1e-3, 2e-3, 4e-3, 8e-3):
                 bad = first[width] is not None and lr >= first[width]
-                rows.append({"corpus": "induction", "defence": defence, "width": width, "seed": 0, "lr": lr,
-                             "status": "done", "final_eval_loss": float("inf") if bad else 2.0 + lr * 10,
-                             "initial_loss": 5.0, "max_attn_logit": 30.0, "diverged": bad})
+                rows.append(
+                    {
+                        "corpus": "induction",
+                        "defence": defence,
+                        "width": width,
+                        "seed": 0,
+                        "lr": lr,
+                        "status": "done",
+                        "final_eval_loss": float("inf") if bad else 2.0 + lr * 10,
+                        "initial_loss": 5.0,
+                        "max_attn_logit": 30.0,
+                        "diverged": bad,
+                    }
+                )
     return rows
 
 
 def test_the_preflight_page_in_a_browser(tmp_path):
     rows = _rows()
-    result = PreflightResult("config.json", "adamw lr 0.001", 1e-3, 2048, ["a plan line"], rows,
-                             verdict(rows, user_lr=1e-3, target_width=2048), 1.0, "16 done")
+    result = PreflightResult(
+        "config.json",
+        "adamw lr 0.001",
+        1e-3,
+        2048,
+        ["a plan line"],
+        rows,
+        verdict(rows, user_lr=1e-3, target_width=2048),
+        1.0,
+        "16 done",
+    )
     page = result.write(tmp_path)[2]
     html = page.read_text()
     assert "<script" not in html and "src=" not in html and "qk-norm &lt;b&gt;" in html
@@ -36,7 +55,9 @@ def test_the_preflight_page_in_a_browser(tmp_path):
         assert loaded.errors == [] and loaded.dialogs == []
         assert browser.evaluate("document.querySelectorAll('#verdict li').length") == 2
         assert browser.evaluate("document.querySelectorAll('svg').length") == 2
-        assert browser.evaluate("Array.from(document.querySelectorAll('svg')).map(s => s.querySelectorAll('polyline').length)") == [2, 2]
+        assert browser.evaluate(
+            "Array.from(document.querySelectorAll('svg')).map(s => s.querySelectorAll('polyline').length)"
+        ) == [2, 2]
         assert browser.evaluate("document.querySelector('svg').getBoundingClientRect().width") > 300
         assert "qk-norm <b>" in browser.evaluate("document.body.textContent")
     finally:

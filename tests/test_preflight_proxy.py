@@ -20,15 +20,49 @@ from pytest_spikecheck.preflight.hf_config import check_config, proxy_config  # 
 from pytest_spikecheck.training.model_contract import ContractModel  # noqa: E402
 from pytest_spikecheck.training.optimizers import muon_matrices, parameter_groups  # noqa: E402
 
-LLAMA = check_config({"model_type": "llama", "hidden_size": 2048, "num_attention_heads": 32, "num_key_value_heads": 8,
-                      "intermediate_size": 8192, "num_hidden_layers": 16, "head_dim": 64, "tie_word_embeddings": False,
-                      "rope_theta": 10000.0, "rms_norm_eps": 1e-5}, "llama")
-QWEN3 = check_config({"model_type": "qwen3", "hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8,
-                      "intermediate_size": 3072, "num_hidden_layers": 28, "head_dim": 128, "tie_word_embeddings": True,
-                      "layer_types": ["full_attention"] * 28}, "qwen3")
-QWEN2 = check_config({"model_type": "qwen2", "hidden_size": 896, "num_attention_heads": 14, "num_key_value_heads": 2,
-                      "intermediate_size": 4864, "num_hidden_layers": 24, "tie_word_embeddings": True,
-                      "sliding_window": 32768, "use_sliding_window": False}, "qwen2")
+LLAMA = check_config(
+    {
+        "model_type": "llama",
+        "hidden_size": 2048,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "head_dim": 64,
+        "tie_word_embeddings": False,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5,
+    },
+    "llama",
+)
+QWEN3 = check_config(
+    {
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "head_dim": 128,
+        "tie_word_embeddings": True,
+        "layer_types": ["full_attention"] * 28,
+    },
+    "qwen3",
+)
+QWEN2 = check_config(
+    {
+        "model_type": "qwen2",
+        "hidden_size": 896,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "tie_word_embeddings": True,
+        "sliding_window": 32768,
+        "use_sliding_window": False,
+    },
+    "qwen2",
+)
 
 
 def test_the_hf_llama_proxy_measures_what_our_llama_measures_on_the_same_weights():
@@ -38,13 +72,21 @@ def test_the_hf_llama_proxy_measures_what_our_llama_measures_on_the_same_weights
     ours = Llama(GPTConfig(arch="llama", n_layer=2, n_head=4, n_kv_head=1, n_embd=32, block_size=16, vocab_size=50))
     cfg = {**proxy_config(LLAMA, 32, head_dim=8), "intermediate_size": swiglu_hidden(32)}
     proxy = proxy_model(50, config=cfg)
-    names = {"wte.weight": "hf.model.embed_tokens.weight", "norm_f.weight": "hf.model.norm.weight",
-             "lm_head.weight": "hf.lm_head.weight"}
+    names = {
+        "wte.weight": "hf.model.embed_tokens.weight",
+        "norm_f.weight": "hf.model.norm.weight",
+        "lm_head.weight": "hf.lm_head.weight",
+    }
     for i in range(2):
         names[f"blocks.{i}.attn_norm.weight"] = f"hf.model.layers.{i}.input_layernorm.weight"
         names[f"blocks.{i}.mlp_norm.weight"] = f"hf.model.layers.{i}.post_attention_layernorm.weight"
-        names |= {f"blocks.{i}.attn.{p}.weight": f"hf.model.layers.{i}.self_attn.{p}.weight" for p in ("q_proj", "k_proj", "v_proj", "o_proj")}
-        names |= {f"blocks.{i}.mlp.{p}.weight": f"hf.model.layers.{i}.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")}
+        names |= {
+            f"blocks.{i}.attn.{p}.weight": f"hf.model.layers.{i}.self_attn.{p}.weight"
+            for p in ("q_proj", "k_proj", "v_proj", "o_proj")
+        }
+        names |= {
+            f"blocks.{i}.mlp.{p}.weight": f"hf.model.layers.{i}.mlp.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")
+        }
     theirs = dict(proxy.named_parameters())
     assert set(theirs) == set(names.values())
     with torch.no_grad():
@@ -59,8 +101,9 @@ def test_the_hf_llama_proxy_measures_what_our_llama_measures_on_the_same_weights
     torch.testing.assert_close(loss_b, loss_a)
     a, b = ours.spikecheck_stats, proxy.spikecheck_stats
     torch.testing.assert_close(b[HEAD_LOGITS_KEY], a[HEAD_LOGITS_KEY], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(b["logz_mean, logz_absmax, attn_logit_max"], a["logz_mean, logz_absmax, attn_logit_max"],
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        b["logz_mean, logz_absmax, attn_logit_max"], a["logz_mean, logz_absmax, attn_logit_max"], rtol=1e-5, atol=1e-6
+    )
     assert b[HEAD_LOGITS_KEY].shape == (2, 4)
 
 
@@ -76,8 +119,9 @@ def test_muon_takes_the_attention_and_mlp_matrices_never_the_embeddings_or_the_h
 
 
 def test_the_hooks_train_qk_clip_qk_norm_z_loss_muon_and_refuse_what_does_not_fit():
-    base = Scenario.preset("phase-19").replace(steps=3, model_factory=PROXY_FACTORY,
-                                               model_kwargs={"config": proxy_config(QWEN2, 56, head_dim=8)})
+    base = Scenario.preset("phase-19").replace(
+        steps=3, model_factory=PROXY_FACTORY, model_kwargs={"config": proxy_config(QWEN2, 56, head_dim=8)}
+    )
     clipped = train(base.with_breaks(QKClip(tau=0.05)))  # Qwen2's q/k biases scaled with the rows
     assert clipped.metrics["qk_clipped_heads"][0] > 0
     assert max(clipped.metrics["attn_logit_max"][1:]) <= 0.05 * 2
@@ -113,8 +157,17 @@ def test_mup_gives_hidden_matrices_their_own_lr_and_scales_the_readout():
 def test_a_tiny_study_runs_through_the_sweep_engine_and_a_rerun_trains_nothing(tmp_path):
     from pytest_spikecheck.preflight import assert_preflight, preflight
 
-    options = dict(widths=[32, 64], head_dim=8, lr_factors=[1.0, 30.0], defences=["qk-norm"], seeds=[0],
-                   corpora=["phase19"], steps=10, jobs=1, progress=False)
+    options = dict(
+        widths=[32, 64],
+        head_dim=8,
+        lr_factors=[1.0, 30.0],
+        defences=["qk-norm"],
+        seeds=[0],
+        corpora=["phase19"],
+        steps=10,
+        jobs=1,
+        progress=False,
+    )
     result = preflight(LLAMA, {"optimizer": "adamw", "lr": 0.01}, out=tmp_path, **options)
     assert result.counts == "4 done"
     data = json.loads((tmp_path / "preflight.json").read_text())

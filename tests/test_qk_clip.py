@@ -90,9 +90,13 @@ SHORT = 32
 
 
 def _muon(steps: int = SHORT, **changes) -> Scenario:
-    return (Scenario.preset("phase-19").replace(name="qk-clip-short", steps=steps, optimizer__name="muon",
-                                                optimizer__lr=0.4, optimizer__weight_decay=0.0, **changes)
-            .with_breaks(QKClip(tau=TAU)))
+    return (
+        Scenario.preset("phase-19")
+        .replace(
+            name="qk-clip-short", steps=steps, optimizer__name="muon", optimizer__lr=0.4, optimizer__weight_decay=0.0, **changes
+        )
+        .with_breaks(QKClip(tau=TAU))
+    )
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +149,14 @@ def test_a_clip_that_divides_by_a_negative_largest_logit_fails_the_finiteness_ch
 
 # -- the assertion on numbers -------------------------------------------------------------------
 
+
 def test_assert_qk_clip_contains_on_arrays():
-    record = {"step": [1, 2, 3, 4], "loss": [1.0] * 4, "attn_logit_max": [10.0, 40.0, 55.0, 59.0],
-              "qk_clipped_heads": [0, 2, 1, 1]}
+    record = {
+        "step": [1, 2, 3, 4],
+        "loss": [1.0] * 4,
+        "attn_logit_max": [10.0, 40.0, 55.0, 59.0],
+        "qk_clipped_heads": [0, 2, 1, 1],
+    }
     assert assert_qk_clip_contains(record, tau=30) == 2
     with pytest.raises(SpikeCheckError, match=r"yet the largest attention logit is 55 > 1.5 x tau at step 3"):
         assert_qk_clip_contains(record, tau=30, factor=1.5)
@@ -166,6 +175,7 @@ def test_assert_qk_clip_contains_on_arrays():
 
 
 # -- custom models, several ranks ----------------------------------------------------------------
+
 
 def _gpt_factory(vocab_size: int) -> GPT:
     """A custom model that has both hooks (the built-in GPT's, through the model contract)."""

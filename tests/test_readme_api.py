@@ -68,15 +68,17 @@ def test_the_row_is_the_signature(name):
 
 def test_the_sentence_names_every_module_that_defines_one():
     text = README.read_text()
-    intro = text[text.index("# Assertions"):text.index("| assertion | passes when |")]
+    intro = text[text.index("# Assertions") : text.index("| assertion | passes when |")]
     for function in exported_assertions().values():
         assert f"`{function.__module__}`" in intro, function.__module__
 
 
 def test_a_stale_row_fails():
     # sabotage: the 0.1.0 row of assert_spike (before min_ratio=None, metric=None and kind)
-    stale = ("| assertion | passes when |\n|---|---|\n"
-             '| `assert_spike(run, at=None, min_ratio=10, metric="grad_norm_pre", window=50)` | ... |\n')
+    stale = (
+        "| assertion | passes when |\n|---|---|\n"
+        '| `assert_spike(run, at=None, min_ratio=10, metric="grad_norm_pre", window=50)` | ... |\n'
+    )
     assert table_rows(stale)["assert_spike"] != render("assert_spike", pytest_spikecheck.assert_spike)
 
 

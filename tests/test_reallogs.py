@@ -25,8 +25,11 @@ def test_default_policy_meets_the_goal_on_the_tune_split():
     # Logs no rule can judge are reported as "not judged", never "no spike" (the words are
     # checked on every file below): a single entry, and two DPO logs whose only series is the
     # preference loss the loss rules step aside from.
-    assert result.unjudged_logs == ["hf/grpo-one-entry/trainer_state.json", "jsonl/dpo-360-llamafactory/trainer_log.jsonl",
-                                    "jsonl/dpo-recsys-llamafactory/trainer_log.jsonl"]
+    assert result.unjudged_logs == [
+        "hf/grpo-one-entry/trainer_state.json",
+        "jsonl/dpo-360-llamafactory/trainer_log.jsonl",
+        "jsonl/dpo-recsys-llamafactory/trainer_log.jsonl",
+    ]
 
 
 def test_default_policy_on_the_heldout_split():

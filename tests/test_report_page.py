@@ -36,12 +36,17 @@ TOKEN = '&<>"'
 
 def tiny_png(width: int = 3, height: int = 2) -> bytes:
     """A valid RGB PNG, grey, of the given size."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
 
     raw = b"".join(b"\0" + b"\x80" * 3 * width for _ in range(height))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
 
 
 class Facts(HTMLParser):
@@ -104,17 +109,33 @@ class Facts(HTMLParser):
 
 
 def _row(name: str, *, finding: str = "wte.weight 1.3 (21% of ‖g‖²)", ratio: float = 24.9, **extra) -> dict:
-    return ScenarioRow(scenario=name, steps=500, spike_step=312, spike_ratio=ratio, containment="no clip",
-                       recovery="12 steps", recovery_steps=12, content_hash="0123456789abcdef",
-                       description=f"{name}: 500 steps, seed 42, no clip", reproduce=f"pytest --spikecheck  # scenario {name}",
-                       diagnosis={"step": 312, "lines": [["1 loss", "train loss 14.6"], ["4 token losses", finding]],
-                                  "verdict": "rare tokens + concentrated batch + no clip"}, **extra).to_json()
+    return ScenarioRow(
+        scenario=name,
+        steps=500,
+        spike_step=312,
+        spike_ratio=ratio,
+        containment="no clip",
+        recovery="12 steps",
+        recovery_steps=12,
+        content_hash="0123456789abcdef",
+        description=f"{name}: 500 steps, seed 42, no clip",
+        reproduce=f"pytest --spikecheck  # scenario {name}",
+        diagnosis={
+            "step": 312,
+            "lines": [["1 loss", "train loss 14.6"], ["4 token losses", finding]],
+            "verdict": "rare tokens + concentrated batch + no clip",
+        },
+        **extra,
+    ).to_json()
 
 
 @pytest.fixture
 def report(tmp_path) -> tuple[Path, dict, dict]:
-    rows = {"phase19_break": _row("phase19_break", finding=f"worst: {TOKEN!r} 21.5†", ratio=45.7),
-            MARKUP: _row(MARKUP, ratio=3.5), "control": _row("control", ratio=66.8)}
+    rows = {
+        "phase19_break": _row("phase19_break", finding=f"worst: {TOKEN!r} 21.5†", ratio=45.7),
+        MARKUP: _row(MARKUP, ratio=3.5),
+        "control": _row("control", ratio=66.8),
+    }
     verdicts = {"phase19_break": "FAIL", MARKUP: "pass", "control": "pass"}
     for name in rows:
         (tmp_path / folder_name(name)).mkdir()
@@ -165,6 +186,7 @@ def test_failures_come_first_and_a_missing_panel_says_so(report):
 
 # --- the real pipeline, and the browser ------------------------------------------------------
 
+
 def _tiny(*breaks) -> Scenario:
     return Scenario.preset("phase-19").replace(steps=16).with_breaks(RareTokenBurst(count=3, at_step=12), *breaks)
 
@@ -180,8 +202,7 @@ def pages(tmp_path_factory) -> dict[str, Path]:
     session.run(_tiny(), name=MARKUP)
     rows = {name: row.to_json() for name, row in session.rows.items()}
     verdicts = {"tiny_break": "FAIL", MARKUP: "pass"}
-    write_index(root / "report", rows, verdicts, ["2 scenarios checked (2 trained, 0 from the disk cache).",
-                                                   "1 held, 1 failed."])
+    write_index(root / "report", rows, verdicts, ["2 scenarios checked (2 trained, 0 from the disk cache).", "1 held, 1 failed."])
     edited = root / "edited"
     run = Run.load(root / "report" / "tiny_break" / "run")  # edited and saved again: its manifest holds
     run.events[0].token_losses["worst"][0]["token"] = TOKEN

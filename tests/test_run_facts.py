@@ -25,26 +25,39 @@ from pytest_spikecheck.scenario.sections import check_max_norm
 
 # -- ClipSpec ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("mode", "kind", "when"), [
-    ("global", "global", "after_unscale"), ("per_tensor", "per_tensor", "after_unscale"),
-    ("adaptive", "adaptive", "after_unscale"), ("shard_local", "shard_local", "after_unscale"),
-    ("before_unscale", "global", "before_unscale"), ("each_microbatch", "global", "per_microbatch"),
-])
+
+@pytest.mark.parametrize(
+    ("mode", "kind", "when"),
+    [
+        ("global", "global", "after_unscale"),
+        ("per_tensor", "per_tensor", "after_unscale"),
+        ("adaptive", "adaptive", "after_unscale"),
+        ("shard_local", "shard_local", "after_unscale"),
+        ("before_unscale", "global", "before_unscale"),
+        ("each_microbatch", "global", "per_microbatch"),
+    ],
+)
 def test_the_old_clip_mode_spelling_is_an_alias(mode, kind, when):
-    extra = {"amp": {"dtype": "float16", "loss_scale": "dynamic"}} if mode == "before_unscale" else (
-        {"sampler": {"accumulation": 2}} if mode == "each_microbatch" else {})
+    extra = (
+        {"amp": {"dtype": "float16", "loss_scale": "dynamic"}}
+        if mode == "before_unscale"
+        else ({"sampler": {"accumulation": 2}} if mode == "each_microbatch" else {})
+    )
     s = Scenario.from_dict({"preset": "phase-19", "optimizer": {"clip_mode": mode}, **extra})
     assert (s.optimizer.clip_kind, s.optimizer.clip_when) == (kind, when)
     assert "clip_mode" not in s.to_yaml()  # written in the new spelling
     assert Scenario.from_dict({"preset": "phase-19", "optimizer": {"clip_kind": kind, "clip_when": when}, **extra}) == s
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    ({"clip_mode": "norm"}, "optimizer.clip_mode must be one of global, per_tensor, adaptive, shard_local"),
-    ({"clip_mode": "global", "clip_kind": "global"}, "old spelling of clip_kind and clip_when: give one"),
-    ({"clip_kind": "value"}, "optimizer.clip_kind must be one of global, per_tensor, shard_local, adaptive, was 'value'"),
-    ({"clip_when": "later"}, "optimizer.clip_when must be one of after_unscale, before_unscale, per_microbatch"),
-])
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"clip_mode": "norm"}, "optimizer.clip_mode must be one of global, per_tensor, adaptive, shard_local"),
+        ({"clip_mode": "global", "clip_kind": "global"}, "old spelling of clip_kind and clip_when: give one"),
+        ({"clip_kind": "value"}, "optimizer.clip_kind must be one of global, per_tensor, shard_local, adaptive, was 'value'"),
+        ({"clip_when": "later"}, "optimizer.clip_when must be one of after_unscale, before_unscale, per_microbatch"),
+    ],
+)
 def test_an_unknown_clip_is_one_line_naming_the_known_ones(raw, message):
     with pytest.raises(ConfigError, match=message):
         Scenario.from_dict({"preset": "phase-19", "optimizer": raw})
@@ -62,8 +75,11 @@ def test_the_scenario_declares_one_clip_value():
 @pytest.mark.parametrize("bad", [0, -1.0, math.nan, "1"])
 def test_one_rule_for_a_max_norm_everywhere(bad):
     """> 0, or inf/None for no clip: the spec, ClipAt, ClipSpec and the assertion say the same."""
-    for make in (lambda: Scenario.preset("phase-19").replace(optimizer__grad_clip=bad),
-                 lambda: ClipAt(bad), lambda: ClipSpec("global", bad)):
+    for make in (
+        lambda: Scenario.preset("phase-19").replace(optimizer__grad_clip=bad),
+        lambda: ClipAt(bad),
+        lambda: ClipSpec("global", bad),
+    ):
         with pytest.raises(ConfigError, match="must be"):
             make()
     with pytest.raises(ConfigError, match="assert_clip_contains.max_norm=.... must be"):
@@ -75,7 +91,7 @@ def _refusal(make) -> str:
     with pytest.raises(ConfigError) as caught:
         make()
     message = str(caught.value)
-    return message[message.index(" must be"):]
+    return message[message.index(" must be") :]
 
 
 @pytest.mark.parametrize("bad", ["1", True, math.nan, -1.0, 0])
@@ -86,14 +102,20 @@ def test_one_function_validates_a_max_norm_at_every_entry_point(bad):
     trainer's 0 is no clip, everywhere else 0 is refused."""
     model = torch.nn.Linear(2, 2)
     model.weight.grad = torch.ones(2, 2)
-    ours = [lambda: Scenario.preset("phase-19").replace(optimizer__grad_clip=bad), lambda: ClipAt(bad),
-            lambda: ClipSpec("global", bad), lambda: assert_clip_contains({"grad_norm_post": [1.0]}, max_norm=bad),
-            lambda: check_max_norm(bad)]
+    ours = [
+        lambda: Scenario.preset("phase-19").replace(optimizer__grad_clip=bad),
+        lambda: ClipAt(bad),
+        lambda: ClipSpec("global", bad),
+        lambda: assert_clip_contains({"grad_norm_post": [1.0]}, max_norm=bad),
+        lambda: check_max_norm(bad),
+    ]
     theirs = [lambda: validate_max_norm(bad), lambda: clip_grad_norm_([model.weight], bad, backend="torch")]
     if bad == 0:
-        assert {_refusal(make) for make in ours} == {" must be > 0, was 0 (0 would zero every update; to clip as hard "
-                                                      "as possible use a tiny max_norm such as 1e-3, for no clipping "
-                                                      "use None or inf)"}
+        assert {_refusal(make) for make in ours} == {
+            " must be > 0, was 0 (0 would zero every update; to clip as hard "
+            "as possible use a tiny max_norm such as 1e-3, for no clipping "
+            "use None or inf)"
+        }
         assert validate_max_norm(0) == 0.0 and float(clip_grad_norm_([model.weight], 0, backend="torch")) == 2.0
         assert float(model.weight.grad.abs().max()) == 0.0  # as torch's: zeroed
         assert record(model, max_norm=0).max_norm == math.inf  # a trainer's no clip
@@ -117,14 +139,20 @@ def test_a_clip_spec_refuses_contradictions():
 
 # -- run.json format 2 ----------------------------------------------------------------------------
 
+
 def test_an_engine_run_writes_its_facts_and_every_step_its_clip_limit(short_runs, tmp_path):
     run = short_runs[0]
     folder = run.save(tmp_path / "run")
     meta = json.loads((folder / "run.json").read_text())
     assert meta["format_version"] == FORMAT_VERSION == 2
     facts = meta["facts"]
-    assert facts["source"] == "engine" and facts["clip"] == {"kind": "global", "max_norm": 1.0, "when": "after_unscale",
-                                                             "z": None, "alpha": None}
+    assert facts["source"] == "engine" and facts["clip"] == {
+        "kind": "global",
+        "max_norm": 1.0,
+        "when": "after_unscale",
+        "z": None,
+        "alpha": None,
+    }
     assert [g["name"] for g in facts["optimizers"]] == ["adamw", "adamw"]  # decayed and undecayed groups
     assert facts["model"]["arch"] == "gpt" and facts["model"]["parameters"] == meta["parameters"]
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
@@ -148,8 +176,9 @@ def _as_format_1(folder: Path) -> None:
     meta.pop("format_version"), meta.pop("facts"), meta.pop("manifest")
     (folder / "run.json").write_text(json.dumps(meta))
     rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    (folder / "metrics.jsonl").write_text("".join(json.dumps({k: v for k, v in r.items() if k != "clip_limit"}) + "\n"
-                                                  for r in rows))
+    (folder / "metrics.jsonl").write_text(
+        "".join(json.dumps({k: v for k, v in r.items() if k != "clip_limit"}) + "\n" for r in rows)
+    )
 
 
 def test_a_format_1_folder_is_upgraded_in_memory_and_judged_the_same(short_runs, tmp_path):
@@ -182,6 +211,7 @@ def test_an_unknown_facts_field_is_one_line_naming_the_known_ones():
 
 # -- the published schema, and a run folder written by hand ---------------------------------------
 
+
 def test_every_run_the_suite_writes_validates_against_the_schema(short_runs, tmp_path):
     for i, run in enumerate(short_runs):
         validate_run_folder(run.save(tmp_path / f"run{i}"))
@@ -194,9 +224,12 @@ def _minimal_folder(tmp_path: Path, post: list[float], facts: dict | None = None
     folder.mkdir(parents=True)
     (folder / "run.json").write_text(json.dumps({"format_version": 2, "facts": {"source": "log", **(facts or {})}}))
     pre = [1.0] * 40 + [30.0] + [1.0] * 9
-    (folder / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": i + 1, "loss": 2.0, "grad_norm_pre": pre[i], "grad_norm_post": p}) + "\n"
-        for i, p in enumerate(post)))
+    (folder / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": i + 1, "loss": 2.0, "grad_norm_pre": pre[i], "grad_norm_post": p}) + "\n"
+            for i, p in enumerate(post)
+        )
+    )
     return folder
 
 
@@ -226,6 +259,7 @@ def test_a_hand_written_folder_that_says_its_clip_is_judged_against_it(tmp_path,
 
 
 # -- every reader reads only the record -----------------------------------------------------------
+
 
 def test_a_run_without_its_scenario_is_named_described_and_marked_as_with_it(short_runs, tmp_path):
     """The name, the description and the declared events are run.json's (format 2): an engine
@@ -264,9 +298,12 @@ def _ratio_folder(tmp_path: Path, facts: dict) -> Path:
     tmp_path.mkdir(parents=True)
     (tmp_path / "run.json").write_text(json.dumps({"format_version": 2, "facts": {"source": "log", **facts}}))
     pre = [1.0] * 40 + [3.0] + [1.0] * 9
-    (tmp_path / "metrics.jsonl").write_text("".join(
-        json.dumps({"step": i + 1, "loss": 2.0 + (i == 40), "grad_norm_pre": g, "grad_norm_post": g}) + "\n"
-        for i, g in enumerate(pre)))
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(
+            json.dumps({"step": i + 1, "loss": 2.0 + (i == 40), "grad_norm_pre": g, "grad_norm_post": g}) + "\n"
+            for i, g in enumerate(pre)
+        )
+    )
     return tmp_path
 
 

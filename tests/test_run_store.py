@@ -24,8 +24,10 @@ KEY = RunKey("abc123-torch-cpu-t1")
 
 def _run(name: str = "made") -> Run:
     steps = np.arange(1, 4)
-    return Run(scenario=Scenario.preset("phase-19").replace(name=name, steps=3),
-               metrics={"step": steps, "loss": np.array([3.0, 2.5, 2.25]), "grad_norm_pre": np.ones(3)})
+    return Run(
+        scenario=Scenario.preset("phase-19").replace(name=name, steps=3),
+        metrics={"step": steps, "loss": np.array([3.0, 2.5, 2.25]), "grad_norm_pre": np.ones(3)},
+    )
 
 
 def test_an_entry_holds_the_run_and_who_stored_it(tmp_path):
@@ -48,7 +50,7 @@ def test_get_or_make_makes_once_in_one_process(tmp_path):
 # A process that asks the store for KEY once both askers are ready (a barrier of two files): its
 # make() sleeps (so the other process asks meanwhile) and appends a line to a count file. "nolock"
 # is the sabotage: the lock does nothing.
-ASKER = textwrap.dedent('''
+ASKER = textwrap.dedent("""
     import contextlib, pathlib, sys, time
     import numpy as np
     from pytest_spikecheck import Scenario
@@ -78,12 +80,13 @@ ASKER = textwrap.dedent('''
         time.sleep(0.01)
     run, found = store.get_or_make(RunKey("abc123-torch-cpu-t1"), make)
     print("loaded" if found else "made", flush=True)
-''')
+""")
 
 
 def _ask(tmp_path: Path, mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", ASKER, str(tmp_path / "store"), str(tmp_path / "count"), mode],
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", ASKER, str(tmp_path / "store"), str(tmp_path / "count"), mode], stdout=subprocess.PIPE, text=True
+    )
 
 
 @pytest.mark.parametrize("mode, made", [("lock", 1), ("nolock", 2)])

@@ -46,9 +46,11 @@ MAX_NORM = 1.0
 BURST = 25
 #: nano model, 30 steps, 8 unseen-script sentences at step 25: the pre-clip norm exceeds 1 on
 #: most steps (the clip acts early and often) and spikes at the burst.
-SCENARIO = (Scenario.preset("phase-19")
-            .replace(name="sabotage", steps=30, model=model_preset("nano"))
-            .with_breaks(RareTokenBurst(count=8, at_step=BURST)))
+SCENARIO = (
+    Scenario.preset("phase-19")
+    .replace(name="sabotage", steps=30, model=model_preset("nano"))
+    .with_breaks(RareTokenBurst(count=8, at_step=BURST))
+)
 
 
 class _Sabotage:
@@ -165,8 +167,11 @@ def test_nan_let_through_is_caught():
     # A fully masked attention row (an empty document with padding keys masked) gives NaN
     # gradients at step 5 with a finite loss. The honest clip reports a non-finite norm and the
     # engine stops before AdamW; the sabotaged one hides it and steps.
-    scenario = (Scenario.preset("phase-19").replace(name="nan-through", steps=8, model=model_preset("nano"))
-                .with_breaks(MaskPaddingKeys(), BlankDocument(at_step=5), NoClip()))
+    scenario = (
+        Scenario.preset("phase-19")
+        .replace(name="nan-through", steps=8, model=model_preset("nano"))
+        .with_breaks(MaskPaddingKeys(), BlankDocument(at_step=5), NoClip())
+    )
     honest = train(scenario, backend="torch")
     assert honest.meta["stopped_at"] == 5 and honest.meta["stop_reason"] == "non-finite gradient norm"
     broken = train(scenario, backend="lets-nan-through")
@@ -182,8 +187,14 @@ def test_the_composition_property_finds_a_broken_clip(name):
     counterexamples = []
 
     # The property of scenarios/test_fuzz.py, generation only (no shrinking: finding one is the point).
-    @settings(max_examples=25, derandomize=True, database=None, deadline=None, phases=[Phase.generate],
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=25,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @given(data=st.data(), max_norm=st.floats(0.05, 2.0))
     def the_clip_contains_every_composition(data, max_norm):
         result = probe(data.draw(batch_compositions(probe)), max_norm=max_norm)

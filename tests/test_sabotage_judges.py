@@ -39,6 +39,7 @@ def _window_record() -> dict[str, np.ndarray]:
 
 # -- the guards: what the assertion and detector tests check -----------------------------------
 
+
 def guard_spike_ratio_is_exact() -> None:
     record = _window_record()
     assert assert_spike(record, at=SPIKE_STEP, min_ratio=9.9) == pytest.approx(10.0)
@@ -103,6 +104,7 @@ def sabotage_baseline(monkeypatch):
         # Every judge that imported the one baseline function gets the wrong one.
         monkeypatch.setattr(analysis, "spike_baseline", wrong)
         monkeypatch.setattr(detectors, "spike_baseline", wrong)
+
     return apply
 
 

@@ -7,8 +7,7 @@ N = 40
 
 
 def _plan(spec, steps=30, seed=0, members=None, rare=frozenset()):
-    return plan_batches(spec, steps=steps, seed=seed, n_corpus=N, burst_members=members or {},
-                        is_rare=lambda i: i in rare)
+    return plan_batches(spec, steps=steps, seed=seed, n_corpus=N, burst_members=members or {}, is_rare=lambda i: i in rare)
 
 
 def test_shuffle_serves_epochs_without_repeats():
@@ -45,8 +44,7 @@ def test_written_burst_holds_samples_out_until_the_burst_then_they_rejoin():
 
 def test_stratified_caps_rare_samples_per_batch_even_for_a_burst():
     written = (3, 7, 11, 19, 23)
-    spec = SamplerSpec(kind="stratified", batch_size=8, rare_cap=1,
-                       bursts=(BurstSpec(at_step=12, count=3, content="written"),))
+    spec = SamplerSpec(kind="stratified", batch_size=8, rare_cap=1, bursts=(BurstSpec(at_step=12, count=3, content="written"),))
     batches = _plan(spec, steps=40, members={0: written}, rare=frozenset(written))
     assert max(sum(i in written for i in b) for b in batches) == 1
     assert all(len(b) == 8 for b in batches)

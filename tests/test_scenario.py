@@ -50,7 +50,10 @@ def test_experiment_dir_in_the_seeds_shape():
         ({"optimizer": {"grad_clip": -1}}, "grad_clip must be > 0"),
         ({"optimizer": {"grad_clip": 0}}, "use a tiny max_norm"),
         ({"steps": 100, "breaks": [{"rare_token_burst": {"at_step": 312}}]}, r"at step 312 is after the last step \(100 steps\)"),
-        ({"breaks": [{"rare_token_burst": {"count": 2.5}}]}, r"config: break .rare_token_burst.: RareTokenBurst\(count=...\) must be an integer"),
+        (
+            {"breaks": [{"rare_token_burst": {"count": 2.5}}]},
+            r"config: break .rare_token_burst.: RareTokenBurst\(count=...\) must be an integer",
+        ),
         ({"optimizer": {"lr": "fast"}}, "optimizer.lr must be a number"),
         ({"optimizer": {"weight_decy": 0.1}}, "unknown key optimizer.weight_decy"),
         ({"model": {"preset": "huge"}}, "unknown model preset 'huge'"),
@@ -120,9 +123,16 @@ def test_explicit_names_win_and_stay():
 
 
 def test_different_contents_never_share_a_derived_name():
-    variants = [PHASE19, PHASE19.with_breaks(NoClip()), PHASE19.replace(seed=1), PHASE19.with_breaks(ClipAt(0.5)),
-                PHASE19.with_breaks(ClipAt(0.5, mode="per_tensor")), PHASE19.replace(optimizer__lr=0.0100000001),
-                PHASE19.with_breaks(RareTokenBurst(count=2, at_step=50)), PHASE19.with_breaks(RareTokenBurst(count=3, at_step=50))]
+    variants = [
+        PHASE19,
+        PHASE19.with_breaks(NoClip()),
+        PHASE19.replace(seed=1),
+        PHASE19.with_breaks(ClipAt(0.5)),
+        PHASE19.with_breaks(ClipAt(0.5, mode="per_tensor")),
+        PHASE19.replace(optimizer__lr=0.0100000001),
+        PHASE19.with_breaks(RareTokenBurst(count=2, at_step=50)),
+        PHASE19.with_breaks(RareTokenBurst(count=3, at_step=50)),
+    ]
     assert len({v.name for v in variants}) == len({v.content_hash() for v in variants}) == len(variants)
 
 
@@ -134,27 +144,34 @@ def test_a_long_derived_name_is_cut_and_ends_in_a_content_hash():
 
 
 def test_break_parameters_are_checked_when_written():
-    for make, message in [(lambda: ClipAt(max_norm=-1), r"ClipAt\(max_norm=...\) must be > 0"),
-                          (lambda: ClipAt(mode="nope"), r"ClipAt\(mode=...\) must be one of global"),
-                          (lambda: RareTokenBurst(count=2.5), r"RareTokenBurst\(count=...\) must be an integer, was 2.5"),
-                          (lambda: ClipAt(max_norm="1"), r"ClipAt\(max_norm=...\) must be a number"),
-                          (lambda: PHASE19.replace(optimizer__grad_clip="abc"), "optimizer.grad_clip must be a number"),
-                          (lambda: PHASE19.replace(optimizer__lr="fast"), "optimizer.lr must be a number"),
-                          (lambda: PHASE19.replace(optimizer__grad_clip=0), "use a tiny max_norm"),
-                          (lambda: PHASE19.replace(steps=100).with_breaks(RareTokenBurst()),
-                           r"RareTokenBurst at step 312 is after the last step \(100 steps\)"),
-                          (lambda: PHASE19.replace(optimizer__gradclip=1.0), "unknown field optimizer.gradclip")]:
+    for make, message in [
+        (lambda: ClipAt(max_norm=-1), r"ClipAt\(max_norm=...\) must be > 0"),
+        (lambda: ClipAt(mode="nope"), r"ClipAt\(mode=...\) must be one of global"),
+        (lambda: RareTokenBurst(count=2.5), r"RareTokenBurst\(count=...\) must be an integer, was 2.5"),
+        (lambda: ClipAt(max_norm="1"), r"ClipAt\(max_norm=...\) must be a number"),
+        (lambda: PHASE19.replace(optimizer__grad_clip="abc"), "optimizer.grad_clip must be a number"),
+        (lambda: PHASE19.replace(optimizer__lr="fast"), "optimizer.lr must be a number"),
+        (lambda: PHASE19.replace(optimizer__grad_clip=0), "use a tiny max_norm"),
+        (
+            lambda: PHASE19.replace(steps=100).with_breaks(RareTokenBurst()),
+            r"RareTokenBurst at step 312 is after the last step \(100 steps\)",
+        ),
+        (lambda: PHASE19.replace(optimizer__gradclip=1.0), "unknown field optimizer.gradclip"),
+    ]:
         with pytest.raises(ConfigError, match=message) as info:
             make()
         assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("", "is empty"),
-    ("# only a comment\n", "is empty"),
-    ("preset: phase-19\nsteps: 10\nsteps: 20\n", r"line 3 is not valid YAML \(duplicate key 'steps'"),
-    ("preset: phase-19\nbreaks:\n- rare_token_burst: {count: 2.5, at_step: 5}\n", r"config.yaml: break 'rare_token_burst'"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "is empty"),
+        ("# only a comment\n", "is empty"),
+        ("preset: phase-19\nsteps: 10\nsteps: 20\n", r"line 3 is not valid YAML \(duplicate key 'steps'"),
+        ("preset: phase-19\nbreaks:\n- rare_token_burst: {count: 2.5, at_step: 5}\n", r"config.yaml: break 'rare_token_burst'"),
+    ],
+)
 def test_bad_config_files_are_one_line_errors_naming_the_file(tmp_path, text, message):
     (tmp_path / "config.yaml").write_text(text)
     with pytest.raises(ConfigError, match=message) as info:
@@ -162,9 +179,14 @@ def test_bad_config_files_are_one_line_errors_naming_the_file(tmp_path, text, me
     assert "\n" not in str(info.value) and str(tmp_path) in str(info.value)
 
 
-@pytest.mark.parametrize("raw, where", [({True: ["push"], "preset": "phase-19"}, "unknown key True"),
-                                        ({"optimizer": {1: 0.1}}, "unknown key optimizer.1"),
-                                        ({"breaks": [{"clip_at": {None: 1}}]}, "unknown parameter None")])
+@pytest.mark.parametrize(
+    "raw, where",
+    [
+        ({True: ["push"], "preset": "phase-19"}, "unknown key True"),
+        ({"optimizer": {1: 0.1}}, "unknown key optimizer.1"),
+        ({"breaks": [{"clip_at": {None: 1}}]}, "unknown parameter None"),
+    ],
+)
 def test_a_key_that_is_not_a_string_is_one_line(raw, where):
     """YAML reads a bare ``on:`` (a CI workflow) as the key True: one line, not a TypeError from sorting."""
     with pytest.raises(ConfigError, match=re.escape(where)):

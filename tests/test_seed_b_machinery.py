@@ -8,8 +8,20 @@ import pytest
 from short_runs import SHORT_BURST, short_scenario
 
 from pytest_spikecheck import (
-    AdaptiveClip, BlankDocument, HalfPrecision, LayerNormEps0, LeftPadding, MaskPaddingKeys, MixtureShift, NoClip,
-    Scenario, SkipSpikes, SpikeCheckError, assert_finite, assert_no_lockin, train,
+    AdaptiveClip,
+    BlankDocument,
+    HalfPrecision,
+    LayerNormEps0,
+    LeftPadding,
+    MaskPaddingKeys,
+    MixtureShift,
+    NoClip,
+    Scenario,
+    SkipSpikes,
+    SpikeCheckError,
+    assert_finite,
+    assert_no_lockin,
+    train,
 )
 from pytest_spikecheck.training.clip_policy import AdaptiveLimit
 from pytest_spikecheck.data.samplers import mixture_weights
@@ -34,7 +46,7 @@ def test_new_source_is_held_out_then_tried_alone_for_one_phase():
     first = next(i for i, w in enumerate(weights) if w["foreign"] > 0) + 1
     assert first >= 100 and all(w["foreign"] == 0 for w in weights[: first - 1])
     assert weights[first - 1]["foreign"] == 1.0
-    assert any(0 < w["foreign"] < 1 for w in weights[first + 14:])  # then it joins the draws
+    assert any(0 < w["foreign"] < 1 for w in weights[first + 14 :])  # then it joins the draws
 
 
 def test_mixture_runs_record_weights_and_sources():
@@ -79,7 +91,7 @@ def test_skip_step_drops_exactly_the_spike():
     run = train(short_scenario(NoClip(), SkipSpikes(ratio=5.0)))
     assert run.meta["skipped_steps"] == [SHORT_BURST]
     at = SHORT_BURST - 1
-    assert run["grad_norm_post"][at] == 0 and run["grad_norm_pre"][at] > 5 * np.median(run["grad_norm_pre"][at - 50:at])
+    assert run["grad_norm_post"][at] == 0 and run["grad_norm_pre"][at] > 5 * np.median(run["grad_norm_pre"][at - 50 : at])
 
 
 def test_adaptive_limit_follows_the_norm_and_ignores_one_spike():

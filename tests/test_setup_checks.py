@@ -11,7 +11,12 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    SpikeCheckError, assert_accumulation_invariant, assert_clip_contains, assert_finite, assert_overflow_skips, diagnose,
+    SpikeCheckError,
+    assert_accumulation_invariant,
+    assert_clip_contains,
+    assert_finite,
+    assert_overflow_skips,
+    diagnose,
 )
 from pytest_spikecheck.records import Record
 from pytest_spikecheck.records.series import columns_from_mapping
@@ -28,16 +33,20 @@ def test_a_clip_that_scales_too_far_fails_with_its_numbers():
         assert_clip_contains(over, 1.0)
     assert str(info.value).splitlines()[0] == (
         "over-clipped at step 3: the optimizer received 3.1e-5 for pre-clip 2 and max_norm 1 (×3.3e4 too small): "
-        "clipped before unscaling? (a loss scale between the clip and the optimizer shrinks it this much)")
+        "clipped before unscaling? (a loss scale between the clip and the optimizer shrinks it this much)"
+    )
     assert_clip_contains(over, 1.0, allow_overclip=True)  # the one-sided check of before
 
 
-@pytest.mark.parametrize(("post", "passes"), [
-    ([1.0, 0.5], True),  # clipped to max_norm, and untouched below it
-    ([1.0 - 1e-6, 0.5], True),  # torch's coefficient max_norm / (norm + 1e-6) leaves up to 1e-6 below
-    ([1.0 - 2e-5, 0.5], False),  # beyond rtol 1e-5 and the epsilon: over-clipped
-    ([1.0, 0.4], False),  # a gradient below max_norm was scaled down: over-clipped
-])
+@pytest.mark.parametrize(
+    ("post", "passes"),
+    [
+        ([1.0, 0.5], True),  # clipped to max_norm, and untouched below it
+        ([1.0 - 1e-6, 0.5], True),  # torch's coefficient max_norm / (norm + 1e-6) leaves up to 1e-6 below
+        ([1.0 - 2e-5, 0.5], False),  # beyond rtol 1e-5 and the epsilon: over-clipped
+        ([1.0, 0.4], False),  # a gradient below max_norm was scaled down: over-clipped
+    ],
+)
 def test_the_over_clip_threshold(post, passes):
     record = {"grad_norm_pre": [3.0, 0.5], "grad_norm_post": post}
     if passes:
@@ -48,8 +57,11 @@ def test_the_over_clip_threshold(post, passes):
 
 
 def test_a_small_over_clip_is_not_blamed_on_a_loss_scale():
-    with pytest.raises(SpikeCheckError, match=r"\(×2 too small\): a clip that scales below min\(pre-clip, max_norm\) "
-                                              r"breaks the update it guards"):
+    with pytest.raises(
+        SpikeCheckError,
+        match=r"\(×2 too small\): a clip that scales below min\(pre-clip, max_norm\) "
+        r"breaks the update it guards",
+    ):
         assert_clip_contains({"grad_norm_pre": [3.0], "grad_norm_post": [0.5]}, 1.0)
 
 
@@ -65,8 +77,11 @@ def test_accumulation_invariance_on_records():
     one = {"loss": [5.9457, 5.8, 5.7], "grad_norm_pre": [2.5, 2.0, 1.9]}
     assert assert_accumulation_invariant(dict(one), one) == {"loss": 0.0, "grad_norm_pre": 0.0}
     summed = {"loss": [4 * 5.9457, 23.2, 22.8], "grad_norm_pre": [10.0, 8.0, 7.6]}
-    with pytest.raises(SpikeCheckError, match=r"^accumulation changed the step-1 loss: 23\.7828 \(run A\) vs 5\.9457 "
-                                              r"\(run B\), ×4 \(rtol 0\.0001"):
+    with pytest.raises(
+        SpikeCheckError,
+        match=r"^accumulation changed the step-1 loss: 23\.7828 \(run A\) vs 5\.9457 "
+        r"\(run B\), ×4 \(rtol 0\.0001",
+    ):
         assert_accumulation_invariant(summed, one)
     drifting = {"loss": [5.9457, 5.8, 6.5], "grad_norm_pre": [2.5, 2.0, 1.9]}
     with pytest.raises(SpikeCheckError, match=r"^the runs drift apart at step 3: loss 6\.5 \(run A\) vs 5\.7 \(run B\)"):
@@ -77,10 +92,14 @@ def test_accumulation_invariance_on_records():
 
 
 def test_overflow_skips_are_counted_and_bounded():
-    record = _record(skipped={1: "overflow", 2: "overflow", 7: "skip_spikes"}, loss=[1.0] * 10,
-                     loss_scale=[2.0 ** 24, 2.0 ** 23] + [2.0 ** 22] * 8)
-    with pytest.raises(SpikeCheckError, match=r"^the loss scaler skipped 2 of 10 steps on overflow \(20%, more than 1%\): "
-                                              r"steps 1, 2; the loss scale went from 2²⁴ to 2²²"):
+    record = _record(
+        skipped={1: "overflow", 2: "overflow", 7: "skip_spikes"}, loss=[1.0] * 10, loss_scale=[2.0**24, 2.0**23] + [2.0**22] * 8
+    )
+    with pytest.raises(
+        SpikeCheckError,
+        match=r"^the loss scaler skipped 2 of 10 steps on overflow \(20%, more than 1%\): "
+        r"steps 1, 2; the loss scale went from 2²⁴ to 2²²",
+    ):
         assert_overflow_skips(record)
     assert assert_overflow_skips(record, max_fraction=0.2) == 0.2
     assert assert_overflow_skips(record, after_step=2) == 0.0  # a SkipSpikes skip is no overflow
@@ -101,17 +120,25 @@ def test_a_skipped_steps_gradient_norm_is_excused_never_its_loss():
 def _spike_record(skipped=None, post=None, overflowed=False):
     pre = np.ones(40)
     pre[30] = math.inf if overflowed else 20.0
-    return _record(skipped=skipped, loss=np.where(np.arange(40) == 30, 6.0, 2.0), grad_norm_pre=pre,
-                   grad_norm_post=np.minimum(pre, 1.0) if post is None else post,
-                   loss_scale=np.where(np.arange(40) > 30, 2.0 ** 15, 2.0 ** 16))
+    return _record(
+        skipped=skipped,
+        loss=np.where(np.arange(40) == 30, 6.0, 2.0),
+        grad_norm_pre=pre,
+        grad_norm_post=np.minimum(pre, 1.0) if post is None else post,
+        loss_scale=np.where(np.arange(40) > 30, 2.0**15, 2.0**16),
+    )
 
 
 def test_the_diagnosis_of_a_step_the_scaler_skipped():
     d = diagnose(_spike_record(skipped={31: "overflow"}, post=np.where(np.arange(40) == 30, 0.0, 1.0), overflowed=True), 31)
-    assert d.lines[1] == ("2 grad norm", "pre-clip inf; GradScaler skipped this step (overflow at scale 2¹⁶; scale "
-                                         "halved): nothing reached the optimizer")
-    assert d.verdict == ("GradScaler skipped this step (overflow at scale 2¹⁶; scale halved): the update was not "
-                         "applied, not a numeric break; the data: an outlier batch (train loss 3.0× its median)")
+    assert d.lines[1] == (
+        "2 grad norm",
+        "pre-clip inf; GradScaler skipped this step (overflow at scale 2¹⁶; scale halved): nothing reached the optimizer",
+    )
+    assert d.verdict == (
+        "GradScaler skipped this step (overflow at scale 2¹⁶; scale halved): the update was not "
+        "applied, not a numeric break; the data: an outlier batch (train loss 3.0× its median)"
+    )
     # sabotage: the same record without the skip mark is the numeric break it was read as before
     unmarked = diagnose(_spike_record(post=np.where(np.arange(40) == 30, 0.0, 1.0), overflowed=True), 31)
     assert "a numeric break (overflow, 0/0), not a data spike" in unmarked.verdict and "GradScaler" not in unmarked.verdict
@@ -121,5 +148,7 @@ def test_the_diagnosis_of_an_undeclared_over_clip():
     post = np.full(40, 1.0 / 65536)
     d = diagnose(_spike_record(post=post), 31, max_norm=1.0)
     assert d.facts["overclipped"] is True
-    assert d.verdict == ("an outlier batch; over-clipped: the optimizer received ‖g‖ = 1.5e-5 for max_norm 1 and "
-                         "pre-clip 20 (×6.6e4 too small): clipped before unscaling?")
+    assert d.verdict == (
+        "an outlier batch; over-clipped: the optimizer received ‖g‖ = 1.5e-5 for max_norm 1 and "
+        "pre-clip 20 (×6.6e4 too small): clipped before unscaling?"
+    )

@@ -12,18 +12,28 @@ from hypothesis import strategies as st
 from pytest_spikecheck.judge.baseline import spike_baseline
 from pytest_spikecheck.training.step import SpikeWatch
 
+
 def _norm(kind: int, steady: float, spike: float, special: float) -> float:
     """A training run's norms are mostly steady: 1 draw in 20 a spike, 1 in 20 a special value."""
     return special if kind == 0 else spike if kind == 1 else steady
 
 
-norm_values = st.builds(_norm, st.integers(0, 19), st.floats(0.8, 1.25), st.floats(1.25, 200.0),
-                        st.sampled_from([0.0, 1e-30, 7.0, math.nan, math.inf]))
+norm_values = st.builds(
+    _norm,
+    st.integers(0, 19),
+    st.floats(0.8, 1.25),
+    st.floats(1.25, 200.0),
+    st.sampled_from([0.0, 1e-30, 7.0, math.nan, math.inf]),
+)
 
 
-@given(norms=st.lists(norm_values, min_size=12, max_size=80), spike_ratio=st.sampled_from([1.5, 3.0, 10.0, math.inf]),
-       skip_ratio=st.sampled_from([None, 1.2, 5.0, 50.0]), window=st.sampled_from([10, 12, 50]),
-       declared_at=st.integers(1, 80))
+@given(
+    norms=st.lists(norm_values, min_size=12, max_size=80),
+    spike_ratio=st.sampled_from([1.5, 3.0, 10.0, math.inf]),
+    skip_ratio=st.sampled_from([None, 1.2, 5.0, 50.0]),
+    window=st.sampled_from([10, 12, 50]),
+    declared_at=st.integers(1, 80),
+)
 def test_quiet_steps_are_decided_as_the_full_baseline_decides_them(norms, spike_ratio, skip_ratio, window, declared_at):
     watch = SpikeWatch(spike_ratio, window, skip_ratio, {declared_at: "burst"})
     for step, norm in enumerate(norms, start=1):

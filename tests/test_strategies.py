@@ -14,15 +14,16 @@ from pytest_spikecheck import NoClip, RareTokenBurst, Scenario
 from pytest_spikecheck.data.corpus import Sample
 from pytest_spikecheck.data.samplers import plan_batches
 from pytest_spikecheck.scenario import BurstSpec, SamplerSpec
-from pytest_spikecheck.fuzz.strategies import (
-    Composition, batch_compositions, blind_batch_compositions, scenario_perturbations,
-)
+from pytest_spikecheck.fuzz.strategies import Composition, batch_compositions, blind_batch_compositions, scenario_perturbations
+
 
 def test_only_the_strategies_module_imports_hypothesis():
-    code = ("import sys, pytest_spikecheck, pytest_spikecheck.plugin, pytest_spikecheck.fuzz.search\n"
-            "from pytest_spikecheck.cli.commands import build_parser\n"
-            "build_parser()\n"
-            "print('hypothesis' in sys.modules)")
+    code = (
+        "import sys, pytest_spikecheck, pytest_spikecheck.plugin, pytest_spikecheck.fuzz.search\n"
+        "from pytest_spikecheck.cli.commands import build_parser\n"
+        "build_parser()\n"
+        "print('hypothesis' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -51,8 +52,7 @@ def stratified_plans(draw):
             rare.update(members[k])
             next_fresh += count
             bursts.append(BurstSpec(at_step=draw(st.integers(1, steps)), count=count, content="greek"))
-    spec = SamplerSpec(kind="stratified", batch_size=batch_size, rare_cap=draw(st.integers(0, batch_size)),
-                       bursts=tuple(bursts))
+    spec = SamplerSpec(kind="stratified", batch_size=batch_size, rare_cap=draw(st.integers(0, batch_size)), bursts=tuple(bursts))
     return spec, steps, draw(st.integers(0, 2**32 - 1)), n_corpus, members, frozenset(rare)
 
 
@@ -60,8 +60,7 @@ def stratified_plans(draw):
 def test_the_stratified_sampler_never_exceeds_its_rare_cap(plan):
     spec, steps, seed, n_corpus, members, rare = plan
     try:
-        batches = plan_batches(spec, steps=steps, seed=seed, n_corpus=n_corpus, burst_members=members,
-                               is_rare=rare.__contains__)
+        batches = plan_batches(spec, steps=steps, seed=seed, n_corpus=n_corpus, burst_members=members, is_rare=rare.__contains__)
     except ValueError as exc:  # a pool the cap cannot serve is refused, by name
         assert "cannot fill a batch" in str(exc) or "samples in rotation" in str(exc), exc
         return
@@ -119,15 +118,18 @@ def test_composition_repr_names_the_samples_and_marks_the_rare_ones():
     assert text.startswith("Composition(3 samples, 1 rare (*), prose×3:") and "prose-04*" in text
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"batch_size": 0}, "batch_size must be a positive integer"),
-    ({"batch_size": 41}, "exceeds the pool's 40 samples"),
-    ({"min_rare": 3, "max_rare": 2}, "need 0 <= min_rare <= max_rare"),
-    ({"sources": ["tweets"]}, "unknown source 'tweets'; the pool has prose, burst:greek, burst:caps"),
-    ({"sources": ["prose"], "min_rare": 4}, "no batch of 8 from prose .* holds between 4 and 8 rare samples"),
-    ({"min_rare": 8, "max_sources": 1}, "at most 1 of them at once"),  # 8 rare need greek and caps together
-    ({"max_sources": 0}, "max_sources must be >= 1"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": 0}, "batch_size must be a positive integer"),
+        ({"batch_size": 41}, "exceeds the pool's 40 samples"),
+        ({"min_rare": 3, "max_rare": 2}, "need 0 <= min_rare <= max_rare"),
+        ({"sources": ["tweets"]}, "unknown source 'tweets'; the pool has prose, burst:greek, burst:caps"),
+        ({"sources": ["prose"], "min_rare": 4}, "no batch of 8 from prose .* holds between 4 and 8 rare samples"),
+        ({"min_rare": 8, "max_sources": 1}, "at most 1 of them at once"),  # 8 rare need greek and caps together
+        ({"max_sources": 0}, "max_sources must be >= 1"),
+    ],
+)
 def test_compositions_refuse_impossible_knobs_by_name(kwargs, message):
     with pytest.raises(InvalidArgument, match=message):
         batch_compositions(POOL, **{"batch_size": 8, **kwargs})
@@ -168,7 +170,8 @@ def test_blind_compositions_shrink_toward_the_first_candidates():
 # -- scenario perturbations --------------------------------------------------------------------
 
 BASE = Scenario.preset("phase-19").with_breaks(
-    RareTokenBurst(count=3, at_step=312), RareTokenBurst(count=2, at_step=320, content="caps"), NoClip())
+    RareTokenBurst(count=3, at_step=312), RareTokenBurst(count=2, at_step=320, content="caps"), NoClip()
+)
 
 
 @given(scenario_perturbations(BASE, seed=(0, 99), burst_step=(100, 400), lr=(3e-3, 3e-2)))
@@ -185,11 +188,14 @@ def test_perturbations_shrink_toward_the_low_ends():
     assert find(scenario_perturbations(BASE), lambda s: True) == BASE
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"seed": (10, 1)}, "seed must be a \\(low, high\\) pair with low <= high"),
-    ({"lr": (0.0, 1e-2)}, "lr must be a finite range above 0"),
-    ({"burst_step": (100, 495)}, "would move a burst outside steps 1–500"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"seed": (10, 1)}, "seed must be a \\(low, high\\) pair with low <= high"),
+        ({"lr": (0.0, 1e-2)}, "lr must be a finite range above 0"),
+        ({"burst_step": (100, 495)}, "would move a burst outside steps 1–500"),
+    ],
+)
 def test_perturbations_refuse_bad_ranges(kwargs, message):
     with pytest.raises(InvalidArgument, match=message):
         scenario_perturbations(BASE, **kwargs)

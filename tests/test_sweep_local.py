@@ -45,29 +45,35 @@ def _write(tmp_path: Path, text: str, name: str = "sweep.yaml") -> Path:
 
 # -- the sweep file: checked before anything trains --------------------------------------------
 
-@pytest.mark.parametrize(("body", "message"), [
-    ("grid: {optimizer.lrr: [0.1]}", "unknown key optimizer.lrr; expected one of name, lr,"),
-    ("grid: {optimiser.lr: [0.1]}", "unknown field optimiser.lr; a path starts with one of"),
-    ("grid: {seed: []}", "grid seed is empty: give it at least one value"),
-    ("grid: {seed: 3}", "grid seed must be a list of values, was 3"),
-    ("grid: {optimizer.lr: [0.1, fast]}", "optimizer.lr must be a number, was 'fast'"),
-    ("grid: {seed: [0, 1.5]}", "seed must be an integer, was 1.5"),
-    ("grid: {model.n_embd: [30]}", "model.n_embd (30) must be divisible by model.n_head (4)"),
-    ("recipes: {qk: [qk_layrnorm]}", "recipes.qk: unknown break 'qk_layrnorm'; choose one of"),
-    ("recipes: {qk: qk_layernorm}", "recipes.qk must be a list of breaks ([] for none)"),
-    ("recipes: {fast: [{high_lr: {lr: 0.3}}]}\ngrid: {optimizer.lr: [0.01]}",
-     "optimizer.lr=0.01 is overridden by recipe fast's breaks (the run would train optimizer.lr=0.3)"),
-    ("grid: {seed: [1, 1]}", "two points are the same scenario (seed=1 and seed=1"),
-    ("grid: {breaks: [[no_clip]]}", "breaks are not an axis: sweep them as recipes"),
-    ("gird: {seed: [1]}", "unknown key 'gird'; expected one of base, grid, points, recipes, name"),
-    ("stepz: 10\ngrid: {seed: [1]}", "unknown key 'stepz'"),
-    ("on: 1\ngrid: {seed: [1]}", "unknown key True; expected one of base"),  # YAML reads `on` as a bool
-    ("optimizer: {yes: 1}\ngrid: {seed: [1]}", "unknown key optimizer.True; expected one of"),
-    ("steps: -3\ngrid: {seed: [1]}", "steps must be a positive integer, was -3"),
-    ("points: [{seed: 1}]\ngrid: {seed: [2]}", "seed is both a grid axis and set by points[0]"),
-    ("points: []", "points is empty"),
-    ("", "nothing to sweep: give a grid, points or recipes"),
-])
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("grid: {optimizer.lrr: [0.1]}", "unknown key optimizer.lrr; expected one of name, lr,"),
+        ("grid: {optimiser.lr: [0.1]}", "unknown field optimiser.lr; a path starts with one of"),
+        ("grid: {seed: []}", "grid seed is empty: give it at least one value"),
+        ("grid: {seed: 3}", "grid seed must be a list of values, was 3"),
+        ("grid: {optimizer.lr: [0.1, fast]}", "optimizer.lr must be a number, was 'fast'"),
+        ("grid: {seed: [0, 1.5]}", "seed must be an integer, was 1.5"),
+        ("grid: {model.n_embd: [30]}", "model.n_embd (30) must be divisible by model.n_head (4)"),
+        ("recipes: {qk: [qk_layrnorm]}", "recipes.qk: unknown break 'qk_layrnorm'; choose one of"),
+        ("recipes: {qk: qk_layernorm}", "recipes.qk must be a list of breaks ([] for none)"),
+        (
+            "recipes: {fast: [{high_lr: {lr: 0.3}}]}\ngrid: {optimizer.lr: [0.01]}",
+            "optimizer.lr=0.01 is overridden by recipe fast's breaks (the run would train optimizer.lr=0.3)",
+        ),
+        ("grid: {seed: [1, 1]}", "two points are the same scenario (seed=1 and seed=1"),
+        ("grid: {breaks: [[no_clip]]}", "breaks are not an axis: sweep them as recipes"),
+        ("gird: {seed: [1]}", "unknown key 'gird'; expected one of base, grid, points, recipes, name"),
+        ("stepz: 10\ngrid: {seed: [1]}", "unknown key 'stepz'"),
+        ("on: 1\ngrid: {seed: [1]}", "unknown key True; expected one of base"),  # YAML reads `on` as a bool
+        ("optimizer: {yes: 1}\ngrid: {seed: [1]}", "unknown key optimizer.True; expected one of"),
+        ("steps: -3\ngrid: {seed: [1]}", "steps must be a positive integer, was -3"),
+        ("points: [{seed: 1}]\ngrid: {seed: [2]}", "seed is both a grid axis and set by points[0]"),
+        ("points: []", "points is empty"),
+        ("", "nothing to sweep: give a grid, points or recipes"),
+    ],
+)
 def test_a_bad_sweep_file_is_one_line_naming_the_problem(tmp_path, body, message):
     path = _write(tmp_path, "base: {preset: phase-19}\n" + body + "\n")
     with pytest.raises(ConfigError) as info:
@@ -97,7 +103,9 @@ def test_a_sweep_file_expands_through_the_yaml_codec(tmp_path, monkeypatch):
     # The base by path (beside the file first, then the current directory), overrides as in a
     # config.yaml, a dotted path coerced as the codec coerces it (YAML reads 3e-2 as a string),
     # model.preset taking its shape before the other model fields, explicit points x grid x recipes.
-    path = _write(tmp_path, """\
+    path = _write(
+        tmp_path,
+        """\
         base: experiments/19-control
         steps: 400
         optimizer: {weight_decay: 0.0}
@@ -109,7 +117,8 @@ def test_a_sweep_file_expands_through_the_yaml_codec(tmp_path, monkeypatch):
         recipes:
           baseline: []
           qk-layernorm: [qk_layernorm]
-        """)
+        """,
+    )
     monkeypatch.chdir(ROOT)  # the base is not beside the file: found from the current directory
     plan = load_sweep(path)
     points = plan.expand()
@@ -122,8 +131,9 @@ def test_a_sweep_file_expands_through_the_yaml_codec(tmp_path, monkeypatch):
     assert (trained.model.n_embd, trained.model.n_layer, trained.model.qk_layernorm) == (128, 2, True)
     assert trained.steps == 400 and trained.optimizer.weight_decay == 0.0 and trained.optimizer.lr == 0.03
     assert trained.sampler.bursts[0].count == 8  # the base's own break is kept
-    assert first.name.startswith("phase-19+steps=400+model=na") and first.name.endswith("burst(8×greek@312)~"
-                                                                                       + first.scenario.content_hash()[:8])
+    assert first.name.startswith("phase-19+steps=400+model=na") and first.name.endswith(
+        "burst(8×greek@312)~" + first.scenario.content_hash()[:8]
+    )
 
 
 def test_dotted_paths_are_the_codecs_fields():
@@ -169,6 +179,7 @@ def test_axes_some_points_leave_unset_hold_the_base_value_and_every_value_is_pla
 
 
 # -- training: spawned workers, bit-identical, failures recorded, resumed ----------------------
+
 
 @pytest.fixture(scope="module")
 def first_sweep(tmp_path_factory):
@@ -342,30 +353,48 @@ def test_a_script_without_a_main_guard_is_told_why_its_workers_died(tmp_path):
     # Issue 28: spawned workers re-import the main module; unguarded, it starts the sweep again
     # in each of them. One line says so, instead of a BrokenProcessPool traceback.
     script = tmp_path / "unguarded.py"
-    script.write_text("from pytest_spikecheck import Scenario, lr_sweep\n"
-                      "lr_sweep(Scenario.preset('phase-19').replace(steps=2), lrs=(1e-2, 1e-1), processes=2)\n")
+    script.write_text(
+        "from pytest_spikecheck import Scenario, lr_sweep\n"
+        "lr_sweep(Scenario.preset('phase-19').replace(steps=2), lrs=(1e-2, 1e-1), processes=2)\n"
+    )
     result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("pytest_spikecheck.sweep.local.WorkersCouldNotStart: the local executor's worker "
-                           "processes exited before they could start")
+    assert last.startswith(
+        "pytest_spikecheck.sweep.local.WorkersCouldNotStart: the local executor's worker processes exited before they could start"
+    )
     assert f"re-imports the main module ({script})" in last and 'under `if __name__ == "__main__":`' in last
     assert "BrokenProcessPool" not in result.stderr and "bootstrapping phase" not in result.stderr
 
 
 # -- summaries and panels, on rows (no training) -------------------------------------------------
 
+
 def _result(rows_by_point, recipes=None):
-    plan = Sweep(TINY, grid={"optimizer.lr": [0.01, 0.1], "model.preset": ["nano", "micro"], "seed": [0, 1]},
-                 recipes=recipes)
+    plan = Sweep(TINY, grid={"optimizer.lr": [0.01, 0.1], "model.preset": ["nano", "micro"], "seed": [0, 1]}, recipes=recipes)
     points = plan.expand()
     rows = []
     for point in points:
         final, initial = rows_by_point(point)
-        rows.append(row_for(point, "done" if final is not None else "failed",
-                            Measures(final_eval_loss=final, initial_loss=initial, max_attn_logit=None,
-                                     largest_spike_ratio=None, spike_step=None, is_spike=False, recovery=None,
-                                     diverged=False, seconds=None, skipped_steps=None, loss_scale_min=None)))
+        rows.append(
+            row_for(
+                point,
+                "done" if final is not None else "failed",
+                Measures(
+                    final_eval_loss=final,
+                    initial_loss=initial,
+                    max_attn_logit=None,
+                    largest_spike_ratio=None,
+                    spike_step=None,
+                    is_spike=False,
+                    recovery=None,
+                    diverged=False,
+                    seconds=None,
+                    skipped_steps=None,
+                    loss_scale_min=None,
+                ),
+            )
+        )
     return SweepResult("fake", plan.axes, points, rows, [None] * len(points))
 
 
@@ -393,9 +422,11 @@ def test_the_width_panel_is_drawn_when_the_width_varies(tmp_path):
 
 
 def test_the_sweep_layer_imports_neither_torch_nor_ray_until_it_trains():
-    code = ("import sys\nfrom pytest_spikecheck.sweep import load_sweep, sweep\nimport pytest_spikecheck.cli.sweep\n"
-            "load_sweep('experiments/sweeps/lr-sensitivity-by-width.yaml').expand()\n"
-            "print(sorted(m for m in ('torch', 'ray', 'matplotlib') if m in sys.modules))")
+    code = (
+        "import sys\nfrom pytest_spikecheck.sweep import load_sweep, sweep\nimport pytest_spikecheck.cli.sweep\n"
+        "load_sweep('experiments/sweeps/lr-sensitivity-by-width.yaml').expand()\n"
+        "print(sorted(m for m in ('torch', 'ray', 'matplotlib') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"
 
@@ -437,11 +468,15 @@ def test_the_plugins_rows_and_the_sweeps_rows_are_filled_from_one_typed_measure(
     swept = row_for(point, "done", measured)
     assert isinstance(swept, PointRow) and swept.measures == measured  # the same typed measures, not a copy in a dict
     assert {k: swept[k] for k in MEASURES if k in measured.to_json()} == {
-        k: v for k, v in measured.to_json().items() if k in MEASURES}
+        k: v for k, v in measured.to_json().items() if k in MEASURES
+    }
     scenario_row = summarise(run)
-    assert (scenario_row.max_attn_logit, scenario_row.final_eval_loss, scenario_row.skipped_steps,
-            scenario_row.loss_scale_min) == (measured.max_attn_logit, measured.final_eval_loss, measured.skipped_steps,
-                                             measured.loss_scale_min)
+    assert (
+        scenario_row.max_attn_logit,
+        scenario_row.final_eval_loss,
+        scenario_row.skipped_steps,
+        scenario_row.loss_scale_min,
+    ) == (measured.max_attn_logit, measured.final_eval_loss, measured.skipped_steps, measured.loss_scale_min)
     assert swept["final_eval_loss"] == scenario_row.final_eval_loss and swept["max_attn_logit"] == scenario_row.max_attn_logit
 
 
@@ -461,10 +496,26 @@ def test_every_point_is_named_by_every_axis_even_at_the_presets_own_value():
 
 
 #: A row of sweep.json as the code before typed rows wrote it (a plain dict, the same columns).
-OLD_ROW = {"point": "p+lr=0.1", "recipe": "baseline", "optimizer.lr": 0.1, "seed": 0, "status": "done",
-           "final_eval_loss": None, "initial_loss": 5.9, "max_attn_logit": 12.5, "largest_spike_ratio": 7.5,
-           "spike_step": 41, "is_spike": True, "recovery": None, "diverged": True, "seconds": 1.5, "error": None,
-           "content_hash": "abc", "where": "host:1", "run": "runs/p+lr=0.1"}
+OLD_ROW = {
+    "point": "p+lr=0.1",
+    "recipe": "baseline",
+    "optimizer.lr": 0.1,
+    "seed": 0,
+    "status": "done",
+    "final_eval_loss": None,
+    "initial_loss": 5.9,
+    "max_attn_logit": 12.5,
+    "largest_spike_ratio": 7.5,
+    "spike_step": 41,
+    "is_spike": True,
+    "recovery": None,
+    "diverged": True,
+    "seconds": 1.5,
+    "error": None,
+    "content_hash": "abc",
+    "where": "host:1",
+    "run": "runs/p+lr=0.1",
+}
 
 
 def test_sweep_rows_are_typed_and_keep_the_files_columns_and_old_rows_read_back(tmp_path, monkeypatch):
@@ -472,15 +523,25 @@ def test_sweep_rows_are_typed_and_keep_the_files_columns_and_old_rows_read_back(
     row the files write, in the same columns and order; a row of an older sweep.json reads back."""
     result = _result(lambda p: (1.0 + p.value("optimizer.lr"), 2.5), recipes={"baseline": [], "qk": [QKLayerNorm()]})
     assert all(isinstance(r, PointRow) and isinstance(r.measures, Measures) for r in result.rows)
-    assert list(result.rows[0]) == ["point", "recipe", "optimizer.lr", "model.preset", "seed", *MEASURES,
-                                    "content_hash", "where", "run"]
+    assert list(result.rows[0]) == [
+        "point",
+        "recipe",
+        "optimizer.lr",
+        "model.preset",
+        "seed",
+        *MEASURES,
+        "content_hash",
+        "where",
+        "run",
+    ]
     monkeypatch.setattr("pytest_spikecheck.sweep.panels.draw_panels", lambda result, out: [])  # no matplotlib here
     result.write(tmp_path)
     written = json.loads((tmp_path / "sweep.json").read_text())["rows"]
     assert [PointRow.from_json(r).columns() for r in written] == written
     header = (tmp_path / "sweep.csv").read_text().splitlines()[0]
-    assert header == ",".join(["point", "recipe", "optimizer.lr", "model.preset", "seed", *MEASURES, "content_hash",
-                               "where", "run"])
+    assert header == ",".join(
+        ["point", "recipe", "optimizer.lr", "model.preset", "seed", *MEASURES, "content_hash", "where", "run"]
+    )
     old = PointRow.from_json(OLD_ROW)
     assert old.columns() == OLD_ROW and list(old) == list(OLD_ROW)
     assert (old.measures.largest_spike_ratio, old.measures.diverged, old["optimizer.lr"]) == (7.5, True, 0.1)

@@ -107,8 +107,9 @@ def test_a_node_lost_mid_sweep_and_every_point_still_finishes_once_with_the_same
     # then trains on the head.
     worker = cluster.worker.node_id
     marker = tmp_path / "started-on-the-lost-node"
-    base = TINY.replace(model_factory="sweep_points:nano_gpt",
-                        model_kwargs={"hang_on_node": worker, "started_marker": str(marker)})
+    base = TINY.replace(
+        model_factory="sweep_points:nano_gpt", model_kwargs={"hang_on_node": worker, "started_marker": str(marker)}
+    )
 
     def lose_the_worker_node():
         deadline = time.monotonic() + 120
@@ -117,8 +118,12 @@ def test_a_node_lost_mid_sweep_and_every_point_still_finishes_once_with_the_same
             time.sleep(0.1)
         cluster.remove_node(cluster.worker, allow_graceful=False)
 
-    result = sweep(Sweep(base, grid={"seed": [0, 1, 2]}), executor="ray", address=cluster.address,
-                   progress=_OnFirstPoint(lose_the_worker_node))
+    result = sweep(
+        Sweep(base, grid={"seed": [0, 1, 2]}),
+        executor="ray",
+        address=cluster.address,
+        progress=_OnFirstPoint(lose_the_worker_node),
+    )
     assert [r["status"] for r in result.rows] == ["done"] * 3  # each point exactly once
     head = cluster.head_node.node_id
     assert marker.read_text() == worker and {r["where"] for r in result.rows} == {head}

@@ -14,27 +14,43 @@ import pytest
 import torch
 
 from pytest_spikecheck import (
-    AccumulateSum, ClipBeforeUnscale, ClipEachMicrobatch, ConfigError, HalfPrecision, RareTokenBurst, Run, Scenario,
-    SpikeCheckError, assert_accumulation_invariant, assert_clip_contains, assert_diverges, assert_finite,
-    assert_overflow_skips, train,
+    AccumulateSum,
+    ClipBeforeUnscale,
+    ClipEachMicrobatch,
+    ConfigError,
+    HalfPrecision,
+    RareTokenBurst,
+    Run,
+    Scenario,
+    SpikeCheckError,
+    assert_accumulation_invariant,
+    assert_clip_contains,
+    assert_diverges,
+    assert_finite,
+    assert_overflow_skips,
+    train,
 )
 from pytest_spikecheck.training.probe import probe_at
 from pytest_spikecheck.training.step import TrainingStep
 from pytest_spikecheck.scenario import ClipSpec
 
 STEPS, BURST = 12, 9
-NANO = Scenario.preset("phase-19").replace(name="nano", steps=STEPS, model=Scenario.preset("phase-19").model.__class__(
-    n_layer=2, n_head=2, n_embd=32)).with_breaks(RareTokenBurst(count=8, at_step=BURST))
+NANO = (
+    Scenario.preset("phase-19")
+    .replace(name="nano", steps=STEPS, model=Scenario.preset("phase-19").model.__class__(n_layer=2, n_head=2, n_embd=32))
+    .with_breaks(RareTokenBurst(count=8, at_step=BURST))
+)
 
 
 @pytest.fixture(scope="module")
 def nano_runs():
     return {
-        "k1": train(NANO), "k4": train(NANO.replace(sampler__accumulation=4)),
+        "k1": train(NANO),
+        "k4": train(NANO.replace(sampler__accumulation=4)),
         "sum": train(NANO.replace(sampler__accumulation=4).with_breaks(AccumulateSum())),
         "bf16": train(NANO.replace(amp__dtype="bfloat16")),
         "fp16": train(NANO.replace(amp__dtype="float16", amp__loss_scale="dynamic")),
-        "fp16_static_2^24": train(NANO.replace(amp__dtype="float16", amp__loss_scale=2.0 ** 24)),
+        "fp16_static_2^24": train(NANO.replace(amp__dtype="float16", amp__loss_scale=2.0**24)),
     }
 
 
@@ -66,7 +82,7 @@ def test_bf16_autocasts_the_forward_and_keeps_float32_weights(nano_runs):
 def test_fp16_records_the_loss_scale_and_marks_the_steps_it_skips(nano_runs, tmp_path):
     run = nano_runs["fp16"]
     scales = run["loss_scale"]
-    assert scales[0] == 2 ** 16  # torch's default init_scale
+    assert scales[0] == 2**16  # torch's default init_scale
     for step, why in run.skipped.items():  # each skip halves the next step's scale
         assert why == "overflow" and not np.isfinite(run["grad_norm_pre"][step - 1])
         assert scales[step] == scales[step - 1] / 2 and run["grad_norm_post"][step - 1] == 0.0
@@ -78,7 +94,7 @@ def test_fp16_records_the_loss_scale_and_marks_the_steps_it_skips(nano_runs, tmp
 
 def test_a_static_scale_too_high_skips_every_step_and_is_caught(nano_runs):
     run = nano_runs["fp16_static_2^24"]
-    assert set(run.skipped) == set(range(1, STEPS + 1)) and np.all(run["loss_scale"] == 2 ** 24)  # static: it never backs off
+    assert set(run.skipped) == set(range(1, STEPS + 1)) and np.all(run["loss_scale"] == 2**24)  # static: it never backs off
     finite = assert_finite(run)  # the skipped steps' gradient norms are excused, the losses are finite
     assert len(finite.skipped_steps) == STEPS
     with pytest.raises(SpikeCheckError, match=r"expected the run to diverge"):
@@ -95,8 +111,7 @@ def test_the_float32_path_runs_no_autocast_and_no_scaler():
     """The default recipe's step is the one it was before accumulation and AMP existed (the
     byte-identity of the seed-42 Phase-19 metrics is checked in the report of issue 23)."""
     model = torch.nn.Linear(2, 2)
-    step = TrainingStep(model, torch.optim.SGD(model.parameters(), lr=0.1), sharding=None, backend="torch",
-                        clip=ClipSpec())
+    step = TrainingStep(model, torch.optim.SGD(model.parameters(), lr=0.1), sharding=None, backend="torch", clip=ClipSpec())
     assert step.precision.is_float32 and step.accumulation == 1
     assert step.precision.current_scale() != step.precision.current_scale()  # NaN: nothing to read, no host sync
     assert step.precision.unscale(None) is False
@@ -113,21 +128,31 @@ def test_a_probe_of_the_real_batch_is_the_engines_step():
     assert probe(probe.real_batch) == result  # the scaler's state is restored with the rest
 
 
-@pytest.mark.parametrize(("changes", "breaks", "message"), [
-    ({"sampler__accumulation": 3}, (), "sampler.batch_size 8 is not a multiple of sampler.accumulation 3"),
-    ({"sampler__accumulation": 0}, (), "sampler.accumulation must be in \\[1, 65536\\], was 0"),
-    ({"sampler__accumulate": "max"}, (), "sampler.accumulate must be mean or sum, was 'max'"),
-    ({}, (AccumulateSum(),), "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2"),
-    ({}, (ClipEachMicrobatch(),), "optimizer.clip_when per_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2"),
-    ({"amp__dtype": "float8"}, (), "amp.dtype must be one of float32, bfloat16, float16, was 'float8'"),
-    ({"amp__loss_scale": "dynamic"}, (), "amp.loss_scale needs amp.dtype float16"),
-    ({"amp__dtype": "float16", "amp__loss_scale": -1.0}, (), "amp.loss_scale must be in (0, 1e"),
-    ({"amp__dtype": "float16", "amp__loss_scale": "dyn"}, (), "amp.loss_scale must be 'dynamic', a number or None"),
-    ({"amp__dtype": "bfloat16"}, (HalfPrecision(),), "amp keeps float32 master weights: model.dtype must be float32"),
-    ({"optimizer__clip_when": "before_unscale"}, (), "optimizer.clip_when before_unscale (ClipBeforeUnscale) needs a loss scale"),
-    ({"sampler__accumulation": 2, "amp__dtype": "float16", "amp__loss_scale": "dynamic"}, (ClipEachMicrobatch(),),
-     "optimizer.clip_when per_microbatch (ClipEachMicrobatch) is declared without loss scaling"),
-])
+@pytest.mark.parametrize(
+    ("changes", "breaks", "message"),
+    [
+        ({"sampler__accumulation": 3}, (), "sampler.batch_size 8 is not a multiple of sampler.accumulation 3"),
+        ({"sampler__accumulation": 0}, (), "sampler.accumulation must be in \\[1, 65536\\], was 0"),
+        ({"sampler__accumulate": "max"}, (), "sampler.accumulate must be mean or sum, was 'max'"),
+        ({}, (AccumulateSum(),), "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2"),
+        ({}, (ClipEachMicrobatch(),), "optimizer.clip_when per_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2"),
+        ({"amp__dtype": "float8"}, (), "amp.dtype must be one of float32, bfloat16, float16, was 'float8'"),
+        ({"amp__loss_scale": "dynamic"}, (), "amp.loss_scale needs amp.dtype float16"),
+        ({"amp__dtype": "float16", "amp__loss_scale": -1.0}, (), "amp.loss_scale must be in (0, 1e"),
+        ({"amp__dtype": "float16", "amp__loss_scale": "dyn"}, (), "amp.loss_scale must be 'dynamic', a number or None"),
+        ({"amp__dtype": "bfloat16"}, (HalfPrecision(),), "amp keeps float32 master weights: model.dtype must be float32"),
+        (
+            {"optimizer__clip_when": "before_unscale"},
+            (),
+            "optimizer.clip_when before_unscale (ClipBeforeUnscale) needs a loss scale",
+        ),
+        (
+            {"sampler__accumulation": 2, "amp__dtype": "float16", "amp__loss_scale": "dynamic"},
+            (ClipEachMicrobatch(),),
+            "optimizer.clip_when per_microbatch (ClipEachMicrobatch) is declared without loss scaling",
+        ),
+    ],
+)
 def test_bad_accumulation_and_amp_settings_are_one_line_errors(changes, breaks, message):
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):
         NANO.replace(**changes).with_breaks(*breaks).resolved()
@@ -135,15 +160,20 @@ def test_bad_accumulation_and_amp_settings_are_one_line_errors(changes, breaks, 
 
 def test_clip_before_unscale_turns_on_fp16_with_dynamic_scaling_unless_scaled_already():
     assert NANO.with_breaks(ClipBeforeUnscale()).resolved().amp.loss_scale == "dynamic"
-    assert NANO.replace(amp__dtype="bfloat16", amp__loss_scale=1024.0).with_breaks(
-        ClipBeforeUnscale()).resolved().amp == NANO.replace(amp__dtype="bfloat16", amp__loss_scale=1024.0).amp
+    assert (
+        NANO.replace(amp__dtype="bfloat16", amp__loss_scale=1024.0).with_breaks(ClipBeforeUnscale()).resolved().amp
+        == NANO.replace(amp__dtype="bfloat16", amp__loss_scale=1024.0).amp
+    )
 
 
-@pytest.mark.parametrize(("yaml", "message"), [
-    ("amp: {dtype: float16, loss_scale: abc}", "amp.loss_scale must be 'dynamic', a number (a static scale) or null"),
-    ("amp: {dtype: float16, scale: 2}", "unknown key amp.scale; expected one of dtype, loss_scale"),
-    ("sampler: {accumulation: 2.5}", "sampler.accumulation must be an integer"),
-])
+@pytest.mark.parametrize(
+    ("yaml", "message"),
+    [
+        ("amp: {dtype: float16, loss_scale: abc}", "amp.loss_scale must be 'dynamic', a number (a static scale) or null"),
+        ("amp: {dtype: float16, scale: 2}", "unknown key amp.scale; expected one of dtype, loss_scale"),
+        ("sampler: {accumulation: 2.5}", "sampler.accumulation must be an integer"),
+    ],
+)
 def test_bad_yaml_is_one_line_naming_the_file(tmp_path, yaml, message):
     path = tmp_path / "config.yaml"
     path.write_text(f"preset: phase-19\n{yaml}\n")
@@ -208,18 +238,26 @@ class _TinyLM(torch.nn.Module):
         return logits, torch.nn.functional.cross_entropy(logits.float().view(-1, 11), y.view(-1))
 
 
-@pytest.mark.parametrize(("scale", "skipped"), [(2.0 ** 24, True), (1.0, False)])
+@pytest.mark.parametrize(("scale", "skipped"), [(2.0**24, True), (1.0, False)])
 def test_the_loss_scaler_works_with_any_optimizer_object(scale, skipped):
     from pytest_spikecheck.training.precision import Precision
     from pytest_spikecheck.training.sharding import SingleProcess
 
     torch.manual_seed(0)
     model = _TinyLM()
-    optimizer = _TwoOptimizers(torch.optim.AdamW(model.embed.parameters(), lr=0.1),
-                               torch.optim.SGD(model.head.parameters(), lr=0.1))
+    optimizer = _TwoOptimizers(
+        torch.optim.AdamW(model.embed.parameters(), lr=0.1), torch.optim.SGD(model.head.parameters(), lr=0.1)
+    )
     precision = Precision(torch.float16, torch.amp.GradScaler("cpu", init_scale=scale), static_scale=scale)
-    step = TrainingStep(model, optimizer, SingleProcess(list(model.parameters())), backend="torch", clip=ClipSpec(),
-                        accumulation=2, precision=precision)
+    step = TrainingStep(
+        model,
+        optimizer,
+        SingleProcess(list(model.parameters())),
+        backend="torch",
+        clip=ClipSpec(),
+        accumulation=2,
+        precision=precision,
+    )
     x, y = torch.randint(0, 11, (4, 5)), torch.randint(0, 11, (4, 5))
     before = [p.detach().clone() for p in model.parameters()]
     outcome = step.forward_backward_clip(1, [0, 1, 2, 3], x, y, lr=0.1, max_norm=1.0)
@@ -236,7 +274,10 @@ def test_every_optimizer_declares_what_it_needs_of_a_sharding():
     from pytest_spikecheck.training.optimizers import OPTIMIZER_KINDS, optimizer_kind
 
     assert tuple(OPTIMIZER_KINDS) == OPTIMIZERS
-    assert [(k.elementwise is not None, k.whole_matrices is not None, k.adam_moments)
-            for k in OPTIMIZER_KINDS.values()] == [(True, False, True), (False, True, True), (True, False, False)]
+    assert [(k.elementwise is not None, k.whole_matrices is not None, k.adam_moments) for k in OPTIMIZER_KINDS.values()] == [
+        (True, False, True),
+        (False, True, True),
+        (True, False, False),
+    ]
     with pytest.raises(ConfigError, match="optimizer.name must be one of adamw, muon, sgd, was 'adam'"):
         optimizer_kind("adam")

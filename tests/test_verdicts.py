@@ -14,8 +14,16 @@ import numpy as np
 import pytest
 
 from pytest_spikecheck import (
-    SpikeCheckError, Verdict, assert_clip_contains, assert_diverges, assert_finite, assert_logits_bounded,
-    assert_no_spike, assert_qk_clip_contains, assert_recovers, assert_spike,
+    SpikeCheckError,
+    Verdict,
+    assert_clip_contains,
+    assert_diverges,
+    assert_finite,
+    assert_logits_bounded,
+    assert_no_spike,
+    assert_qk_clip_contains,
+    assert_recovers,
+    assert_spike,
 )
 from pytest_spikecheck.judge.verdict import collecting
 
@@ -24,8 +32,12 @@ def _flat(n: int = 40, spike_at: int | None = 30, height: float = 50.0) -> dict:
     pre = np.full(n, 0.5) + 0.01 * np.sin(np.arange(n))
     if spike_at is not None:
         pre[spike_at - 1] = height
-    return {"loss": np.full(n, 2.0), "grad_norm_pre": pre, "grad_norm_post": np.minimum(pre, 1.0),
-            "attn_logit_max": np.linspace(1.0, 5.0, n)}
+    return {
+        "loss": np.full(n, 2.0),
+        "grad_norm_pre": pre,
+        "grad_norm_post": np.minimum(pre, 1.0),
+        "attn_logit_max": np.linspace(1.0, 5.0, n),
+    }
 
 
 def test_each_assertion_reports_a_verdict_passed_or_failed():
@@ -37,8 +49,13 @@ def test_each_assertion_reports_a_verdict_passed_or_failed():
         with pytest.raises(SpikeCheckError) as failed:
             assert_no_spike(record)
         bounded = assert_logits_bounded(record, attention=10)
-    assert [v.assertion for v in got] == ["assert_spike", "assert_clip_contains", "assert_finite", "assert_no_spike",
-                                         "assert_logits_bounded"]
+    assert [v.assertion for v in got] == [
+        "assert_spike",
+        "assert_clip_contains",
+        "assert_finite",
+        "assert_no_spike",
+        "assert_logits_bounded",
+    ]
     spike = got[0]
     assert (spike.passed, spike.metric, spike.step, spike.limit) == (True, "grad_norm_pre", 30, 10.0)
     assert spike.measured == pytest.approx(ratio) and "spike of" in spike.reason and "\n" not in spike.reason
@@ -85,8 +102,12 @@ def test_qk_clip_on_a_run_without_it_says_it_was_not_on(short_runs):
 
 
 def test_qk_clip_failures_carry_the_evidence():
-    record = {"step": [1, 2, 3, 4], "loss": [1.0] * 4, "attn_logit_max": [10.0, 40.0, 55.0, 59.0],
-              "qk_clipped_heads": [0, 2, 1, 1]}
+    record = {
+        "step": [1, 2, 3, 4],
+        "loss": [1.0] * 4,
+        "attn_logit_max": [10.0, 40.0, 55.0, 59.0],
+        "qk_clipped_heads": [0, 2, 1, 1],
+    }
     with pytest.raises(SpikeCheckError) as failure:
         assert_qk_clip_contains(record, tau=30, factor=1.5)
     text = str(failure.value)
@@ -102,8 +123,11 @@ def test_a_recorded_clip_before_unscale_fails_clip_containment(short_runs):
     control, _ = short_runs
     warned = dataclasses.replace(control, meta={**control.meta, "clip_before_unscale_at": [5]})
     assert_clip_contains(control, max_norm=1.0)
-    with pytest.raises(SpikeCheckError, match=r"the clip ran before the loss scaler's unscale at step 5 "
-                                              r"\(ClipBeforeUnscaleWarning\)"):
+    with pytest.raises(
+        SpikeCheckError,
+        match=r"the clip ran before the loss scaler's unscale at step 5 "
+        r"\(ClipBeforeUnscaleWarning\)",
+    ):
         assert_clip_contains(warned, max_norm=1.0)
 
 
@@ -111,8 +135,9 @@ def test_a_logs_spike_elsewhere_is_named(tmp_path):
     path = tmp_path / "train.jsonl"
     norms = 0.5 + 0.01 * np.sin(np.arange(1, 201))
     norms[136] = 40.0  # step 137
-    path.write_text("".join(json.dumps({"step": int(s), "loss": 2.0, "grad_norm": float(g)}) + "\n"
-                            for s, g in zip(range(1, 201), norms)))
+    path.write_text(
+        "".join(json.dumps({"step": int(s), "loss": 2.0, "grad_norm": float(g)}) + "\n" for s, g in zip(range(1, 201), norms))
+    )
     assert assert_spike(path, at=137) > 10
     with pytest.raises(SpikeCheckError, match=r"at step 136, but it flagged other steps \(137\)"):
         assert_spike(path, at=136)
@@ -122,8 +147,9 @@ def test_spikecheck_check_json_lists_its_verdicts(tmp_path, capsys):
     from pytest_spikecheck.cli import main
 
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "grad_norm": 0.5, "grad_norm_post": 0.5}) + "\n"
-                            for s in range(1, 41)))
+    path.write_text(
+        "".join(json.dumps({"step": s, "loss": 2.0, "grad_norm": 0.5, "grad_norm_post": 0.5}) + "\n" for s in range(1, 41))
+    )
     assert main(["check", str(path), "--json", "--max-norm", "1"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [v["assertion"] for v in report["verdicts"]] == ["spikecheck check"] * 3 + ["assert_clip_contains"]
@@ -134,8 +160,9 @@ def test_spikecheck_check_json_gives_scores_as_numbers(tmp_path, capsys):
     from pytest_spikecheck.cli import main
 
     path = tmp_path / "train.jsonl"
-    path.write_text("".join(json.dumps({"step": s, "loss": 2.0, "grad_norm": 40.0 if s == 30 else 1.0}) + "\n"
-                            for s in range(1, 60)))
+    path.write_text(
+        "".join(json.dumps({"step": s, "loss": 2.0, "grad_norm": 40.0 if s == 30 else 1.0}) + "\n" for s in range(1, 60))
+    )
     assert main(["check", str(path), "--json"]) == 1
     spike = json.loads(capsys.readouterr().out)["series"][0]["spikes"][0]
     assert spike["scores"] == [40.0] and spike["units"] == ["×"] and spike["score_texts"] == ["40×"]
@@ -154,8 +181,12 @@ def test_a_sweep_panels_title_fits_its_figure():
 
     name = "muon-fidelity+" + "+".join(f"model.n_embd={w}" for w in (64, 128, 256, 512, 1024))
     fig = plt.figure(figsize=(6.5, 4.2), dpi=110)
-    title = fig.suptitle(fit_title(f"{name}\nfinal eval loss vs peak LR (median over 5 seeds, min–max shaded; a "
-                                   "diverged run at its initial loss)", fig), fontsize=10)
+    title = fig.suptitle(
+        fit_title(
+            f"{name}\nfinal eval loss vs peak LR (median over 5 seeds, min–max shaded; a diverged run at its initial loss)", fig
+        ),
+        fontsize=10,
+    )
     fig.canvas.draw()
     box = title.get_window_extent()
     assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox.width)
@@ -170,10 +201,13 @@ def test_the_sweep_and_set_up_checks_report_verdicts_too():
         with pytest.raises(SpikeCheckError) as failure:
             assert_lr_sensitivity(sweep, max=0.5)
         assert_stable_up_to(sweep, lr=1e-2)
-        assert_overflow_skips({"step": [1, 2, 3], "loss": [1.0] * 3, "loss_scale": [2.0 ** 16] * 3})
+        assert_overflow_skips({"step": [1, 2, 3], "loss": [1.0] * 3, "loss_scale": [2.0**16] * 3})
     assert failure.value.verdict is got[0] and got[0].measured == pytest.approx(sweep.sensitivity) and got[0].limit == 0.5
-    assert [(v.assertion, v.passed) for v in got] == [("assert_lr_sensitivity", False), ("assert_stable_up_to", True),
-                                                      ("assert_overflow_skips", True)]
+    assert [(v.assertion, v.passed) for v in got] == [
+        ("assert_lr_sensitivity", False),
+        ("assert_stable_up_to", True),
+        ("assert_overflow_skips", True),
+    ]
 
 
 def test_nested_blocks_each_keep_their_own_verdicts_even_when_equal():

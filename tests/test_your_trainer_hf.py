@@ -16,13 +16,27 @@ pytest.importorskip("transformers", reason="the [hf] extra (transformers, accele
 
 import torch  # noqa: E402
 from trainer_data import (  # noqa: E402
-    BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, causal_lm_rows, corpus, one_thread, stream,
+    BATCH,
+    BURST_STEP,
+    MAX_NORM,
+    STEPS,
+    catalog,
+    causal_lm_rows,
+    corpus,
+    one_thread,
+    stream,
 )
 from run_schema import validate_run_folder  # noqa: E402
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
 
 from pytest_spikecheck import (  # noqa: E402
-    Run, assert_accumulation_invariant, assert_clip_contains, assert_finite, assert_spike, diagnose, inject_burst,
+    Run,
+    assert_accumulation_invariant,
+    assert_clip_contains,
+    assert_finite,
+    assert_spike,
+    diagnose,
+    inject_burst,
 )
 from pytest_spikecheck.cli import main as cli  # noqa: E402
 from pytest_spikecheck.errors import ConfigError  # noqa: E402
@@ -32,32 +46,66 @@ from pytest_spikecheck.integrations.hf import SpikecheckCallback  # noqa: E402
 def tiny_gpt2() -> GPT2LMHeadModel:
     data, _ = corpus()
     torch.manual_seed(0)
-    config = GPT2Config(vocab_size=data.tokenizer.vocab_size, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-                        bos_token_id=data.tokenizer.eos_id, eos_token_id=data.tokenizer.eos_id,
-                        pad_token_id=data.tokenizer.pad_id, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        vocab_size=data.tokenizer.vocab_size,
+        n_positions=64,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=data.tokenizer.eos_id,
+        eos_token_id=data.tokenizer.eos_id,
+        pad_token_id=data.tokenizer.pad_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     return GPT2LMHeadModel(config)
 
 
 def arguments(out, max_grad_norm: float, **changes) -> TrainingArguments:
-    return TrainingArguments(**{
-        "output_dir": str(out), "max_steps": STEPS, "per_device_train_batch_size": BATCH, "learning_rate": 1e-2,
-        "weight_decay": 0.1, "warmup_steps": 10, "lr_scheduler_type": "cosine", "max_grad_norm": max_grad_norm,
-        "logging_steps": 1, "save_strategy": "no", "report_to": "none", "use_cpu": True, "seed": 0,
-        "disable_tqdm": True, "dataloader_num_workers": 0, **changes})
+    return TrainingArguments(
+        **{
+            "output_dir": str(out),
+            "max_steps": STEPS,
+            "per_device_train_batch_size": BATCH,
+            "learning_rate": 1e-2,
+            "weight_decay": 0.1,
+            "warmup_steps": 10,
+            "lr_scheduler_type": "cosine",
+            "max_grad_norm": max_grad_norm,
+            "logging_steps": 1,
+            "save_strategy": "no",
+            "report_to": "none",
+            "use_cpu": True,
+            "seed": 0,
+            "disable_tqdm": True,
+            "dataloader_num_workers": 0,
+            **changes,
+        }
+    )
 
 
 def accumulated_stream(accumulation: int):
     """The burst stream for micro-batches of BATCH / accumulation: the same optimizer-step batches
     (same seed, same plan) as the stream of batch BATCH."""
     _, burst = corpus()
-    return inject_burst(causal_lm_rows(), samples=burst, at_step=BURST_STEP, count=3, batch_size=BATCH // accumulation,
-                        steps=STEPS, seed=0, accumulation=accumulation)
+    return inject_burst(
+        causal_lm_rows(),
+        samples=burst,
+        at_step=BURST_STEP,
+        count=3,
+        batch_size=BATCH // accumulation,
+        steps=STEPS,
+        seed=0,
+        accumulation=accumulation,
+    )
 
 
 def train_hf(out, max_grad_norm: float, accumulation: int = 1, **changes) -> Run:
     callback = SpikecheckCallback(out / "run", catalog=catalog(), stream=accumulated_stream(accumulation), name="hf")
-    args = arguments(out, max_grad_norm, per_device_train_batch_size=BATCH // accumulation,
-                     gradient_accumulation_steps=accumulation, **changes)
+    args = arguments(
+        out, max_grad_norm, per_device_train_batch_size=BATCH // accumulation, gradient_accumulation_steps=accumulation, **changes
+    )
     Trainer(model=tiny_gpt2(), args=args, train_dataset=callback.stream, callbacks=[callback]).train()
     return Run.load(out / "run")
 
@@ -66,8 +114,12 @@ def train_hf(out, max_grad_norm: float, accumulation: int = 1, **changes) -> Run
 def hf_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf")
     with one_thread():
-        return {"clip": train_hf(out / "clip", MAX_NORM), "no_clip": train_hf(out / "no_clip", 0.0),
-                "ga4": train_hf(out / "ga4", MAX_NORM, accumulation=4), "bf16": train_hf(out / "bf16", MAX_NORM, bf16=True)}
+        return {
+            "clip": train_hf(out / "clip", MAX_NORM),
+            "no_clip": train_hf(out / "no_clip", 0.0),
+            "ga4": train_hf(out / "ga4", MAX_NORM, accumulation=4),
+            "bf16": train_hf(out / "bf16", MAX_NORM, bf16=True),
+        }
 
 
 def test_the_stream_of_batch_8_and_the_one_of_4_micro_batches_of_2_plan_the_same_steps():
@@ -109,8 +161,12 @@ def test_unclipped_run_spikes_at_the_burst_and_names_the_injected_samples(hf_run
 
 def test_a_batch_size_other_than_the_streams_is_refused(tmp_path):
     callback = SpikecheckCallback(catalog=catalog(), stream=stream(causal_lm_rows()))
-    trainer = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, 1.0, per_device_train_batch_size=4),
-                      train_dataset=callback.stream, callbacks=[callback])
+    trainer = Trainer(
+        model=tiny_gpt2(),
+        args=arguments(tmp_path, 1.0, per_device_train_batch_size=4),
+        train_dataset=callback.stream,
+        callbacks=[callback],
+    )
     with pytest.raises(ConfigError, match="per_device_train_batch_size is 4 but the burst stream plans batches of 8"):
         trainer.train()
 
@@ -143,19 +199,31 @@ def test_a_recorded_folder_says_what_it_is(hf_runs, tmp_path, capsys):
     folder = hf_runs["ga4"].folder
     assert not (folder / "config.yaml").exists()  # the engine's defaults would not be this run
     recorded = json.loads((folder / "run.json").read_text())["recorded"]
-    assert {k: recorded[k] for k in ("trainer", "seed", "lr", "max_grad_norm", "accumulation", "micro_batch_size",
-                                     "batch_size")} == {"trainer": "hf", "seed": 0, "lr": 1e-2, "max_grad_norm": MAX_NORM,
-                                                        "accumulation": 4, "micro_batch_size": 2, "batch_size": 8}
+    assert {
+        k: recorded[k] for k in ("trainer", "seed", "lr", "max_grad_norm", "accumulation", "micro_batch_size", "batch_size")
+    } == {
+        "trainer": "hf",
+        "seed": 0,
+        "lr": 1e-2,
+        "max_grad_norm": MAX_NORM,
+        "accumulation": 4,
+        "micro_batch_size": 2,
+        "batch_size": 8,
+    }
     assert recorded["trainer_version"].startswith("transformers ")
     assert cli(["diagnose", str(folder)]) == 0
     header = capsys.readouterr().out.splitlines()[0]
-    assert header == (f"hf: recorded from a Hugging Face Trainer ({recorded['trainer_version']}): 40 steps, seed 0, "
-                      f"lr 0.01, max_grad_norm 1, batch 8 = 4 micro-batches of 2, precision fp32 (TrainingArguments); "
-                      f"burst at step {BURST_STEP} (3 samples)")
+    assert header == (
+        f"hf: recorded from a Hugging Face Trainer ({recorded['trainer_version']}): 40 steps, seed 0, "
+        f"lr 0.01, max_grad_norm 1, batch 8 = 4 micro-batches of 2, precision fp32 (TrainingArguments); "
+        f"burst at step {BURST_STEP} (3 samples)"
+    )
     assert cli(["train", str(folder)]) == 2
     error = capsys.readouterr().err
-    assert error == (f"spikecheck: error: {folder}: recorded from a Hugging Face Trainer run; retrain it with your "
-                     f"trainer (spikecheck train trains scenarios: a config.yaml or an experiment directory)\n")
+    assert error == (
+        f"spikecheck: error: {folder}: recorded from a Hugging Face Trainer run; retrain it with your "
+        f"trainer (spikecheck train trains scenarios: a config.yaml or an experiment directory)\n"
+    )
 
 
 def test_compare_of_two_recorded_runs_labels_them_by_folder_and_says_not_evaluated(hf_runs):
@@ -166,19 +234,24 @@ def test_compare_of_two_recorded_runs_labels_them_by_folder_and_says_not_evaluat
     assert result.names == ("ga4", "clip")  # both runs are named "hf": told apart by their folders
     lines = result.text().splitlines()
     assert all(line.endswith("not evaluated") for line in lines[2:4])  # no train loss under "final eval loss"
-    assert lines[-1] == ("final gap: not measured (ga4 and clip not evaluated; the loss jump and recovery are the "
-                         "train loss's)")
+    assert lines[-1] == ("final gap: not measured (ga4 and clip not evaluated; the loss jump and recovery are the train loss's)")
 
 
-@pytest.mark.parametrize(("changes", "message"), [
-    ({"gradient_accumulation_steps": 4, "per_device_train_batch_size": BATCH},
-     "gradient_accumulation_steps is 4 but the burst stream plans 1 micro-batch(es) per optimizer step"),
-    ({"max_steps": STEPS + 1}, f"max_steps is {STEPS + 1} but the burst stream plans {STEPS} optimizer steps"),
-])
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (
+            {"gradient_accumulation_steps": 4, "per_device_train_batch_size": BATCH},
+            "gradient_accumulation_steps is 4 but the burst stream plans 1 micro-batch(es) per optimizer step",
+        ),
+        ({"max_steps": STEPS + 1}, f"max_steps is {STEPS + 1} but the burst stream plans {STEPS} optimizer steps"),
+    ],
+)
 def test_a_stream_trainer_mismatch_is_refused_before_training(tmp_path, changes, message):
     callback = SpikecheckCallback(catalog=catalog(), stream=stream(causal_lm_rows()))
-    trainer = Trainer(model=tiny_gpt2(), args=arguments(tmp_path, 1.0, **changes), train_dataset=callback.stream,
-                      callbacks=[callback])
+    trainer = Trainer(
+        model=tiny_gpt2(), args=arguments(tmp_path, 1.0, **changes), train_dataset=callback.stream, callbacks=[callback]
+    )
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         trainer.train()
     assert trainer.state.global_step == 0  # nothing trained
@@ -223,6 +296,7 @@ def test_the_trainer_writes_tensorboard_events_under_output_dir_runs(tmp_path):
 
 # -- the run facts: what the callback observed is what the judges read ------------------------
 
+
 def test_a_muon_run_recorded_from_the_trainer_is_diagnosed_as_muon_with_its_qk_clip(tmp_path):
     """torch.optim.Muon on GPT-2's hidden matrices (the rest frozen: Muon takes 2-D tensors
     only), QK-Clip's tau declared to the recorder: the facts say muon and tau, and so does the
@@ -231,11 +305,15 @@ def test_a_muon_run_recorded_from_the_trainer_is_diagnosed_as_muon_with_its_qk_c
     hidden = [p for n, p in model.named_parameters() if p.ndim == 2 and ".h." in f".{n}"]
     for p in model.parameters():
         p.requires_grad_(any(p is h for h in hidden))
-    callback = SpikecheckCallback(tmp_path / "run", catalog=catalog(), stream=accumulated_stream(1), name="muon",
-                                  qk_clip=30.0)
+    callback = SpikecheckCallback(tmp_path / "run", catalog=catalog(), stream=accumulated_stream(1), name="muon", qk_clip=30.0)
     with one_thread():
-        Trainer(model=model, args=arguments(tmp_path, MAX_NORM, max_steps=4), train_dataset=callback.stream,
-                callbacks=[callback], optimizers=(torch.optim.Muon(hidden, lr=0.02), None)).train()
+        Trainer(
+            model=model,
+            args=arguments(tmp_path, MAX_NORM, max_steps=4),
+            train_dataset=callback.stream,
+            callbacks=[callback],
+            optimizers=(torch.optim.Muon(hidden, lr=0.02), None),
+        ).train()
     validate_run_folder(tmp_path / "run")  # a recorded folder is the published format too
     run = Run.load(tmp_path / "run")
     assert run.facts.source == "hf" and run.facts.optimizer == "muon"

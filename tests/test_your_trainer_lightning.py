@@ -19,7 +19,13 @@ from torch.utils.data import DataLoader  # noqa: E402
 from trainer_data import BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, corpus, one_thread, stream  # noqa: E402
 
 from pytest_spikecheck import (  # noqa: E402
-    Run, SpikeCheckError, assert_accumulation_invariant, assert_clip_contains, assert_spike, diagnose, inject_burst,
+    Run,
+    SpikeCheckError,
+    assert_accumulation_invariant,
+    assert_clip_contains,
+    assert_spike,
+    diagnose,
+    inject_burst,
 )
 from pytest_spikecheck.errors import ConfigError  # noqa: E402
 from pytest_spikecheck.integrations.lightning import SpikecheckCallback  # noqa: E402
@@ -55,8 +61,9 @@ class TinyLM(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = build_optimizer(self.gpt, self.scenario)
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda k: lr_at(
-            k + 1, base_lr=1.0, total_steps=STEPS, spec=self.scenario.schedule))
+        schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda k: lr_at(k + 1, base_lr=1.0, total_steps=STEPS, spec=self.scenario.schedule)
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
@@ -67,21 +74,41 @@ def _rows():
 
 def accumulated_stream(accumulation: int):
     _, burst = corpus()
-    return inject_burst(_rows(), samples=burst, at_step=BURST_STEP, count=3, batch_size=BATCH // accumulation,
-                        steps=STEPS, seed=0, accumulation=accumulation)
+    return inject_burst(
+        _rows(),
+        samples=burst,
+        at_step=BURST_STEP,
+        count=3,
+        batch_size=BATCH // accumulation,
+        steps=STEPS,
+        seed=0,
+        accumulation=accumulation,
+    )
 
 
 def lightning_trainer(callback, clip: float | None = MAX_NORM, **options) -> pl.Trainer:
-    return pl.Trainer(**{"max_steps": STEPS, "gradient_clip_val": clip, "accelerator": "cpu", "devices": 1,
-                         "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
-                         "enable_model_summary": False, "callbacks": [callback], **options})
+    return pl.Trainer(
+        **{
+            "max_steps": STEPS,
+            "gradient_clip_val": clip,
+            "accelerator": "cpu",
+            "devices": 1,
+            "logger": False,
+            "enable_checkpointing": False,
+            "enable_progress_bar": False,
+            "enable_model_summary": False,
+            "callbacks": [callback],
+            **options,
+        }
+    )
 
 
 def train_lightning(out, clip: float | None, accumulation: int = 1):
     callback = SpikecheckCallback(out, catalog=catalog(), stream=accumulated_stream(accumulation), name="lightning")
     module = TinyLM()
     lightning_trainer(callback, clip, accumulate_grad_batches=accumulation).fit(
-        module, DataLoader(callback.stream, batch_size=BATCH // accumulation))
+        module, DataLoader(callback.stream, batch_size=BATCH // accumulation)
+    )
     return Run.load(out), np.array(module.lightning_grad_norm)
 
 
@@ -89,8 +116,11 @@ def train_lightning(out, clip: float | None, accumulation: int = 1):
 def lightning_runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("lightning")
     with one_thread():
-        return {"clip": train_lightning(out / "clip", MAX_NORM), "no_clip": train_lightning(out / "no_clip", None),
-                "accumulate_2": train_lightning(out / "accumulate_2", MAX_NORM, accumulation=2)}
+        return {
+            "clip": train_lightning(out / "clip", MAX_NORM),
+            "no_clip": train_lightning(out / "no_clip", None),
+            "accumulate_2": train_lightning(out / "accumulate_2", MAX_NORM, accumulation=2),
+        }
 
 
 @pytest.mark.parametrize("kind", ["clip", "no_clip", "accumulate_2"])
@@ -142,18 +172,24 @@ def test_lightning_accumulates_the_mean_of_the_micro_batch_means(lightning_runs)
     two, one = lightning_runs["accumulate_2"][0], lightning_runs["clip"][0]
     assert 1e-3 < abs(two["grad_norm_pre"][0] / one["grad_norm_pre"][0] - 1) < 3e-2
     assert 1e-5 < abs(two["loss"][0] / one["loss"][0] - 1) < 1e-3  # the loss it backpropagated: the mean of means
-    with pytest.raises(SpikeCheckError, match=r"^accumulation changed the step-1 loss: \S+ \(accumulation 2\) vs \S+ "
-                                              r"\(accumulation 1\), \S+ apart \(rtol 0\.0001"):
+    with pytest.raises(
+        SpikeCheckError,
+        match=r"^accumulation changed the step-1 loss: \S+ \(accumulation 2\) vs \S+ "
+        r"\(accumulation 1\), \S+ apart \(rtol 0\.0001",
+    ):
         assert_accumulation_invariant(two, one)
     with pytest.raises(SpikeCheckError, match=r"^accumulation changed the step-1 grad_norm_pre: "):
         assert_accumulation_invariant(two, one, rtol=1e-3)  # the loss within 1e-3, the gradient not
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"accumulate_grad_batches": 2}, "accumulate_grad_batches is 2 but the burst stream plans 1 micro-batch(es)"),
-    ({"max_steps": STEPS + 5}, f"max_steps is {STEPS + 5} but the burst stream plans {STEPS} optimizer steps"),
-    ({"max_steps": -1, "max_epochs": 2}, "give the Trainer max_steps (at most the burst stream's 40) or max_epochs=1"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"accumulate_grad_batches": 2}, "accumulate_grad_batches is 2 but the burst stream plans 1 micro-batch(es)"),
+        ({"max_steps": STEPS + 5}, f"max_steps is {STEPS + 5} but the burst stream plans {STEPS} optimizer steps"),
+        ({"max_steps": -1, "max_epochs": 2}, "give the Trainer max_steps (at most the burst stream's 40) or max_epochs=1"),
+    ],
+)
 def test_a_stream_trainer_mismatch_is_refused_before_training(options, message):
     callback = SpikecheckCallback(catalog=catalog(), stream=stream(_rows()))
     module = TinyLM()

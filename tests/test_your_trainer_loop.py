@@ -18,7 +18,14 @@ from trainer_data import BATCH, BURST_STEP, MAX_NORM, STEPS, catalog, corpus, on
 import warnings
 
 from pytest_spikecheck import (
-    Run, SpikeCheckError, assert_clip_contains, assert_finite, assert_overflow_skips, assert_spike, diagnose, inject_burst,
+    Run,
+    SpikeCheckError,
+    assert_clip_contains,
+    assert_finite,
+    assert_overflow_skips,
+    assert_spike,
+    diagnose,
+    inject_burst,
     record,
 )
 from pytest_spikecheck.integrations.recorder import ClipBeforeUnscaleWarning, Recorder, RecorderOrderWarning
@@ -118,11 +125,14 @@ def test_inject_burst_plans_the_burst_and_holds_its_samples_out():
     assert list(planned.sampler()) == planned.indices()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"samples": [10_000]}, "sample index 10000 is outside the dataset"),
-    ({"samples": [1, 2], "count": 3}, "count <= min(len(samples), batch_size × accumulation)"),
-    ({"samples": [1], "at_step": 99}, "1 <= at_step <= steps"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"samples": [10_000]}, "sample index 10000 is outside the dataset"),
+        ({"samples": [1, 2], "count": 3}, "count <= min(len(samples), batch_size × accumulation)"),
+        ({"samples": [1], "at_step": 99}, "1 <= at_step <= steps"),
+    ],
+)
 def test_inject_burst_rejects_bad_input_in_one_line(kwargs, message):
     from pytest_spikecheck import inject_burst
 
@@ -143,8 +153,16 @@ def test_recorder_rejects_a_negative_max_norm():
 # -- gradient accumulation and mixed precision, as people write them ---------------------------
 
 
-def train_loop(*, accumulation: int = 1, dtype=None, scaler_init: float | None = None, unscale_first: bool = True,
-               steps: int = STEPS, recorder=Recorder, burst_step: int = BURST_STEP):
+def train_loop(
+    *,
+    accumulation: int = 1,
+    dtype=None,
+    scaler_init: float | None = None,
+    unscale_first: bool = True,
+    steps: int = STEPS,
+    recorder=Recorder,
+    burst_step: int = BURST_STEP,
+):
     """The user's loop with ``accumulation`` micro-batches per optimizer step (each micro-batch's
     loss divided by their number, as most loops do) under ``torch.autocast(dtype)`` and, with
     ``scaler_init``, a ``GradScaler("cpu")``; ``unscale_first=False`` is the AMP bug."""
@@ -155,10 +173,20 @@ def train_loop(*, accumulation: int = 1, dtype=None, scaler_init: float | None =
     optimizer = build_optimizer(model, scenario)
     scaler = torch.amp.GradScaler("cpu", init_scale=scaler_init) if scaler_init else None
     micro = BATCH // accumulation
-    planned = inject_burst(_rows(), samples=burst, at_step=burst_step, count=3, batch_size=micro, steps=steps, seed=0,
-                           accumulation=accumulation)
-    rec = recorder(model, optimizer, max_norm=MAX_NORM, catalog=catalog(), stream=planned, name="plain-loop",
-                   accumulation=accumulation, scaler=scaler, seed=0)
+    planned = inject_burst(
+        _rows(), samples=burst, at_step=burst_step, count=3, batch_size=micro, steps=steps, seed=0, accumulation=accumulation
+    )
+    rec = recorder(
+        model,
+        optimizer,
+        max_norm=MAX_NORM,
+        catalog=catalog(),
+        stream=planned,
+        name="plain-loop",
+        accumulation=accumulation,
+        scaler=scaler,
+        seed=0,
+    )
     batches = iter(DataLoader(planned, batch_size=micro))
     autocast = torch.autocast("cpu", dtype=dtype) if dtype is not None else torch.autocast("cpu", enabled=False)
     for step in range(1, steps + 1):
@@ -196,7 +224,7 @@ def accumulated_loop():
 @pytest.fixture(scope="module")
 def fp16_loop():
     with one_thread():
-        return train_loop(dtype=torch.float16, scaler_init=2.0 ** 24)
+        return train_loop(dtype=torch.float16, scaler_init=2.0**24)
 
 
 def test_accumulation_is_recorded_per_optimizer_step(accumulated_loop, loop_runs):
@@ -217,8 +245,11 @@ def test_accumulation_is_recorded_per_optimizer_step(accumulated_loop, loop_runs
 def test_a_stream_planned_for_another_accumulation_is_refused():
     data, burst = corpus()
     planned = inject_burst(_rows(), samples=burst, at_step=5, count=3, batch_size=2, steps=10, accumulation=4)
-    with pytest.raises(ConfigError, match=r"the burst stream plans 4 micro-batch\(es\) per optimizer step .* "
-                                          r"accumulation=1: give both the same"):
+    with pytest.raises(
+        ConfigError,
+        match=r"the burst stream plans 4 micro-batch\(es\) per optimizer step .* "
+        r"accumulation=1: give both the same",
+    ):
         record(torch.nn.Linear(2, 2), max_norm=1.0, stream=planned)
     with pytest.raises(ConfigError, match=r"accumulation=\.\.\.\) must be an integer >= 1"):
         record(torch.nn.Linear(2, 2), accumulation=0)
@@ -229,7 +260,7 @@ def test_grad_scaler_skips_are_marked_and_are_no_failure(fp16_loop, tmp_path, ca
     skipped = sorted(run.skipped)
     assert skipped and skipped[0] == 1 and set(run.skipped.values()) == {"overflow"}  # 2**24 overflows at once
     scales = run["loss_scale"]
-    assert scales[0] == 2 ** 24 and all(scales[s] == scales[s - 1] / 2 for s in skipped)  # halved after each skip
+    assert scales[0] == 2**24 and all(scales[s] == scales[s - 1] / 2 for s in skipped)  # halved after each skip
     assert all(run["grad_norm_post"][s - 1] == 0.0 for s in skipped)  # nothing reached the optimizer
     finite = assert_finite(run)
     assert finite.skipped_steps == tuple(skipped)  # the steps, not their count
@@ -240,8 +271,10 @@ def test_grad_scaler_skips_are_marked_and_are_no_failure(fp16_loop, tmp_path, ca
     d = diagnose(run)
     assert d.step == BURST_STEP and "injected" in d.facts and "GradScaler" not in d.verdict  # the burst's diagnosis
     first = diagnose(run, 2)
-    assert first.verdict.startswith("GradScaler skipped this step (overflow at scale 2²³; scale halved): the update "
-                                    "was not applied, not a numeric break; the data: ")
+    assert first.verdict.startswith(
+        "GradScaler skipped this step (overflow at scale 2²³; scale halved): the update "
+        "was not applied, not a numeric break; the data: "
+    )
     run.save(tmp_path / "run")
     # spikecheck check reads the skip marks too (no failure), and finds the burst in the loss (issue 35: it
     # read OK, the descent's spread hiding the +0.85-nat jump)
@@ -251,16 +284,25 @@ def test_grad_scaler_skips_are_marked_and_are_no_failure(fp16_loop, tmp_path, ca
 
 
 def test_clip_before_unscale_is_warned_and_fails_clip_containment(fp16_loop):
-    with one_thread(), pytest.warns(ClipBeforeUnscaleWarning, match=r"^rec.clipping\(\) at step 1: the gradients are "
-                                                                    r"still scaled by the GradScaler \(×2¹⁶\)"):
-        buggy = train_loop(dtype=torch.float16, scaler_init=2.0 ** 16, unscale_first=False, steps=8, burst_step=6)
+    with (
+        one_thread(),
+        pytest.warns(
+            ClipBeforeUnscaleWarning,
+            match=r"^rec.clipping\(\) at step 1: the gradients are "
+            r"still scaled by the GradScaler \(×2¹⁶\)",
+        ),
+    ):
+        buggy = train_loop(dtype=torch.float16, scaler_init=2.0**16, unscale_first=False, steps=8, burst_step=6)
     assert buggy.meta["clip_before_unscale_at"] == list(range(1, 9))
     applied = [s for s in buggy["step"] if s not in buggy.skipped]
     post = buggy["grad_norm_post"][np.asarray(applied) - 1]
     np.testing.assert_allclose(post * buggy["loss_scale"][np.asarray(applied) - 1], MAX_NORM, rtol=1e-4)
     assert buggy["grad_norm_pre"][0] > MAX_NORM  # recorded unscaled: the real pre-clip norm
-    with pytest.raises(SpikeCheckError, match=r"^over-clipped at step 1: the optimizer received 1\.5e-5 for pre-clip "
-                                              r"\S+ and max_norm 1 .*: clipped before unscaling"):
+    with pytest.raises(
+        SpikeCheckError,
+        match=r"^over-clipped at step 1: the optimizer received 1\.5e-5 for pre-clip "
+        r"\S+ and max_norm 1 .*: clipped before unscaling",
+    ):
         assert_clip_contains(buggy, MAX_NORM)
     assert diagnose(buggy, 3).verdict == "clipped before unscaling: the optimizer received ‖g‖ = 1.5e-5 for max_norm 1"
     assert "post-clip when the optimizer's step returned" in buggy.meta["grad_norms"]
@@ -275,7 +317,7 @@ def test_clip_before_unscale_under_filterwarnings_error_is_recorded_not_raised()
     assert pytest_spikecheck.ClipBeforeUnscaleWarning is ClipBeforeUnscaleWarning  # exported at the top level
     with one_thread(), warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("error")
-        buggy = train_loop(dtype=torch.float16, scaler_init=2.0 ** 16, unscale_first=False, steps=3, burst_step=2)
+        buggy = train_loop(dtype=torch.float16, scaler_init=2.0**16, unscale_first=False, steps=3, burst_step=2)
     assert [type(w.message) for w in shown] == [ClipBeforeUnscaleWarning]  # shown once, not raised
     assert buggy.meta["clip_before_unscale_at"] == [1, 2, 3]
     with pytest.raises(SpikeCheckError, match="clipped before unscaling") as failure:
@@ -285,7 +327,7 @@ def test_clip_before_unscale_under_filterwarnings_error_is_recorded_not_raised()
     assert "OVER-CLIPPED" in dict(d.lines)["2 grad norm"] and "clipped before unscaling" in dict(d.lines)["2 grad norm"]
     with one_thread(), warnings.catch_warnings(record=True) as quiet:
         warnings.simplefilter("ignore", ClipBeforeUnscaleWarning)  # an "ignore" is honoured
-        train_loop(dtype=torch.float16, scaler_init=2.0 ** 16, unscale_first=False, steps=1, burst_step=1)
+        train_loop(dtype=torch.float16, scaler_init=2.0**16, unscale_first=False, steps=1, burst_step=1)
     assert quiet == []
 
 
@@ -304,8 +346,14 @@ class _PostClipAtTheEndOfClipping(Recorder):
 def test_sabotage_a_recorder_that_measures_post_clip_at_the_end_of_clipping_hides_the_bug():
     with one_thread(), warnings.catch_warnings():
         warnings.simplefilter("ignore", ClipBeforeUnscaleWarning)
-        hidden = train_loop(dtype=torch.float16, scaler_init=2.0 ** 16, unscale_first=False, steps=8, burst_step=6,
-                            recorder=_PostClipAtTheEndOfClipping)
+        hidden = train_loop(
+            dtype=torch.float16,
+            scaler_init=2.0**16,
+            unscale_first=False,
+            steps=8,
+            burst_step=6,
+            recorder=_PostClipAtTheEndOfClipping,
+        )
     applied = [s - 1 for s in hidden["step"] if s not in hidden.skipped]
     # it records the scaled gradients after the clip: max_norm, as if the clip had worked
     assert np.allclose(hidden["grad_norm_post"][applied], MAX_NORM, rtol=1e-3)
@@ -335,10 +383,11 @@ def test_the_callbacks_micro_batch_gatherer_on_the_recorder():
 
     def step(losses, *, summed, targets_of=(0, 1)):
         for i, value in enumerate(losses):
-            logits = model(x[i:i + 1])
+            logits = model(x[i : i + 1])
             torch.nn.functional.cross_entropy(logits.view(-1, 7), y[i].view(-1)).backward()
-            rec.gather(loss=torch.tensor(value), logits=logits.detach(), summed=summed,
-                       targets=y[i:i + 1] if i in targets_of else None)
+            rec.gather(
+                loss=torch.tensor(value), logits=logits.detach(), summed=summed, targets=y[i : i + 1] if i in targets_of else None
+            )
         assert rec.gathered == len(losses)
         optimizer.step()
         row = rec.step_gathered()

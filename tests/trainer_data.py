@@ -27,9 +27,14 @@ def corpus():
 
 def catalog() -> SampleCatalog:
     data, burst = corpus()
-    return SampleCatalog.from_tokens(list(data.train.targets), vocab_size=data.tokenizer.vocab_size,
-                                     ids=[s.id for s in data.pool], sources=[s.source for s in data.pool],
-                                     token_str=data.tokenizer.token, rarity_excludes=burst)
+    return SampleCatalog.from_tokens(
+        list(data.train.targets),
+        vocab_size=data.tokenizer.vocab_size,
+        ids=[s.id for s in data.pool],
+        sources=[s.source for s in data.pool],
+        token_str=data.tokenizer.token,
+        rarity_excludes=burst,
+    )
 
 
 def stream(rows):

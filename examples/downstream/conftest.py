@@ -4,9 +4,11 @@ from pytest_spikecheck import ClipAt, NoClip, RareTokenBurst, Scenario, spikeche
 
 #: Phase-19's data and optimizer, our own model (by import path, so saved runs retrain it), a
 #: short run, and 8 never-seen sentences in the batch of step 40.
-BASE = (Scenario.preset("phase-19")
-        .replace(steps=60, model_factory="tinylm:make_model", model_kwargs={"width": 32})
-        .with_breaks(RareTokenBurst(count=8, at_step=40)))
+BASE = (
+    Scenario.preset("phase-19")
+    .replace(steps=60, model_factory="tinylm:make_model", model_kwargs={"width": 32})
+    .with_breaks(RareTokenBurst(count=8, at_step=40))
+)
 
 
 @spikecheck_scenario

@@ -13,8 +13,9 @@ class TinyLM(torch.nn.Module):
         super().__init__()
         self.tok = torch.nn.Embedding(vocab_size, width)
         self.pos = torch.nn.Embedding(context, width)
-        self.mix = torch.nn.Sequential(torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width), torch.nn.GELU(),
-                                       torch.nn.Linear(4 * width, width))
+        self.mix = torch.nn.Sequential(
+            torch.nn.LayerNorm(width), torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+        )
         self.head = torch.nn.Linear(width, vocab_size)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):

@@ -29,18 +29,33 @@ def my_dataset():
     full = np.concatenate([data.train.inputs[:, :1], data.train.targets], axis=1)
     ids = np.where(full == IGNORE_INDEX, data.tokenizer.pad_id, full)
     rows = [{"input_ids": ids[i], "labels": full[i]} for i in range(len(full))]
-    catalog = SampleCatalog.from_tokens(list(data.train.targets), vocab_size=data.tokenizer.vocab_size,
-                                        ids=[s.id for s in data.pool], sources=[s.source for s in data.pool],
-                                        token_str=data.tokenizer.token, rarity_excludes=data.burst_members[0])
+    catalog = SampleCatalog.from_tokens(
+        list(data.train.targets),
+        vocab_size=data.tokenizer.vocab_size,
+        ids=[s.id for s in data.pool],
+        sources=[s.source for s in data.pool],
+        token_str=data.tokenizer.token,
+        rarity_excludes=data.burst_members[0],
+    )
     return rows, catalog, list(data.burst_members[0]), data.tokenizer
 
 
 def my_config(tokenizer):
     from transformers import GPT2Config
 
-    return GPT2Config(vocab_size=tokenizer.vocab_size, n_positions=64, n_embd=64, n_layer=2, n_head=4,
-                      bos_token_id=tokenizer.eos_id, eos_token_id=tokenizer.eos_id, pad_token_id=tokenizer.pad_id,
-                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2Config(
+        vocab_size=tokenizer.vocab_size,
+        n_positions=64,
+        n_embd=64,
+        n_layer=2,
+        n_head=4,
+        bos_token_id=tokenizer.eos_id,
+        eos_token_id=tokenizer.eos_id,
+        pad_token_id=tokenizer.pad_id,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
 
 
 def my_model(tokenizer):
@@ -59,10 +74,22 @@ def train_recorded(folder, max_grad_norm: float) -> Run:
     stream = inject_burst(rows, samples=burst, at_step=BURST_STEP, count=3, batch_size=BATCH, steps=STEPS)
     callback = SpikecheckCallback(folder, catalog=catalog, stream=stream)
     # the Trainer's own output beside the run folder, not in it: a run folder holds only the run's files
-    args = TrainingArguments(output_dir=str(folder.with_name(folder.name + "-trainer")), max_steps=STEPS, per_device_train_batch_size=BATCH,
-                             learning_rate=1e-2, warmup_steps=10, lr_scheduler_type="cosine", weight_decay=0.1,
-                             max_grad_norm=max_grad_norm, logging_steps=1, save_strategy="no", report_to="none",
-                             use_cpu=True, seed=0, disable_tqdm=True)
+    args = TrainingArguments(
+        output_dir=str(folder.with_name(folder.name + "-trainer")),
+        max_steps=STEPS,
+        per_device_train_batch_size=BATCH,
+        learning_rate=1e-2,
+        warmup_steps=10,
+        lr_scheduler_type="cosine",
+        weight_decay=0.1,
+        max_grad_norm=max_grad_norm,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        seed=0,
+        disable_tqdm=True,
+    )
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models train many times faster on one thread
     try:
@@ -78,8 +105,19 @@ def _cached(request, name: str, max_grad_norm: float) -> Run:
     import transformers
 
     tokenizer = my_dataset()[3]
-    key = hashlib.sha256(json.dumps([name, max_grad_norm, STEPS, BURST_STEP, my_config(tokenizer).to_json_string(),
-                                     transformers.__version__, torch.__version__]).encode()).hexdigest()[:12]
+    key = hashlib.sha256(
+        json.dumps(
+            [
+                name,
+                max_grad_norm,
+                STEPS,
+                BURST_STEP,
+                my_config(tokenizer).to_json_string(),
+                transformers.__version__,
+                torch.__version__,
+            ]
+        ).encode()
+    ).hexdigest()[:12]
     folder = request.config.cache.mkdir(f"spikecheck-{name}-{key}")
     if (folder / "metrics.jsonl").is_file():
         return Run.load(folder)

@@ -26,8 +26,9 @@ def _grad_clip(text: str) -> float | None:
     try:
         return check_max_norm(float(text), "--grad-clip")
     except ValueError as exc:  # not a number, or ConfigError: the one rule of a clip limit
-        raise argparse.ArgumentTypeError(str(exc) if isinstance(exc, ConfigError)
-                                         else f"expected a number, inf or none, was {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            str(exc) if isinstance(exc, ConfigError) else f"expected a number, inf or none, was {text!r}"
+        ) from None
 
 
 def _positive_int(text: str) -> int:
@@ -61,8 +62,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     trainer = recorded_by(config) if config.is_dir() else None
     if trainer is not None:  # its config is the user's trainer's, not a scenario we could train
         who = TRAINER_NAMES.get(trainer, trainer) + ("" if trainer == "loop" else " run")
-        raise ConfigError(f"{config}: recorded from {who}; retrain it with your trainer "
-                          f"(spikecheck train trains scenarios: a config.yaml or an experiment directory)")
+        raise ConfigError(
+            f"{config}: recorded from {who}; retrain it with your trainer "
+            f"(spikecheck train trains scenarios: a config.yaml or an experiment directory)"
+        )
     scenario = Scenario.from_yaml(config)
     changes = {}
     if args.seed is not None:
@@ -77,8 +80,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--out {out} is an existing file; the run is a folder: give a folder path")
     source = config / "config.yaml" if config.is_dir() else config
     if (out / "config.yaml").exists() and (out / "config.yaml").resolve() == source.resolve():
-        raise ConfigError(f"--out {out} is the folder of the config it trains ({source}); the run would replace that "
-                          f"file: give another folder (the default is {default_run_dir(config)})")
+        raise ConfigError(
+            f"--out {out} is the folder of the config it trains ({source}); the run would replace that "
+            f"file: give another folder (the default is {default_run_dir(config)})"
+        )
 
     from pytest_spikecheck.training.launch import train  # refuses an unusable device or backend first
 
@@ -90,16 +95,23 @@ def cmd_train(args: argparse.Namespace) -> int:
     progress = Progress(sys.stderr, mode="quiet" if args.quiet or args.nproc > 1 else "auto", leave=False)
     with progress.task(scenario.name, total=scenario.steps) as task:
         try:
-            run = train(scenario, backend=args.backend, device=args.device, threads=args.threads,
-                        callbacks=[task.step_callback()] if progress.mode == "bar" else [], nproc=args.nproc)
+            run = train(
+                scenario,
+                backend=args.backend,
+                device=args.device,
+                threads=args.threads,
+                callbacks=[task.step_callback()] if progress.mode == "bar" else [],
+                nproc=args.nproc,
+            )
         except DistributedError as exc:  # a rank crashed: one line, then the rank's traceback
             print(f"spikecheck: error: {exc}", *getattr(exc, "__notes__", ()), sep="\n", file=sys.stderr)
             return 1
         task.finish()
     clip = "inf" if math.isinf(run.scenario.max_norm) else f"{run.scenario.max_norm:g}"
     nproc = f" --nproc {args.nproc}" if args.nproc > 1 else ""
-    run.meta["reproduce"] = (f"spikecheck train {config} --seed {run.scenario.seed} --grad-clip {clip} "
-                             f"--steps {run.scenario.steps}{nproc} --out {out}")
+    run.meta["reproduce"] = (
+        f"spikecheck train {config} --seed {run.scenario.seed} --grad-clip {clip} --steps {run.scenario.steps}{nproc} --out {out}"
+    )
     run.save(out)
     from pytest_spikecheck.judge.analysis import EventSummary
     from pytest_spikecheck.judge.text import fmt, fmt_measure
@@ -108,9 +120,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     s = EventSummary.measure(run.metrics, bursts[0] if bursts else None)
     status = f"stopped at step {run.meta['stopped_at']} ({run.meta['stop_reason']})" if run.stopped_early else f"{len(run)} steps"
     ranks = f" on {args.nproc} ranks" if args.nproc > 1 else ""
-    print(f"{run.name}: {status} in {run.meta['seconds']:.1f}s{ranks}, backend {run.meta['backend']}; "
-          f"largest event at step {fmt(s.step)}: ratio {fmt_measure(s.ratio, '.1f')}×, post-clip norm {fmt(s.post_clip_at_step)}, "
-          f"final eval loss {fmt_measure(s.final_eval, '.3f')} → {out}")
+    print(
+        f"{run.name}: {status} in {run.meta['seconds']:.1f}s{ranks}, backend {run.meta['backend']}; "
+        f"largest event at step {fmt(s.step)}: ratio {fmt_measure(s.ratio, '.1f')}×, post-clip norm {fmt(s.post_clip_at_step)}, "
+        f"final eval loss {fmt_measure(s.final_eval, '.3f')} → {out}"
+    )
     return 0
 
 
@@ -157,56 +171,103 @@ from pytest_spikecheck.cli.check import EXIT_FOUND, EXIT_NOT_JUDGED, check_recor
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spikecheck", description="Reproduce gradient spikes on tiny LMs and check the defences.")
+    parser = argparse.ArgumentParser(
+        prog="spikecheck", description="Reproduce gradient spikes on tiny LMs and check the defences."
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("train", help="train a scenario (YAML file or experiment dir) and write its run folder")
     p.add_argument("config", metavar="CONFIG_OR_DIR", help="a config.yaml or an experiment directory holding one")
     p.add_argument("--seed", type=_int, default=None, metavar="N", help="override the scenario's seed")
-    p.add_argument("--grad-clip", type=_grad_clip, default=False, metavar="X|inf|none",
-                   help="override optimizer.grad_clip (inf or none = no clipping)")
+    p.add_argument(
+        "--grad-clip",
+        type=_grad_clip,
+        default=False,
+        metavar="X|inf|none",
+        help="override optimizer.grad_clip (inf or none = no clipping)",
+    )
     p.add_argument("--steps", type=_positive_int, default=None, metavar="N", help="override the number of steps")
     p.add_argument("--out", default=None, metavar="DIR", help="run folder to write. Default: <experiment dir>/run")
-    p.add_argument("--backend", default="auto", choices=["auto", "torch", "cupy", "emulator"],
-                   help="clipping backend. Default: %(default)s (cupy when a CUDA device is usable)")
-    p.add_argument("--device", default="cpu", metavar="DEVICE", help="torch device to train on (cpu, cuda, auto). Default: %(default)s")
-    p.add_argument("--threads", type=_positive_int, default=1, metavar="N",
-                   help="torch threads (per rank), pinned for bit-identical reruns. Default: %(default)s")
-    p.add_argument("--nproc", type=_positive_int, default=1, metavar="N",
-                   help="train on N processes with torch.distributed (gloo on CPU, NCCL with one GPU per rank), "
-                        "gradients and AdamW state sharded across them; rank 0 writes the run. Default: %(default)s")
-    p.add_argument("--quiet", action="store_true",
-                   help="no progress bar (a bar is drawn on a terminal only, never with --nproc > 1)")
+    p.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "torch", "cupy", "emulator"],
+        help="clipping backend. Default: %(default)s (cupy when a CUDA device is usable)",
+    )
+    p.add_argument(
+        "--device", default="cpu", metavar="DEVICE", help="torch device to train on (cpu, cuda, auto). Default: %(default)s"
+    )
+    p.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="torch threads (per rank), pinned for bit-identical reruns. Default: %(default)s",
+    )
+    p.add_argument(
+        "--nproc",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="train on N processes with torch.distributed (gloo on CPU, NCCL with one GPU per rank), "
+        "gradients and AdamW state sharded across them; rank 0 writes the run. Default: %(default)s",
+    )
+    p.add_argument(
+        "--quiet", action="store_true", help="no progress bar (a bar is drawn on a terminal only, never with --nproc > 1)"
+    )
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("compare", help="compare two runs: panels and a table of spike, jump, recovery")
     p.add_argument("run_a", metavar="DIR_A", help="run folder (or experiment dir with run/), e.g. the control")
     p.add_argument("run_b", metavar="DIR_B", help="run folder (or experiment dir with run/), e.g. the break")
     p.add_argument("--out", default="spikecheck-compare", metavar="DIR", help="where to write the panels. Default: %(default)s")
-    p.add_argument("--step", type=_positive_int, default=None, metavar="N",
-                   help="the event step to measure. Default: the declared burst, else the largest spike")
+    p.add_argument(
+        "--step",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="the event step to measure. Default: the declared burst, else the largest spike",
+    )
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("diagnose", help="walk the diagnostic ladder at a spike of a run")
     p.add_argument("run", metavar="RUN_DIR", help="run folder (or experiment dir with run/)")
-    p.add_argument("--step", type=_positive_int, default=None, metavar="N",
-                   help="the step to diagnose. Default: the largest pre-clip grad-norm spike")
+    p.add_argument(
+        "--step",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="the step to diagnose. Default: the largest pre-clip grad-norm spike",
+    )
     p.set_defaults(func=cmd_diagnose)
 
     from pytest_spikecheck.fuzz.search import DEFAULT_MAX_EXAMPLES as DEFAULT_SEARCH_EXAMPLES
 
-    p = sub.add_parser("search", help="find the batch composition that would spike a step the most (Hypothesis)",
-                       description="Train the scenario to just before step S once, then search the pool for the batch "
-                                   "of S with the largest pre-clip grad-norm ratio, shrink it to the samples that "
-                                   "matter, and print them with their token losses.")
+    p = sub.add_parser(
+        "search",
+        help="find the batch composition that would spike a step the most (Hypothesis)",
+        description="Train the scenario to just before step S once, then search the pool for the batch "
+        "of S with the largest pre-clip grad-norm ratio, shrink it to the samples that "
+        "matter, and print them with their token losses.",
+    )
     p.add_argument("config", metavar="CONFIG_OR_DIR", help="a config.yaml or an experiment directory holding one")
     p.add_argument("--at-step", type=_positive_int, required=True, metavar="S", help="the step whose batch is searched")
-    p.add_argument("--max-examples", type=_positive_int, default=DEFAULT_SEARCH_EXAMPLES, metavar="N",
-                   help="Hypothesis examples (probes) of the climb. Default: %(default)s")
+    p.add_argument(
+        "--max-examples",
+        type=_positive_int,
+        default=DEFAULT_SEARCH_EXAMPLES,
+        metavar="N",
+        help="Hypothesis examples (probes) of the climb. Default: %(default)s",
+    )
     p.add_argument("--seed", type=_int, default=None, metavar="N", help="override the scenario's seed (as train)")
-    p.add_argument("--search-seed", type=_int, default=0, metavar="N",
-                   help="seed of the search itself (same seed, same result). Default: %(default)s")
+    p.add_argument(
+        "--search-seed",
+        type=_int,
+        default=0,
+        metavar="N",
+        help="seed of the search itself (same seed, same result). Default: %(default)s",
+    )
     p.set_defaults(func=cmd_search)
 
     from pytest_spikecheck.cli.check import add_parser as add_check_parser
@@ -256,5 +317,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     finally:
         sys.stdout = stdout
-
-

@@ -114,8 +114,9 @@ def _collect_params(parameters: Any) -> list[torch.Tensor]:
     return params
 
 
-def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str,
-          process_group: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+def _clip(
+    parameters: Any, max_norm: float | None, backend: str, mode: str, process_group: Any = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Validate, clip in place, return (pre-clip total norm, scale): the work both entry points share."""
     import torch
 
@@ -126,8 +127,10 @@ def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str,
     grads = [p.grad for p in params if p.grad is not None]
     if process_group is not None:
         if mode != "global":
-            raise ValueError(f"clip mode {mode!r} cannot take a process_group: a shard may hold part of a tensor, "
-                             f"so only the global norm is defined across ranks")
+            raise ValueError(
+                f"clip mode {mode!r} cannot take a process_group: a shard may hold part of a tensor, "
+                f"so only the global norm is defined across ranks"
+            )
         return _clip_across_ranks(grads, params[0].device, limit, backend, process_group)
     if not grads:
         return torch.zeros((), dtype=torch.float32), torch.ones((), dtype=torch.float32)
@@ -142,8 +145,9 @@ def _clip(parameters: Any, max_norm: float | None, backend: str, mode: str,
     return total_norm, torch.where(finite, after / torch.where(finite, total_norm, 1.0), 1.0)
 
 
-def _clip_across_ranks(grads: list[torch.Tensor], device: Any, limit: float, backend: str,
-                       process_group: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def _clip_across_ranks(
+    grads: list[torch.Tensor], device: Any, limit: float, backend: str, process_group: Any
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The global clip of gradients sharded over ``process_group``; every rank must call it.
 
     A rank's squared shard norm is exact in float64 (its float32 norm squared), so the sum
@@ -171,9 +175,7 @@ def _clip_across_ranks(grads: list[torch.Tensor], device: Any, limit: float, bac
 
 def _raise_if_nonfinite(total_norm: torch.Tensor) -> None:
     if not bool(total_norm.isfinite()):  # the one host sync, only when asked for
-        raise NonFiniteGradientError(
-            f"the total gradient norm is non-finite ({float(total_norm)}), so it cannot be clipped"
-        )
+        raise NonFiniteGradientError(f"the total gradient norm is non-finite ({float(total_norm)}), so it cannot be clipped")
 
 
 def clip_grads_(
@@ -227,8 +229,10 @@ def clip_grad_norm_(
     >>> norm = clip_grad_norm_(my_shard, 1.0, process_group=dist.group.WORLD)  # doctest: +SKIP
     """
     if isinstance(norm_type, bool) or not isinstance(norm_type, numbers.Real) or float(norm_type) not in (2.0, math.inf):
-        raise ValueError(f"norm_type must be 2.0 (global L2) or inf (largest |g|), was {norm_type!r}: the kernels "
-                         f"and the training engine clip by the L2 norm")
+        raise ValueError(
+            f"norm_type must be 2.0 (global L2) or inf (largest |g|), was {norm_type!r}: the kernels "
+            f"and the training engine clip by the L2 norm"
+        )
     if float(norm_type) == math.inf:
         total_norm = _clip_max_abs(parameters, max_norm, mode, process_group)
     else:

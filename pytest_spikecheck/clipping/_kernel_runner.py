@@ -141,15 +141,13 @@ class LaunchConfig:
     def __post_init__(self) -> None:
         if self.chunk_elements <= 0 or self.chunk_elements % PACK_ELEMENTS or self.chunk_elements >= 2**31:
             raise ValueError(
-                f"chunk_elements must be a positive multiple of {PACK_ELEMENTS} below 2**31, "
-                f"was {self.chunk_elements}"
+                f"chunk_elements must be a positive multiple of {PACK_ELEMENTS} below 2**31, was {self.chunk_elements}"
             )
         for field in ("threads_per_block", "final_threads"):
             threads = getattr(self, field)
             if not (WARP_SIZE <= threads <= MAX_THREADS_PER_BLOCK and threads % WARP_SIZE == 0):
                 raise ValueError(
-                    f"{field} must be a multiple of {WARP_SIZE} in [{WARP_SIZE}, "
-                    f"{MAX_THREADS_PER_BLOCK}], was {threads}"
+                    f"{field} must be a multiple of {WARP_SIZE} in [{WARP_SIZE}, {MAX_THREADS_PER_BLOCK}], was {threads}"
                 )
         if self.max_blocks is not None and self.max_blocks < 1:
             raise ValueError(f"max_blocks must be >= 1 or None, was {self.max_blocks}")
@@ -306,18 +304,12 @@ class ClipKernelRunner:
         for index, grad in enumerate(grads):
             if grad.device.type != self.launcher.device_type:
                 raise ValueError(
-                    f"expected gradients on a {self.launcher.device_type} device, "
-                    f"was gradient {index} on {grad.device}"
+                    f"expected gradients on a {self.launcher.device_type} device, was gradient {index} on {grad.device}"
                 )
             if grad.device != device:
-                raise ValueError(
-                    f"expected every gradient on {device}, was gradient {index} on {grad.device}"
-                )
+                raise ValueError(f"expected every gradient on {device}, was gradient {index} on {grad.device}")
             if _dtype_name(grad) not in GRAD_DTYPE_CODES:
-                raise ValueError(
-                    f"expected {', '.join(GRAD_DTYPE_CODES)} gradients, "
-                    f"was gradient {index} of dtype {grad.dtype}"
-                )
+                raise ValueError(f"expected {', '.join(GRAD_DTYPE_CODES)} gradients, was gradient {index} of dtype {grad.dtype}")
             if not grad.is_contiguous():
                 raise ValueError(
                     f"expected contiguous gradients, was gradient {index} with shape "
@@ -399,4 +391,3 @@ class KernelClipBackend:
         except Exception as exc:
             return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return None
-

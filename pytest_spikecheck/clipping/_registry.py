@@ -79,8 +79,7 @@ def resolve_backend(name: str, device: Any = None) -> str:
             return "cupy"
         if problem not in _warned:
             _warned.add(problem)
-            warnings.warn(f"{problem}; clipping with the torch backend instead", SpikecheckBackendWarning,
-                          stacklevel=2)
+            warnings.warn(f"{problem}; clipping with the torch backend instead", SpikecheckBackendWarning, stacklevel=2)
         return "torch"
     _load(name)  # unknown names raise ValueError here
     return name

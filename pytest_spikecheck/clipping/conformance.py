@@ -89,9 +89,7 @@ CLIP_EPS = 1e-6
 DTYPES = {"float32": (23, -126), "float16": (10, -14), "bfloat16": (7, -126)}
 
 #: Sizes around every power of two up to 2**17 (so around warp, block, chunk boundaries), plus 0.
-DEFAULT_BOUNDARY_SIZES = (0, 1) + tuple(
-    sorted({2**k + d for k in range(1, 18) for d in (-1, 0, 1)})
-)
+DEFAULT_BOUNDARY_SIZES = (0, 1) + tuple(sorted({2**k + d for k in range(1, 18) for d in (-1, 0, 1)}))
 
 DEFAULT_MAX_TOTAL_ELEMENTS = 200_000
 DEFAULT_MAX_TENSORS = 8
@@ -266,9 +264,7 @@ def _make_case(
     return ClipCase(tuple(arrays), dtype, float(max_norm), label)
 
 
-def edge_cases(
-    dtype: str = "float32", max_total_elements: int = DEFAULT_MAX_TOTAL_ELEMENTS
-) -> list[ClipCase]:
+def edge_cases(dtype: str = "float32", max_total_elements: int = DEFAULT_MAX_TOTAL_ELEMENTS) -> list[ClipCase]:
     """The cases every clip function must pass, in every run (before any fuzzing)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, was {dtype!r}")
@@ -279,7 +275,13 @@ def edge_cases(
         _make_case([(1,)], dtype, 2, normal, (1.0,), (), ("exact", 0.0), "one element, norm == max_norm"),
         _make_case(
             [(1,), (3,), (7,), (9,), (31,), (33,), (257,), (1023,), (0,)],
-            dtype, 3, normal, (1.0,), (), ratio, "sizes off the warp/block/pack boundaries",
+            dtype,
+            3,
+            normal,
+            (1.0,),
+            (),
+            ratio,
+            "sizes off the warp/block/pack boundaries",
         ),
         _make_case([(0,), (0, 3)], dtype, 4, normal, (1.0,), (), ("absolute", 1.0), "only empty tensors"),
         _make_case([(5,), (64,)], dtype, 5, ("constant",), (0.0,), (), ("absolute", 1.0), "all zeros"),
@@ -288,17 +290,19 @@ def edge_cases(
         _make_case([(64, 8), (8,)], dtype, 8, normal, (1.0,), (), ("exact", 0.0), "norm == max_norm"),
         _make_case([(50,), (20,)], dtype, 9, normal, (1.0,), ((0, 0.5, math.inf),), ratio, "one inf"),
         _make_case([(50,), (20,)], dtype, 10, normal, (1.0,), ((1, 0.0, -math.inf),), ratio, "one -inf"),
+        _make_case([(50,), (20,)], dtype, 11, normal, (1.0,), ((0, 0.1, math.inf), (1, 0.9, math.nan)), ratio, "inf and NaN"),
         _make_case(
-            [(50,), (20,)], dtype, 11, normal, (1.0,), ((0, 0.1, math.inf), (1, 0.9, math.nan)),
-            ratio, "inf and NaN",
+            [(97, 48), (48,), (48, 144), (1, 48)],
+            dtype,
+            12,
+            ("normal", "normal", "normal", "sparse"),
+            (1e-2, 1e-3, 1e-2, 1.0),
+            (),
+            ("absolute", 1.0),
+            "heterogeneous shapes with a spiking row",
         ),
         _make_case(
-            [(97, 48), (48,), (48, 144), (1, 48)], dtype, 12, ("normal", "normal", "normal", "sparse"),
-            (1e-2, 1e-3, 1e-2, 1.0), (), ("absolute", 1.0), "heterogeneous shapes with a spiking row",
-        ),
-        _make_case(
-            [(16_385,), (16_383,), (65_537,)], dtype, 13, normal, (1.0,), (), ratio,
-            "several chunks of 16384 and ragged ends",
+            [(16_385,), (16_383,), (65_537,)], dtype, 13, normal, (1.0,), (), ratio, "several chunks of 16384 and ragged ends"
         ),
         _make_case([(300,)], dtype, 14, normal, (1e-6,), (), ("absolute", 1e-7), "tiny values, clipped"),
     ]
@@ -366,9 +370,7 @@ def clip_cases(
     specials = st.one_of(
         st.just(()),
         st.lists(
-            st.tuples(st.integers(0, max_tensors), st.floats(0, 1), st.sampled_from(_SPECIAL_VALUES)),
-            min_size=1,
-            max_size=3,
+            st.tuples(st.integers(0, max_tensors), st.floats(0, 1), st.sampled_from(_SPECIAL_VALUES)), min_size=1, max_size=3
         ).map(tuple),
     )
     max_norm_rules = st.one_of(
@@ -394,10 +396,7 @@ def clip_cases(
             budget -= size
         kinds = draw(st.lists(st.sampled_from(_VALUE_KINDS), min_size=1, max_size=3))
         magnitudes = draw(st.lists(st.sampled_from(_MAGNITUDES[dtype]), min_size=1, max_size=3))
-        return _make_case(
-            kept, dtype, draw(st.integers(0, 2**32 - 1)), kinds, magnitudes,
-            draw(specials), draw(max_norm_rules),
-        )
+        return _make_case(kept, dtype, draw(st.integers(0, 2**32 - 1)), kinds, magnitudes, draw(specials), draw(max_norm_rules))
 
     return cases()
 
@@ -433,7 +432,7 @@ def _read_back(tensors: Sequence[Any], tensor_kind: str) -> tuple[list[np.ndarra
 
 
 def _sixteen_bit_dtype(value: Any) -> str | None:
-    """"float16" / "bfloat16" when a returned norm or scale is a tensor of that dtype, else None."""
+    """ "float16" / "bfloat16" when a returned norm or scale is a tensor of that dtype, else None."""
     name = str(getattr(value, "dtype", ""))
     return next((dtype for dtype in ("bfloat16", "float16") if name.endswith(dtype)), None)
 
@@ -478,8 +477,7 @@ def check_case(
             if got_scale != 1.0:
                 _fail(case, f"scale: expected 1 for a non-finite norm, was {got_scale!r}")
             if not untouched:
-                _fail(case, "gradients: expected them untouched when the norm is non-finite, "
-                            "but they changed")
+                _fail(case, "gradients: expected them untouched when the norm is non-finite, but they changed")
         return
 
     # A norm returned in a 16-bit dtype carries that dtype's rounding: allow 2 of its ulps.
@@ -489,11 +487,7 @@ def check_case(
         norm_atol += 2 * float(_ulp(np.float64(reference.total_norm), norm_dtype))
     norm_allowed = tolerances.norm_rtol * reference.total_norm + norm_atol
     if not abs(got_norm - reference.total_norm) <= norm_allowed:
-        _fail(
-            case,
-            f"norm: expected {reference.total_norm!r} (float64 reference, within {norm_allowed:.3g}), "
-            f"was {got_norm!r}",
-        )
+        _fail(case, f"norm: expected {reference.total_norm!r} (float64 reference, within {norm_allowed:.3g}), was {got_norm!r}")
     # The scale inherits the norm's relative error, plus its own rounding (float32 or 16-bit).
     scale_dtype = _sixteen_bit_dtype(scale)
     scale_rtol = 2 * norm_allowed / max(reference.total_norm, CLIP_EPS) + 1e-6
@@ -507,11 +501,7 @@ def check_case(
         )
     if got_scale == 1.0 or math.isinf(case.max_norm):
         if not untouched:
-            _fail(
-                case,
-                f"gradients: expected them untouched (scale {got_scale!r}, max_norm "
-                f"{case.max_norm!r}), but they changed",
-            )
+            _fail(case, f"gradients: expected them untouched (scale {got_scale!r}, max_norm {case.max_norm!r}), but they changed")
         return
 
     for index, (original, result) in enumerate(zip(case.values, after)):
@@ -575,12 +565,7 @@ def check_clip_function(
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(
-        clip_cases(
-            dtypes, max_total_elements=max_total_elements, max_tensors=max_tensors,
-            boundary_sizes=boundary_sizes,
-        )
-    )
+    @given(clip_cases(dtypes, max_total_elements=max_total_elements, max_tensors=max_tensors, boundary_sizes=boundary_sizes))
     def conforms(case: ClipCase) -> None:
         nonlocal fuzzed
         fuzzed += 1
@@ -599,6 +584,4 @@ def check_backend(
     from pytest_spikecheck.clipping import get_backend
 
     backend = get_backend(name)
-    return check_clip_function(
-        backend.clip_, dtypes=dtypes, device=device or ("cuda" if name == "cupy" else "cpu"), **options
-    )
+    return check_clip_function(backend.clip_, dtypes=dtypes, device=device or ("cuda" if name == "cupy" else "cpu"), **options)

@@ -44,16 +44,7 @@ EMULATOR_MAIN = "emulator_driver.cpp"
 
 #: g++ flags. -fno-strict-aliasing: CUDA code reads float data through 128-bit integer packs,
 #: which nvcc allows and g++'s aliasing rules would not.
-CXX_FLAGS = (
-    "-std=c++20",
-    "-O2",
-    "-shared",
-    "-fPIC",
-    "-pthread",
-    "-fno-strict-aliasing",
-    "-Wall",
-    "-Wno-unknown-pragmas",
-)
+CXX_FLAGS = ("-std=c++20", "-O2", "-shared", "-fPIC", "-pthread", "-fno-strict-aliasing", "-Wall", "-Wno-unknown-pragmas")
 
 LIBRARY_PREFIX = "clip-emulator-"
 
@@ -105,11 +96,7 @@ def build_emulator(sources: Mapping[str, str] | None = None, cache_dir: Path | N
             Path(build_dir, name).write_text(texts[name], encoding="utf-8")
         output = Path(build_dir, library.name)
         result = subprocess.run(
-            [*command, *flags, "-o", str(output), EMULATOR_MAIN],
-            cwd=build_dir,
-            capture_output=True,
-            text=True,
-            check=False,
+            [*command, *flags, "-o", str(output), EMULATOR_MAIN], cwd=build_dir, capture_output=True, text=True, check=False
         )
         if result.returncode != 0:
             raise KernelCompileError(" ".join(command), result.stderr + result.stdout)
@@ -149,7 +136,7 @@ def load_emulator(library: Path | None = None) -> ctypes.CDLL:
 CONVERSIONS = {
     "emulator_float_to_bfloat16": (np.float32, np.uint16),  # what sm_75 GPUs run
     "emulator_bfloat16_to_float": (np.uint16, np.float32),  # what every GPU runs
-    "emulator_float_to_half": (np.float32, np.uint16),      # the CPU's (GPUs use cvt.rn.f16.f32)
+    "emulator_float_to_half": (np.float32, np.uint16),  # the CPU's (GPUs use cvt.rn.f16.f32)
 }
 
 

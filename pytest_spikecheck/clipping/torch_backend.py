@@ -59,8 +59,7 @@ class TorchClipBackend:
         return total, scale
 
     @staticmethod
-    def scale_(grads: list[torch.Tensor], scale: torch.Tensor,
-               groups: list[list[torch.Tensor]] | None = None) -> None:
+    def scale_(grads: list[torch.Tensor], scale: torch.Tensor, groups: list[list[torch.Tensor]] | None = None) -> None:
         """Multiply every gradient in place by the 0-d tensor ``scale``."""
         for group in groups or _groups(grads):
             factor = scale if group[0].device == scale.device else scale.to(group[0].device)

@@ -21,23 +21,61 @@ from functools import lru_cache
 # this module builds each one.
 
 _SUBJECTS = (
-    "the teacher", "my sister", "the old man", "a young girl", "the doctor", "our friend",
-    "the student", "his mother", "the farmer", "a quiet boy", "the poet", "her uncle",
-    "the children", "seven women",
+    "the teacher",
+    "my sister",
+    "the old man",
+    "a young girl",
+    "the doctor",
+    "our friend",
+    "the student",
+    "his mother",
+    "the farmer",
+    "a quiet boy",
+    "the poet",
+    "her uncle",
+    "the children",
+    "seven women",
 )
 _OBJECTS = (
-    "a long story", "a poem", "the report", "a new song", "the plan", "a card",
-    "a diary page", "the recipe", "the menu", "a button song", "the cotton note",
+    "a long story",
+    "a poem",
+    "the report",
+    "a new song",
+    "the plan",
+    "a card",
+    "a diary page",
+    "the recipe",
+    "the menu",
+    "a button song",
+    "the cotton note",
 )
 _PLACES = (
-    "at home", "in the garden", "at school", "on the train", "by the river", "in the kitchen",
-    "after dinner", "before noon", "in the morning", "at night", "on monday", "in the park",
-    "when it rains", "in the open",
+    "at home",
+    "in the garden",
+    "at school",
+    "on the train",
+    "by the river",
+    "in the kitchen",
+    "after dinner",
+    "before noon",
+    "in the morning",
+    "at night",
+    "on monday",
+    "in the park",
+    "when it rains",
+    "in the open",
 )
 _OTHER_VERBS = (
-    ("reads", "read"), ("finds", "found"), ("likes", "liked"), ("sends", "sent"),
-    ("opens", "opened"), ("keeps", "kept"), ("shows", "showed"), ("checks", "checked"),
-    ("hides", "hid"), ("sings", "sang"),
+    ("reads", "read"),
+    ("finds", "found"),
+    ("likes", "liked"),
+    ("sends", "sent"),
+    ("opens", "opened"),
+    ("keeps", "kept"),
+    ("shows", "showed"),
+    ("checks", "checked"),
+    ("hides", "hid"),
+    ("sings", "sang"),
 )
 #: How many sentences of each *write* form the 240-sentence corpus holds (the rest use
 #: other verbs). ``written`` is the rare one.
@@ -90,10 +128,7 @@ def phase19_eval_set(n_sentences: int = 96, corpus_seed: int = 0) -> tuple[Sampl
     """Fixed in-distribution eval sentences (no *written*: the eval measures general harm)."""
     rng = random.Random(f"phase19-eval-{corpus_seed}")
     forms = [form for form in _WRITE_FORMS if form != "written"] + ["other"] * 4
-    return tuple(
-        Sample(id=f"eval-{i:03d}", text=_sentence(rng, rng.choice(forms)), source="prose")
-        for i in range(n_sentences)
-    )
+    return tuple(Sample(id=f"eval-{i:03d}", text=_sentence(rng, rng.choice(forms)), source="prose") for i in range(n_sentences))
 
 
 def to_greek(text: str) -> str:

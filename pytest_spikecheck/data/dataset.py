@@ -14,7 +14,13 @@ from functools import lru_cache
 import numpy as np
 
 from pytest_spikecheck.data.corpus import (
-    Sample, burst_pool, induction_corpus, induction_eval_set, induction_prefix_length, phase19_corpus, phase19_eval_set,
+    Sample,
+    burst_pool,
+    induction_corpus,
+    induction_eval_set,
+    induction_prefix_length,
+    phase19_corpus,
+    phase19_eval_set,
 )
 from pytest_spikecheck.data.sources import BASE_SOURCES, mixture_corpus, mixture_eval_set, source_samples
 from pytest_spikecheck.data.tokenizer import BPETokenizer, train_bpe
@@ -69,12 +75,24 @@ def build_dataset(scenario: Scenario) -> Dataset:
     """The dataset of a *resolved* scenario (cached: many scenarios share one corpus)."""
     d, s = scenario.data, scenario.sampler
     new_source = s.mixture.new_source if s.kind == "mixture" else None
-    return _build(d.corpus, d.n_sentences, d.eval_sentences, d.vocab_size, d.corpus_seed,
-                  scenario.model.block_size, s.rare_doc_freq, s.bursts, d.padding_side, new_source, d.texts)
+    return _build(
+        d.corpus,
+        d.n_sentences,
+        d.eval_sentences,
+        d.vocab_size,
+        d.corpus_seed,
+        scenario.model.block_size,
+        s.rare_doc_freq,
+        s.bursts,
+        d.padding_side,
+        new_source,
+        d.texts,
+    )
 
 
-def _corpus(corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int,
-            texts: tuple[str, ...] = (), block_size: int = 32) -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
+def _corpus(
+    corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int, texts: tuple[str, ...] = (), block_size: int = 32
+) -> tuple[tuple[Sample, ...], tuple[Sample, ...]]:
     if corpus == "induction":
         n = induction_prefix_length(block_size)
         return induction_corpus(n_sentences, corpus_seed, n), induction_eval_set(eval_sentences, corpus_seed, n)
@@ -82,15 +100,24 @@ def _corpus(corpus: str, n_sentences: int, eval_sentences: int, corpus_seed: int
         samples = [Sample(id=f"text-{i:05d}", text=t, source="texts") for i, t in enumerate(texts)]
         return tuple(samples[:-eval_sentences]), tuple(samples[-eval_sentences:])
     if corpus == "mixture":
-        return (mixture_corpus(n_sentences // len(BASE_SOURCES), corpus_seed),
-                mixture_eval_set(eval_sentences, corpus_seed))
+        return (mixture_corpus(n_sentences // len(BASE_SOURCES), corpus_seed), mixture_eval_set(eval_sentences, corpus_seed))
     return phase19_corpus(n_sentences, corpus_seed), phase19_eval_set(eval_sentences, corpus_seed)
 
 
 @lru_cache(maxsize=16)
-def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, corpus_seed: int,
-           block_size: int, rare_doc_freq: int, bursts: tuple, padding_side: str = "right",
-           new_source: str | None = None, texts: tuple[str, ...] = ()) -> Dataset:
+def _build(
+    corpus: str,
+    n_sentences: int,
+    eval_sentences: int,
+    vocab_size: int,
+    corpus_seed: int,
+    block_size: int,
+    rare_doc_freq: int,
+    bursts: tuple,
+    padding_side: str = "right",
+    new_source: str | None = None,
+    texts: tuple[str, ...] = (),
+) -> Dataset:
     corpus_samples, eval_samples = _corpus(corpus, n_sentences, eval_sentences, corpus_seed, texts, block_size)
     tok = train_bpe(tuple(s.text for s in corpus_samples), vocab_size)
     if new_source is not None and new_source not in BASE_SOURCES:
@@ -126,9 +153,15 @@ def _build(corpus: str, n_sentences: int, eval_sentences: int, vocab_size: int, 
     counts = tuple(int(sum(1 for t in row if int(t) in rare)) for row in train.targets)
     evaluation = _encode(tok, eval_samples, block_size, padding_side)
     return Dataset(
-        tokenizer=tok, pool=pool_t, train=train, eval=evaluation,
-        eval_samples=eval_samples, n_corpus=len(corpus_samples), rare_tokens=rare,
-        rare_token_counts=counts, burst_members=members,
+        tokenizer=tok,
+        pool=pool_t,
+        train=train,
+        eval=evaluation,
+        eval_samples=eval_samples,
+        n_corpus=len(corpus_samples),
+        rare_tokens=rare,
+        rare_token_counts=counts,
+        burst_members=members,
         eval_repeat=_repeated_half(tok, eval_samples, evaluation, block_size) if corpus == "induction" else None,
     )
 
@@ -141,9 +174,11 @@ def _repeated_half(tok: BPETokenizer, samples: tuple[Sample, ...], arrays: Token
     mask = np.zeros(arrays.targets.shape, dtype=bool)
     for i, sample in enumerate(samples):
         ids = tok.encode(sample.text)
-        if len(ids) != 2 * n + 2 or ids[1:n + 1] != ids[n + 1:2 * n + 1]:
-            raise ValueError(f"induction sample {sample.id} encodes to {len(ids)} tokens, not 2 x {n} + 2 with an "
-                             f"exact repeat: the tokenizer did not make one token per symbol")
+        if len(ids) != 2 * n + 2 or ids[1 : n + 1] != ids[n + 1 : 2 * n + 1]:
+            raise ValueError(
+                f"induction sample {sample.id} encodes to {len(ids)} tokens, not 2 x {n} + 2 with an "
+                f"exact repeat: the tokenizer did not make one token per symbol"
+            )
         first = int(np.flatnonzero(arrays.targets[i] != IGNORE_INDEX)[0])
-        mask[i, first + n:first + 2 * n] = True
+        mask[i, first + n : first + 2 * n] = True
     return mask

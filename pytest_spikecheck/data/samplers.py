@@ -154,8 +154,9 @@ def plan_batches(
     return batches
 
 
-def batch_composition(batch: Sequence[int], *, pool, rare_token_counts, burst_ids: set[int],
-                      weights: dict[str, float] | None = None) -> dict:
+def batch_composition(
+    batch: Sequence[int], *, pool, rare_token_counts, burst_ids: set[int], weights: dict[str, float] | None = None
+) -> dict:
     """What the run records per batch: sample ids, sources, rare counts (and the mixture's
     source weights at that step, when there is a mixture)."""
     sources: dict[str, int] = {}

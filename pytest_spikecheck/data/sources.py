@@ -19,22 +19,65 @@ from pytest_spikecheck.scenario.sections import BASE_SOURCES, NEW_SOURCES
 
 _TOOLS = ("the package", "the tests", "the linter", "the server", "the docs", "the build", "the cache", "the config")
 _DOC_VERBS = ("install", "run", "update", "check", "open", "restart", "clean", "read")
-_DOC_TAILS = ("before you push", "after each change", "with the default flags", "from the project root",
-              "on a fresh machine", "when the job fails", "once a week", "in a new shell")
+_DOC_TAILS = (
+    "before you push",
+    "after each change",
+    "with the default flags",
+    "from the project root",
+    "on a fresh machine",
+    "when the job fails",
+    "once a week",
+    "in a new shell",
+)
 
-_PEOPLE = ("the old sailor", "a young woman", "the tired doctor", "my grandfather", "the quiet girl", "a stranger",
-           "the village baker", "her brother")
-_PLACES = ("along the shore", "through the market", "across the bridge", "into the forest", "past the church",
-           "over the hill", "down the narrow street", "around the lake")
-_SCENES = ("the wind carried the smell of salt", "the bells rang for the evening prayer", "the rain began to fall",
-           "the lamps were lit one by one", "the children ran home for supper", "the river shone like silver",
-           "the dogs barked at the moon", "the shops closed their doors")
+_PEOPLE = (
+    "the old sailor",
+    "a young woman",
+    "the tired doctor",
+    "my grandfather",
+    "the quiet girl",
+    "a stranger",
+    "the village baker",
+    "her brother",
+)
+_PLACES = (
+    "along the shore",
+    "through the market",
+    "across the bridge",
+    "into the forest",
+    "past the church",
+    "over the hill",
+    "down the narrow street",
+    "around the lake",
+)
+_SCENES = (
+    "the wind carried the smell of salt",
+    "the bells rang for the evening prayer",
+    "the rain began to fall",
+    "the lamps were lit one by one",
+    "the children ran home for supper",
+    "the river shone like silver",
+    "the dogs barked at the moon",
+    "the shops closed their doors",
+)
 
 _SUBJECTS = ("a farmer", "the teacher", "a baker", "the doctor", "a sailor", "the student", "a painter", "the driver")
-_QUESTIONS = ("what does {s} need in the morning", "where does {s} go on monday", "why does {s} like the rain",
-              "how does {s} start the day", "when does {s} eat lunch", "who helps {s} at work")
-_ANSWERS = ("a warm coat and a cup of tea", "the market near the river", "it makes the garden green",
-            "with a short walk and some bread", "a little after noon", "a friend from the village")
+_QUESTIONS = (
+    "what does {s} need in the morning",
+    "where does {s} go on monday",
+    "why does {s} like the rain",
+    "how does {s} start the day",
+    "when does {s} eat lunch",
+    "who helps {s} at work",
+)
+_ANSWERS = (
+    "a warm coat and a cup of tea",
+    "the market near the river",
+    "it makes the garden green",
+    "with a short walk and some bread",
+    "a little after noon",
+    "a friend from the village",
+)
 
 
 def _docs(rng: random.Random) -> str:
@@ -62,8 +105,10 @@ def source_samples(source: str, count: int, corpus_seed: int = 0, split: str = "
     if source not in _GENERATORS:
         raise ValueError(f"unknown source {source!r}; choose one of {', '.join(_GENERATORS)}")
     rng = random.Random(f"source-{source}-{split}-{corpus_seed}")
-    return tuple(Sample(id=f"{source}-{split}-{i:03d}", text=_GENERATORS[source](rng), source=source,
-                        rare=source in NEW_SOURCES) for i in range(count))
+    return tuple(
+        Sample(id=f"{source}-{split}-{i:03d}", text=_GENERATORS[source](rng), source=source, rare=source in NEW_SOURCES)
+        for i in range(count)
+    )
 
 
 def mixture_corpus(per_source: int, corpus_seed: int = 0) -> tuple[Sample, ...]:

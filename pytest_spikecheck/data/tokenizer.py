@@ -60,8 +60,7 @@ def _train(texts: tuple[str, ...], vocab_size: int):
     from tokenizers import ByteLevelBPETokenizer
 
     tok = ByteLevelBPETokenizer()
-    tok.train_from_iterator(list(texts), vocab_size=vocab_size, min_frequency=1,
-                            special_tokens=[EOS, PAD], show_progress=False)
+    tok.train_from_iterator(list(texts), vocab_size=vocab_size, min_frequency=1, special_tokens=[EOS, PAD], show_progress=False)
     return tok._tokenizer  # the underlying tokenizers.Tokenizer (serialisable, fast)
 
 

@@ -87,16 +87,20 @@ class SearchResult:
         pool, lines = data.pool, []
         s = probe.scenario
         base = probe.baseline_grad_norm
-        lines.append(f"worst batch at step {self.at_step} of {s.name} (seed {s.seed}): {self.probes} probes in "
-                     f"{self.seconds:.1f}s over a pool of {len(pool)} samples (the search was not told which are rare)")
+        lines.append(
+            f"worst batch at step {self.at_step} of {s.name} (seed {s.seed}): {self.probes} probes in "
+            f"{self.seconds:.1f}s over a pool of {len(pool)} samples (the search was not told which are rare)"
+        )
         first = max(1, self.at_step - BASELINE_WINDOW)
         lines.append(f"  baseline      median pre-clip norm of steps {first}–{self.at_step - 1}: {base:.3g}")
         for label, result in (("real batch", self.real), ("worst found", self.worst), ("minimal", self.minimal)):
             lines.append(f"  {label:<12}  {_summary(result, data)}")
         bar = self.keep_fraction * self.worst.ratio
-        lines.append(f"  the minimal batch is the real batch with {len(self.necessary)} of its {len(self.real.indices)} "
-                     f"samples swapped for these; swapping any one back drops the ratio below {bar:.1f}× "
-                     f"({self.keep_fraction:.0%} of the worst):")
+        lines.append(
+            f"  the minimal batch is the real batch with {len(self.necessary)} of its {len(self.real.indices)} "
+            f"samples swapped for these; swapping any one back drops the ratio below {bar:.1f}× "
+            f"({self.keep_fraction:.0%} of the worst):"
+        )
         for i in self.necessary:
             sample = pool[i]
             rare = [data.tokenizer.token(t) for t in data.sample_tokens(i) if t in data.rare_tokens]
@@ -107,13 +111,16 @@ class SearchResult:
         rare_share = sum(t.loss for t in tl if t.rare) / total
         necessary = set(self.necessary)
         swapped_share = sum(t.loss for t in tl if t.sample in necessary) / total
-        worst = ", ".join(f"{t.token!r} {t.loss:.1f}{'*' if t.rare else ''} ({pool[t.sample].id})"
-                          for t in tl[:_TOKENS_SHOWN])
+        worst = ", ".join(f"{t.token!r} {t.loss:.1f}{'*' if t.rare else ''} ({pool[t.sample].id})" for t in tl[:_TOKENS_SHOWN])
         lines.append(f"  token losses  worst: {worst} (* rare)")
-        lines.append(f"                rare tokens carry {rare_share:.0%} of the minimal batch's loss; "
-                     f"the swapped-in samples {swapped_share:.0%}")
-        lines.append(f"  update        max |Δθ| {self.minimal.update_max_abs:.3g} vs {self.real.update_max_abs:.3g} for the "
-                     f"real batch; ‖Δθ‖ {self.minimal.update_norm:.3g} vs {self.real.update_norm:.3g}")
+        lines.append(
+            f"                rare tokens carry {rare_share:.0%} of the minimal batch's loss; "
+            f"the swapped-in samples {swapped_share:.0%}"
+        )
+        lines.append(
+            f"  update        max |Δθ| {self.minimal.update_max_abs:.3g} vs {self.real.update_max_abs:.3g} for the "
+            f"real batch; ‖Δθ‖ {self.minimal.update_norm:.3g} vs {self.real.update_norm:.3g}"
+        )
         n_rare = sum(data.is_rare(i) for i in self.necessary)
         lines.append(f"  => {_verdict(n_rare, len(self.necessary), len(self.real.indices), self.minimal.ratio)}")
         return "\n".join(lines)
@@ -124,8 +131,10 @@ def _summary(result: ProbeResult, data: Any) -> str:
     sources = Counter(data.pool[i].source for i in result.indices)
     mix = " + ".join(f"{src}×{n}" for src, n in sources.most_common())
     clip = f", clipped to {result.grad_norm_post:.3g}" if result.clip_scale < 1 else ""
-    return (f"ratio {result.ratio:6.1f}×  pre-clip {result.grad_norm_pre:.3g}{clip}, loss {result.loss:.3f}; "
-            f"{rare} of {len(result.indices)} rare; {mix}")
+    return (
+        f"ratio {result.ratio:6.1f}×  pre-clip {result.grad_norm_pre:.3g}{clip}, loss {result.loss:.3f}; "
+        f"{rare} of {len(result.indices)} rare; {mix}"
+    )
 
 
 def _verdict(n_rare: int, n_necessary: int, batch_size: int, ratio: float) -> str:
@@ -133,8 +142,10 @@ def _verdict(n_rare: int, n_necessary: int, batch_size: int, ratio: float) -> st
     if not math.isfinite(ratio) or ratio < 3:
         return f"no composition spikes clearly at this step (the minimal batch: {ratio:.1f}×)"
     if n_necessary and n_rare == n_necessary:
-        return (f"rare-token samples concentrated in one batch: {n_rare} rare samples among {batch_size} "
-                f"give {ratio:.0f}× the baseline gradient norm")
+        return (
+            f"rare-token samples concentrated in one batch: {n_rare} rare samples among {batch_size} "
+            f"give {ratio:.0f}× the baseline gradient norm"
+        )
     return f"{n_necessary} of {batch_size} samples ({n_rare} of them rare) give {ratio:.0f}× the baseline gradient norm"
 
 
@@ -174,17 +185,21 @@ def find_worst_batch(
         raise ConfigError(f"keep_fraction must be in (0, 1], was {keep_fraction}")
     probe = probe_at(scenario, at_step, backend=backend, device=device, threads=threads)
     if not probe.baseline_grad_norm > 0:
-        raise ConfigError(f"no grad-norm baseline before step {at_step} (median {probe.baseline_grad_norm}): "
-                          "search a later step")
+        raise ConfigError(f"no grad-norm baseline before step {at_step} (median {probe.baseline_grad_norm}): search a later step")
     started = time.perf_counter()
     batch_size = len(probe.real_batch)
     order, screened_worst = _screened_order(probe)
     probes = len(order)
     best: list[ProbeResult] = []
 
-    @settings(max_examples=max_examples, phases=(Phase.generate, Phase.target), database=None, deadline=None,
-              # A probe is a forward, backward and AdamW step (~7 ms): slow by Hypothesis's measure, by design.
-              suppress_health_check=[HealthCheck.too_slow])
+    @settings(
+        max_examples=max_examples,
+        phases=(Phase.generate, Phase.target),
+        database=None,
+        deadline=None,
+        # A probe is a forward, backward and AdamW step (~7 ms): slow by Hypothesis's measure, by design.
+        suppress_health_check=[HealthCheck.too_slow],
+    )
     @hypothesis_seed(seed)
     @given(blind_batch_compositions(probe, batch_size, candidates=order))
     def climb(batch: Any) -> None:
@@ -196,13 +211,22 @@ def find_worst_batch(
             best[:] = [result]
 
     climb()
-    worst, necessary, minimal_indices, minimise_probes = _worst_and_minimal(probe, max(best[0], screened_worst, key=_score),
-                                                                          keep_fraction)
+    worst, necessary, minimal_indices, minimise_probes = _worst_and_minimal(
+        probe, max(best[0], screened_worst, key=_score), keep_fraction
+    )
     probes += minimise_probes
     minimal = probe(minimal_indices, token_losses=True)
     real = probe(probe.real_batch)
-    return SearchResult(probe=probe, real=real, worst=worst, minimal=minimal, necessary=necessary,
-                        keep_fraction=keep_fraction, probes=probes + 2, seconds=time.perf_counter() - started)
+    return SearchResult(
+        probe=probe,
+        real=real,
+        worst=worst,
+        minimal=minimal,
+        necessary=necessary,
+        keep_fraction=keep_fraction,
+        probes=probes + 2,
+        seconds=time.perf_counter() - started,
+    )
 
 
 def _screened_order(probe: Probe) -> tuple[list[int], ProbeResult]:
@@ -220,8 +244,9 @@ def _screened_order(probe: Probe) -> tuple[list[int], ProbeResult]:
     return sorted(effect, key=lambda i: (effect[i], i)), worst
 
 
-def _worst_and_minimal(probe: Probe, worst: ProbeResult,
-                       keep_fraction: float) -> tuple[ProbeResult, tuple[int, ...], tuple[int, ...], int]:
+def _worst_and_minimal(
+    probe: Probe, worst: ProbeResult, keep_fraction: float
+) -> tuple[ProbeResult, tuple[int, ...], tuple[int, ...], int]:
     """Minimise ``worst``; when a swap beats it, that batch is the worst and minimising starts
     again from it (the worst's score rises each time, over finitely many batches: it ends).
 
@@ -236,8 +261,9 @@ def _worst_and_minimal(probe: Probe, worst: ProbeResult,
         worst = beaten_by
 
 
-def _minimise(probe: Probe, worst: ProbeResult,
-              keep_fraction: float) -> tuple[tuple[int, ...], tuple[int, ...], int, ProbeResult | None]:
+def _minimise(
+    probe: Probe, worst: ProbeResult, keep_fraction: float
+) -> tuple[tuple[int, ...], tuple[int, ...], int, ProbeResult | None]:
     """Swap samples of ``worst`` for the real batch's until every one left is necessary.
 
     Returns (necessary samples, the minimal batch, probes run, the first probed batch whose

@@ -94,16 +94,21 @@ class _Pool:
             rare_of = is_rare or (lambda i: bool(samples[i].rare))
         if not samples:
             raise InvalidArgument("the pool is empty")
-        return cls(tuple(s.id for s in samples), tuple(s.source for s in samples),
-                   tuple(bool(rare_of(i)) for i in range(len(samples))))
+        return cls(
+            tuple(s.id for s in samples), tuple(s.source for s in samples), tuple(bool(rare_of(i)) for i in range(len(samples)))
+        )
 
     def __len__(self) -> int:
         return len(self.ids)
 
     def composition(self, indices: Sequence[int]) -> Composition:
         ordered = tuple(sorted(indices))
-        return Composition(ordered, tuple(self.ids[i] for i in ordered), tuple(self.sources[i] for i in ordered),
-                           tuple(self.rare[i] for i in ordered))
+        return Composition(
+            ordered,
+            tuple(self.ids[i] for i in ordered),
+            tuple(self.sources[i] for i in ordered),
+            tuple(self.rare[i] for i in ordered),
+        )
 
     def sources_by_size(self) -> tuple[str, ...]:
         """Source names, largest first (ties by name): the first is the simplest to shrink to."""
@@ -129,20 +134,35 @@ def _rare_bounds(pool: _Pool, members: Sequence[int], batch_size: int, min_rare:
 MAX_SOURCE_MIXES = 4096
 
 
-def _feasible_mixes(pool: _Pool, allowed: tuple[str, ...], members_of: dict[str, list[int]], max_sources: int,
-                    batch_size: int, min_rare: int, max_rare: int) -> list[tuple[str, ...]]:
+def _feasible_mixes(
+    pool: _Pool,
+    allowed: tuple[str, ...],
+    members_of: dict[str, list[int]],
+    max_sources: int,
+    batch_size: int,
+    min_rare: int,
+    max_rare: int,
+) -> list[tuple[str, ...]]:
     """Every mix of 1 to ``max_sources`` sources that can fill a batch within the rare
     bounds, simplest first: fewer sources, then larger ones (``allowed`` is largest first)."""
     n_mixes = sum(math.comb(len(allowed), k) for k in range(1, max_sources + 1))
     if n_mixes > MAX_SOURCE_MIXES:
-        raise InvalidArgument(f"{len(allowed)} sources make {n_mixes} mixes of up to {max_sources}; narrow them "
-                              f"with sources= or max_sources= (at most {MAX_SOURCE_MIXES})")
-    mixes = [mix for k in range(1, max_sources + 1) for mix in itertools.combinations(allowed, k)
-             if _fits(pool, [i for s in mix for i in members_of[s]], batch_size, min_rare, max_rare)]
+        raise InvalidArgument(
+            f"{len(allowed)} sources make {n_mixes} mixes of up to {max_sources}; narrow them "
+            f"with sources= or max_sources= (at most {MAX_SOURCE_MIXES})"
+        )
+    mixes = [
+        mix
+        for k in range(1, max_sources + 1)
+        for mix in itertools.combinations(allowed, k)
+        if _fits(pool, [i for s in mix for i in members_of[s]], batch_size, min_rare, max_rare)
+    ]
     if not mixes:
         rare = sum(pool.rare[i] for s in allowed for i in members_of[s])
-        raise InvalidArgument(f"no batch of {batch_size} from {', '.join(allowed)} (at most {max_sources} of them at "
-                              f"once) holds between {min_rare} and {max_rare} rare samples ({rare} rare in all)")
+        raise InvalidArgument(
+            f"no batch of {batch_size} from {', '.join(allowed)} (at most {max_sources} of them at "
+            f"once) holds between {min_rare} and {max_rare} rare samples ({rare} rare in all)"
+        )
     return mixes
 
 
@@ -175,8 +195,11 @@ def batch_compositions(
     allowed = known if sources is None else tuple(dict.fromkeys(sources))
     unknown = [s for s in allowed if s not in known]
     if unknown or not allowed:
-        raise InvalidArgument(f"unknown source {unknown[0]!r}; the pool has {', '.join(known)}" if unknown
-                              else "sources must name at least one source")
+        raise InvalidArgument(
+            f"unknown source {unknown[0]!r}; the pool has {', '.join(known)}"
+            if unknown
+            else "sources must name at least one source"
+        )
     allowed = tuple(s for s in known if s in allowed)  # largest first, whatever order was given
     max_rare = batch_size if max_rare is None else max_rare
     if min_rare < 0 or max_rare < min_rare:
@@ -196,8 +219,9 @@ def batch_compositions(
         common_members = [i for i in members if not pool.rare[i]]
         rare = draw(st.lists(st.sampled_from(rare_members), min_size=n_rare, max_size=n_rare, unique=True)) if n_rare else []
         n_common = batch_size - n_rare
-        common = (draw(st.lists(st.sampled_from(common_members), min_size=n_common, max_size=n_common, unique=True))
-                  if n_common else [])
+        common = (
+            draw(st.lists(st.sampled_from(common_members), min_size=n_common, max_size=n_common, unique=True)) if n_common else []
+        )
         return pool.composition(rare + common)
 
     return compositions()
@@ -291,8 +315,9 @@ def scenario_perturbations(
         offsets = st.integers(step_lo, step_hi).map(lambda step: step - first)
 
     def perturb(seed_value: int, lr_value: float, offset: int) -> Scenario:
-        breaks = tuple(dataclasses.replace(b, at_step=b.at_step + offset) if isinstance(b, RareTokenBurst) else b
-                       for b in base.breaks)
+        breaks = tuple(
+            dataclasses.replace(b, at_step=b.at_step + offset) if isinstance(b, RareTokenBurst) else b for b in base.breaks
+        )
         return base.replace(seed=seed_value, optimizer__lr=lr_value, breaks=breaks)
 
     return st.builds(perturb, seeds, lrs, offsets)

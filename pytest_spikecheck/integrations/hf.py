@@ -45,12 +45,21 @@ class SpikecheckCallback(TrainerCallback):
     ``stream``: the :func:`~pytest_spikecheck.inject_burst` dataset you gave the Trainer as
     ``train_dataset``; ``catalog``: your samples' ids, sources and tokens."""
 
-    def __init__(self, out: str | Path | None = None, *, catalog: SampleCatalog | None = None,
-                 stream: BurstStream | None = None, name: str = "hf-trainer", **recorder_options: Any) -> None:
+    def __init__(
+        self,
+        out: str | Path | None = None,
+        *,
+        catalog: SampleCatalog | None = None,
+        stream: BurstStream | None = None,
+        name: str = "hf-trainer",
+        **recorder_options: Any,
+    ) -> None:
         missing = [h for h in _HOOKS if not hasattr(TrainerCallback, h)]
         if missing:
-            raise ConfigError(f"transformers {transformers.__version__} has no {', '.join(missing)} callback hook; "
-                              f"SpikecheckCallback needs transformers >= 5.0")
+            raise ConfigError(
+                f"transformers {transformers.__version__} has no {', '.join(missing)} callback hook; "
+                f"SpikecheckCallback needs transformers >= 5.0"
+            )
         self.out, self.catalog, self.stream, self.name = out, catalog, stream, name
         if out is not None:  # refused now, not after training: the run is saved there at the end
             from pytest_spikecheck.records.integrity import check_target
@@ -64,9 +73,12 @@ class SpikecheckCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
         accumulation = args.gradient_accumulation_steps
         if self.stream is not None:  # before the first step: a mismatch would misname every batch
-            self.stream.check_trainer(batch_size=args.per_device_train_batch_size, accumulation=accumulation,
-                                      max_steps=args.max_steps if args.max_steps > 0 else None,
-                                      names=("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps"))
+            self.stream.check_trainer(
+                batch_size=args.per_device_train_batch_size,
+                accumulation=accumulation,
+                max_steps=args.max_steps if args.max_steps > 0 else None,
+                names=("per_device_train_batch_size", "gradient_accumulation_steps", "max_steps"),
+            )
         inner = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
         scaler = getattr(optimizer, "scaler", None)  # accelerate's GradScaler (fp16 on a GPU), else None
         max_norm = args.max_grad_norm if args.max_grad_norm and args.max_grad_norm > 0 else None
@@ -74,17 +86,36 @@ class SpikecheckCallback(TrainerCallback):
         precision = f"{requested} (TrainingArguments)" + (", GradScaler" if scaler is not None else "")
         if args.fp16 and scaler is None:  # accelerate sets up fp16 AMP only on accelerators (measured: fp32 on a CPU)
             precision += ", but accelerate set up no GradScaler (on a CPU it trains in float32)"
-        facts = {"trainer_version": f"transformers {transformers.__version__}", "precision": precision,
-                 "lr": args.learning_rate, "micro_batch_size": args.per_device_train_batch_size,
-                 "batch_size": args.per_device_train_batch_size * accumulation * max(args.world_size, 1),
-                 "max_steps": args.max_steps, "output_dir": str(args.output_dir)}
-        self.recorder = Recorder(model, inner, max_norm=max_norm, catalog=self.catalog, stream=self.stream,
-                                 name=self.name, trainer="hf", accumulation=accumulation, scaler=scaler, seed=args.seed,
-                                 facts=facts, meta={"trainer_grad_norm_is": "pre-clip"},
-                                 run_facts={"amp_dtype": "bfloat16" if args.bf16 else "float16" if scaler is not None else "float32",
-                                            "loss_scale": "dynamic" if scaler is not None else "none",
-                                            "world_size": max(args.world_size, 1),
-                                            "batch_size": facts["batch_size"]}, **self.options)
+        facts = {
+            "trainer_version": f"transformers {transformers.__version__}",
+            "precision": precision,
+            "lr": args.learning_rate,
+            "micro_batch_size": args.per_device_train_batch_size,
+            "batch_size": args.per_device_train_batch_size * accumulation * max(args.world_size, 1),
+            "max_steps": args.max_steps,
+            "output_dir": str(args.output_dir),
+        }
+        self.recorder = Recorder(
+            model,
+            inner,
+            max_norm=max_norm,
+            catalog=self.catalog,
+            stream=self.stream,
+            name=self.name,
+            trainer="hf",
+            accumulation=accumulation,
+            scaler=scaler,
+            seed=args.seed,
+            facts=facts,
+            meta={"trainer_grad_norm_is": "pre-clip"},
+            run_facts={
+                "amp_dtype": "bfloat16" if args.bf16 else "float16" if scaler is not None else "float32",
+                "loss_scale": "dynamic" if scaler is not None else "none",
+                "world_size": max(args.world_size, 1),
+                "batch_size": facts["batch_size"],
+            },
+            **self.options,
+        )
         gradient_state = getattr(optimizer, "gradient_state", None)
         if gradient_state is not None:  # accelerate says which backward closes the optimizer step
             armed = lambda: bool(gradient_state.sync_gradients)  # noqa: E731
@@ -100,8 +131,12 @@ class SpikecheckCallback(TrainerCallback):
         logits = getattr(output, "logits", None)
         # a causal LM predicts labels[t + 1] at position t (the model shifts them)
         targets = labels[:, 1:] if labels is not None else None
-        self.recorder.gather(loss=getattr(output, "loss", None), summed="num_items_in_batch" in kwargs,
-                             logits=logits[:, :-1].detach() if logits is not None else None, targets=targets)
+        self.recorder.gather(
+            loss=getattr(output, "loss", None),
+            summed="num_items_in_batch" in kwargs,
+            logits=logits[:, :-1].detach() if logits is not None else None,
+            targets=targets,
+        )
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         self.recorder.before_clip()  # the norms the backward hooks measured before the clip
@@ -129,4 +164,3 @@ class SpikecheckCallback(TrainerCallback):
         run = self.recorder.run()
         run.meta["trainer_grad_norm"] = {str(k): v for k, v in sorted(self.trainer_grad_norm.items())}
         return run
-

@@ -63,12 +63,16 @@ def check_transformers(allow_untested: bool = False) -> str:
     ``allow_untested``) not the version the proxies were tested with."""
     version = transformers_version()
     if version is None:
-        raise ConfigError("spikecheck preflight builds its proxies with transformers, which is not installed: "
-                          "pip install 'pytest-spikecheck[preflight]'")
+        raise ConfigError(
+            "spikecheck preflight builds its proxies with transformers, which is not installed: "
+            "pip install 'pytest-spikecheck[preflight]'"
+        )
     if version != TESTED_TRANSFORMERS and not allow_untested:
-        raise ConfigError(f"transformers {version} is installed; the preflight proxies were tested with transformers "
-                          f"{TESTED_TRANSFORMERS} only: install that (pip install 'transformers=={TESTED_TRANSFORMERS}') "
-                          f"or pass --allow-untested-transformers")
+        raise ConfigError(
+            f"transformers {version} is installed; the preflight proxies were tested with transformers "
+            f"{TESTED_TRANSFORMERS} only: install that (pip install 'transformers=={TESTED_TRANSFORMERS}') "
+            f"or pass --allow-untested-transformers"
+        )
     return version
 
 
@@ -80,8 +84,14 @@ class _Recording:
         self.queries_keys: QueriesKeys | None = None
 
 
-def spikecheck_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, Any]:
+def spikecheck_attention(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, Any]:
     """transformers' SDPA attention, with the layer's queries and keys (B, nh, T, hs), keys
     repeated per query head under grouped-query attention, kept for the stats hook."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -166,13 +176,17 @@ class HFProxy(nn.Module):
             elif name == "qk_layernorm" and value:
                 self._add_qk_norm()
             elif name != "qk_layernorm":
-                raise ConfigError(f"the {type(self.hf).__name__} proxy takes the model-level breaks qk_layernorm and "
-                                  f"z_loss; {name}={value!r} is not one of them")
+                raise ConfigError(
+                    f"the {type(self.hf).__name__} proxy takes the model-level breaks qk_layernorm and "
+                    f"z_loss; {name}={value!r} is not one of them"
+                )
 
     def _add_qk_norm(self) -> None:
         if self.qk_norm:
-            raise ConfigError(f"{type(self.hf).__name__} already has q/k-norm (q_norm, k_norm): the qk_layernorm "
-                              f"defence would add a second one; it is the config as given")
+            raise ConfigError(
+                f"{type(self.hf).__name__} already has q/k-norm (q_norm, k_norm): the qk_layernorm "
+                f"defence would add a second one; it is the config as given"
+            )
         eps = float(getattr(self.hf.config, "rms_norm_eps", 1e-6))
         for attention in self.attention_modules():
             attention.q_proj = HeadNormed(attention.q_proj, attention.head_dim, eps)
@@ -182,8 +196,10 @@ class HFProxy(nn.Module):
     def spikecheck_qk_projections(self) -> list[tuple]:
         """QK-Clip's hook: per layer (W_q, W_k, n_heads, b_q, b_k); refused under q/k-norm."""
         if self.qk_norm:
-            raise ConfigError(f"QKClip on {type(self.hf).__name__} with q/k-norm: the norm undoes the clip's scale of "
-                              f"W_q and W_k, so each step would clip again; drop one of the two")
+            raise ConfigError(
+                f"QKClip on {type(self.hf).__name__} with q/k-norm: the norm undoes the clip's scale of "
+                f"W_q and W_k, so each step would clip again; drop one of the two"
+            )
         out = []
         for attention in self.attention_modules():
             q, k = attention.q_proj, attention.k_proj
@@ -197,9 +213,15 @@ class HFProxy(nn.Module):
         return {n: self.hidden_lr_scale for n, _ in self.hidden_matrices()}
 
 
-def proxy_model(vocab_size: int, *, config: Mapping[str, Any], transformers: str = TESTED_TRANSFORMERS,
-                output_multiplier: float = 1.0, hidden_lr_scale: float = 1.0,
-                hidden_init_scale: float = 1.0) -> HFProxy:
+def proxy_model(
+    vocab_size: int,
+    *,
+    config: Mapping[str, Any],
+    transformers: str = TESTED_TRANSFORMERS,
+    output_multiplier: float = 1.0,
+    hidden_lr_scale: float = 1.0,
+    hidden_init_scale: float = 1.0,
+) -> HFProxy:
     """The model factory: the HF class of ``config["model_type"]`` built from ``config`` (a
     scaled ``config.json``, ``preflight.hf_config.proxy_config``) at ``vocab_size``, float32,
     initialised by the class's own ``_init_weights`` under torch's seeded generator; hidden
@@ -208,8 +230,10 @@ def proxy_model(vocab_size: int, *, config: Mapping[str, Any], transformers: str
     another is one line."""
     installed = transformers_version()
     if installed != transformers:
-        raise ConfigError(f"this proxy was planned with transformers {transformers}, and {installed} is installed: "
-                          f"rerun the preflight with the installed one")
+        raise ConfigError(
+            f"this proxy was planned with transformers {transformers}, and {installed} is installed: "
+            f"rerun the preflight with the installed one"
+        )
     import transformers as hf
 
     fields = dict(config)

@@ -48,8 +48,15 @@ class SpikecheckCallback(Callback):
     :attr:`recorder` (``callback.run()`` is the :class:`~pytest_spikecheck.Run`). ``stream``:
     the :func:`~pytest_spikecheck.inject_burst` dataset your train DataLoader reads."""
 
-    def __init__(self, out: str | Path | None = None, *, catalog: SampleCatalog | None = None,
-                 stream: BurstStream | None = None, name: str = "lightning", **recorder_options: Any) -> None:
+    def __init__(
+        self,
+        out: str | Path | None = None,
+        *,
+        catalog: SampleCatalog | None = None,
+        stream: BurstStream | None = None,
+        name: str = "lightning",
+        **recorder_options: Any,
+    ) -> None:
         self.out, self.catalog, self.stream, self.name = out, catalog, stream, name
         if out is not None:  # refused now, not after training: the run is saved there at the end
             from pytest_spikecheck.records.integrity import check_target
@@ -66,34 +73,56 @@ class SpikecheckCallback(Callback):
         batch_size = getattr(loader, "batch_size", None)
         if self.stream is not None:  # before the first step: a mismatch would misname every batch
             if trainer.max_steps < 0 and trainer.max_epochs != 1:
-                raise ConfigError(f"give the Trainer max_steps (at most the burst stream's {self.stream.steps}) or "
-                                  f"max_epochs=1: the stream plans {self.stream.steps} optimizer steps, and a second "
-                                  f"epoch would read it again")
-            self.stream.check_trainer(batch_size=batch_size, accumulation=accumulation,
-                                      max_steps=trainer.max_steps if trainer.max_steps >= 0 else None,
-                                      names=("the train DataLoader's batch_size", "accumulate_grad_batches",
-                                             "max_steps"))
+                raise ConfigError(
+                    f"give the Trainer max_steps (at most the burst stream's {self.stream.steps}) or "
+                    f"max_epochs=1: the stream plans {self.stream.steps} optimizer steps, and a second "
+                    f"epoch would read it again"
+                )
+            self.stream.check_trainer(
+                batch_size=batch_size,
+                accumulation=accumulation,
+                max_steps=trainer.max_steps if trainer.max_steps >= 0 else None,
+                names=("the train DataLoader's batch_size", "accumulate_grad_batches", "max_steps"),
+            )
         by_norm = trainer.gradient_clip_algorithm in (None, "norm")
         max_norm = trainer.gradient_clip_val if by_norm and trainer.gradient_clip_val else None
         scaler = getattr(trainer.precision_plugin, "scaler", None)  # 16-mixed on a GPU: torch's GradScaler
         optimizer = trainer.optimizers[0]
         seed = os.environ.get("PL_GLOBAL_SEED")  # what seed_everything set, if it ran
-        facts = {"trainer_version": f"lightning {lightning.__version__}", "precision": str(trainer.precision)
-                 + (", GradScaler" if scaler is not None else ""), "micro_batch_size": batch_size,
-                 "batch_size": batch_size * accumulation if batch_size is not None else None,
-                 "lr": float(optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"])),
-                 "max_steps": trainer.max_steps}
-        self.recorder = Recorder(pl_module, optimizer, max_norm=max_norm, catalog=self.catalog,
-                                 stream=self.stream, name=self.name, trainer="lightning", accumulation=accumulation,
-                                 scaler=scaler, seed=int(seed) if seed is not None else None, facts=facts,
-                                 meta={"gradient_clip_algorithm": str(trainer.gradient_clip_algorithm),
-                                       "gradient_clip_val": trainer.gradient_clip_val},
-                                 run_facts={"amp_dtype": _AMP_DTYPES.get(str(trainer.precision)),
-                                            "loss_scale": "dynamic" if scaler is not None else "none",
-                                            "world_size": trainer.world_size, "batch_size": facts["batch_size"],
-                                            # clipping by value is no ClipSpec kind: unknown, not "none"
-                                            **({"clip": None} if not by_norm and trainer.gradient_clip_val else {})},
-                                 **self.options)
+        facts = {
+            "trainer_version": f"lightning {lightning.__version__}",
+            "precision": str(trainer.precision) + (", GradScaler" if scaler is not None else ""),
+            "micro_batch_size": batch_size,
+            "batch_size": batch_size * accumulation if batch_size is not None else None,
+            "lr": float(optimizer.param_groups[0].get("initial_lr", optimizer.param_groups[0]["lr"])),
+            "max_steps": trainer.max_steps,
+        }
+        self.recorder = Recorder(
+            pl_module,
+            optimizer,
+            max_norm=max_norm,
+            catalog=self.catalog,
+            stream=self.stream,
+            name=self.name,
+            trainer="lightning",
+            accumulation=accumulation,
+            scaler=scaler,
+            seed=int(seed) if seed is not None else None,
+            facts=facts,
+            meta={
+                "gradient_clip_algorithm": str(trainer.gradient_clip_algorithm),
+                "gradient_clip_val": trainer.gradient_clip_val,
+            },
+            run_facts={
+                "amp_dtype": _AMP_DTYPES.get(str(trainer.precision)),
+                "loss_scale": "dynamic" if scaler is not None else "none",
+                "world_size": trainer.world_size,
+                "batch_size": facts["batch_size"],
+                # clipping by value is no ClipSpec kind: unknown, not "none"
+                **({"clip": None} if not by_norm and trainer.gradient_clip_val else {}),
+            },
+            **self.options,
+        )
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         self.recorder.before_clip()
@@ -118,4 +147,3 @@ class SpikecheckCallback(Callback):
     def run(self):
         """The recorded run (a :class:`~pytest_spikecheck.Run`)."""
         return self.recorder.run()
-

@@ -72,10 +72,18 @@ class SampleCatalog:
     token_str: Callable[[int], str] = str
 
     @classmethod
-    def from_tokens(cls, tokens: Sequence[Sequence[int]], *, vocab_size: int, ids: Sequence[str] | None = None,
-                    sources: Sequence[str] | None = None, token_str: Callable[[int], str] = str,
-                    rare_doc_freq: int = SamplerSpec.rare_doc_freq, rarity_excludes: Iterable[int] = (),
-                    ignore: Iterable[int] = (IGNORE_INDEX,)) -> SampleCatalog:
+    def from_tokens(
+        cls,
+        tokens: Sequence[Sequence[int]],
+        *,
+        vocab_size: int,
+        ids: Sequence[str] | None = None,
+        sources: Sequence[str] | None = None,
+        token_str: Callable[[int], str] = str,
+        rare_doc_freq: int = SamplerSpec.rare_doc_freq,
+        rarity_excludes: Iterable[int] = (),
+        ignore: Iterable[int] = (IGNORE_INDEX,),
+    ) -> SampleCatalog:
         """``tokens[i]``: the token ids sample i is trained to predict (ignored ids dropped). A
         token is rare when at most ``rare_doc_freq`` samples contain it, counted as the engine
         counts (data/dataset.py) over the samples not in ``rarity_excludes`` (pass the injected
@@ -243,19 +251,24 @@ class Recorder:
         # the one rule, 0 as trainers spell "no clip" (TrainingArguments(max_grad_norm=0))
         self.max_norm = check_max_norm(self.max_norm, "Recorder max_norm", zero="no_clip")
         if isinstance(self.accumulation, bool) or not isinstance(self.accumulation, int) or self.accumulation < 1:
-            raise ConfigError(f"record(..., accumulation=...) must be an integer >= 1 (micro-batches per optimizer "
-                              f"step), was {self.accumulation!r}")
+            raise ConfigError(
+                f"record(..., accumulation=...) must be an integer >= 1 (micro-batches per optimizer "
+                f"step), was {self.accumulation!r}"
+            )
         if self.stream is not None and self.stream.accumulation != self.accumulation:
-            raise ConfigError(f"the burst stream plans {self.stream.accumulation} micro-batch(es) per optimizer step "
-                              f"(inject_burst(..., accumulation={self.stream.accumulation})) but the recorder was given "
-                              f"accumulation={self.accumulation}: give both the same")
+            raise ConfigError(
+                f"the burst stream plans {self.stream.accumulation} micro-batch(es) per optimizer step "
+                f"(inject_burst(..., accumulation={self.stream.accumulation})) but the recorder was given "
+                f"accumulation={self.accumulation}: give both the same"
+            )
         if self.scaler is not None and not all(hasattr(self.scaler, a) for a in ("get_scale", "scale", "unscale_")):
             raise ConfigError(f"record(..., scaler=...) takes a torch.amp.GradScaler, was {type(self.scaler).__name__}")
         self.max_norm = math.inf if self.max_norm is None else float(self.max_norm)
         if self.qk_clip is not None and not isinstance(self.qk_clip, QKClipFacts):
             if isinstance(self.qk_clip, bool) or not isinstance(self.qk_clip, (int, float)) or not 0 < self.qk_clip < math.inf:
-                raise ConfigError(f"record(..., qk_clip=...) is your QK-Clip's tau, a number > 0 (or a QKClipFacts), "
-                                  f"was {self.qk_clip!r}")
+                raise ConfigError(
+                    f"record(..., qk_clip=...) is your QK-Clip's tau, a number > 0 (or a QKClipFacts), was {self.qk_clip!r}"
+                )
             self.qk_clip = QKClipFacts(tau=float(self.qk_clip))
         self._groups = observed_groups(self.optimizer)  # before any step: the groups' lr as built
         self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
@@ -321,6 +334,7 @@ class Recorder:
         def measure(param: torch.Tensor) -> None:
             if self._tap_armed():
                 self._tapped[k] = torch.linalg.vector_norm(param.grad, dtype=torch.float64)
+
         return measure
 
     def close(self) -> None:
@@ -342,11 +356,14 @@ class Recorder:
             step = self.steps_recorded + 1
             self._clip_before_unscale_at.append(step)
             if len(self._clip_before_unscale_at) == 1:
-                _show(ClipBeforeUnscaleWarning(
-                    f"rec.clipping() at step {step}: the gradients are still scaled by the GradScaler "
-                    f"(×{fmt_scale(float(self.scaler.get_scale()))}): call scaler.unscale_(optimizer) before clipping, "
-                    f"or the clip sees ‖g‖ × scale and the optimizer receives the clipped gradient divided by the scale"),
-                    stacklevel=3)
+                _show(
+                    ClipBeforeUnscaleWarning(
+                        f"rec.clipping() at step {step}: the gradients are still scaled by the GradScaler "
+                        f"(×{fmt_scale(float(self.scaler.get_scale()))}): call scaler.unscale_(optimizer) before clipping, "
+                        f"or the clip sees ‖g‖ × scale and the optimizer receives the clipped gradient divided by the scale"
+                    ),
+                    stacklevel=3,
+                )
         self._measure_before_clip(still_scaled)
 
     def _measure_before_clip(self, still_scaled: bool) -> None:
@@ -376,8 +393,10 @@ class Recorder:
         if verdict.is_event and self.optimizer is not None:
             # cloned now: a trainer whose hook after the clip comes after the update (Lightning)
             # would otherwise show the surprise against a v that already holds this gradient
-            states = [{"exp_avg_sq": st["exp_avg_sq"].clone(), "step": float(st["step"])} if "exp_avg_sq" in st else {}
-                      for st in (self.optimizer.state.get(p, {}) for _, p in self.named)]
+            states = [
+                {"exp_avg_sq": st["exp_avg_sq"].clone(), "step": float(st["step"])} if "exp_avg_sq" in st else {}
+                for st in (self.optimizer.state.get(p, {}) for _, p in self.named)
+            ]
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else math.nan
         self._pending = _Pending(step, pre, per, has_grad, lr, verdict, states, loss_scale=scale)
 
@@ -410,9 +429,17 @@ class Recorder:
         yield self
         self.after_clip()
 
-    def step(self, *, loss: Any, lr: float | None = None, batch: Sequence[int] | None = None,
-             logits: Any = None, targets: Any = None, eval_loss: float = math.nan,
-             stats: Mapping[str, float] | None = None) -> dict[str, float]:
+    def step(
+        self,
+        *,
+        loss: Any,
+        lr: float | None = None,
+        batch: Sequence[int] | None = None,
+        logits: Any = None,
+        targets: Any = None,
+        eval_loss: float = math.nan,
+        stats: Mapping[str, float] | None = None,
+    ) -> dict[str, float]:
         """Close the optimizer step: its row, its batch composition and (at an event step) its
         event record. Call it after the optimizer's step and before zero_grad, once per optimizer
         step (with accumulation, after the last micro-batch). Without an earlier
@@ -430,9 +457,13 @@ class Recorder:
                 why_skipped = SKIPPED_OVERFLOW if self.scaler is not None else "no optimizer step"
                 if self.scaler is None and not self._warned_no_step:
                     self._warned_no_step = True
-                    warnings.warn(f"rec.step() at step {p.step}: the optimizer did not step since the last rec.step() "
-                                  f"(recorded as skipped); call rec.step() after optimizer.step(), once per optimizer "
-                                  f"step", RecorderOrderWarning, stacklevel=2)
+                    warnings.warn(
+                        f"rec.step() at step {p.step}: the optimizer did not step since the last rec.step() "
+                        f"(recorded as skipped); call rec.step() after optimizer.step(), once per optimizer "
+                        f"step",
+                        RecorderOrderWarning,
+                        stacklevel=2,
+                    )
             elif p.verdict.overflow:
                 why_skipped = SKIPPED_OVERFLOW
             if why_skipped is None:
@@ -452,14 +483,23 @@ class Recorder:
         else:
             post, clip_factor = p.grad_norm_post, _clip_factor(p.grad_norm_pre, p.grad_norm_post)
         if p.verdict.is_event:
-            self.events.append(self._event(p, loss_value, clip_factor, post, indices, logits, targets,
-                                           skipped=why_skipped is not None))
+            self.events.append(
+                self._event(p, loss_value, clip_factor, post, indices, logits, targets, skipped=why_skipped is not None)
+            )
         v_sum = self._adam_reader.adam_v_sum(self.optimizer) if self.optimizer is not None else math.nan
-        row = self._metrics.add_row(step=p.step, loss=loss_value, grad_norm_pre=p.grad_norm_pre,
-                                    grad_norm_post=post, clip_factor=clip_factor,
-                                    lr=p.lr if lr is None else float(lr), eval_loss=float(eval_loss),
-                                    adam_v_norm=math.sqrt(v_sum), loss_scale=p.loss_scale, clip_limit=self.max_norm,
-                                    **self._model_stats(stats))
+        row = self._metrics.add_row(
+            step=p.step,
+            loss=loss_value,
+            grad_norm_pre=p.grad_norm_pre,
+            grad_norm_post=post,
+            clip_factor=clip_factor,
+            lr=p.lr if lr is None else float(lr),
+            eval_loss=float(eval_loss),
+            adam_v_norm=math.sqrt(v_sum),
+            loss_scale=p.loss_scale,
+            clip_limit=self.max_norm,
+            **self._model_stats(stats),
+        )
         if not p.verdict.overflow:
             self._watch.observe_norm(p.step, p.grad_norm_pre)
         self._pending = None
@@ -493,8 +533,13 @@ class Recorder:
         both = bool(parts) and all(m.logits is not None and m.targets is not None for m in parts)
         # the step's stats from its micro-batches' (a largest value the largest, others their mean)
         stats = combine_stats([(m.stats, 1 / len(parts)) for m in parts]) if parts and all(m.stats for m in parts) else None
-        return self.step(loss=gathered_loss(parts), logits=[m.logits for m in parts] if both else None,
-                         targets=[m.targets for m in parts] if both else None, stats=stats, **options)
+        return self.step(
+            loss=gathered_loss(parts),
+            logits=[m.logits for m in parts] if both else None,
+            targets=[m.targets for m in parts] if both else None,
+            stats=stats,
+            **options,
+        )
 
     def set_eval_loss(self, step: int, value: float) -> None:
         """The eval loss measured after step ``step`` (a trainer that evaluates on its own schedule)."""
@@ -511,34 +556,62 @@ class Recorder:
         pool, burst = self.catalog.pool, set(self.stream.burst_ids) if self.stream is not None else set()
         out = []
         for step, indices in self._batch_indices:
-            composition = batch_composition(indices, pool=pool, rare_token_counts=self.catalog.rare_token_counts,
-                                            burst_ids=burst)
+            composition = batch_composition(indices, pool=pool, rare_token_counts=self.catalog.rare_token_counts, burst_ids=burst)
             # the injected samples by name (the engine's batches count them; a user's burst names them)
             injected = [self.catalog.ids[i] for i in indices if i in burst]
             out.append({"step": step, **composition, **({"injected": injected} if injected else {})})
         return out
 
-    def _event(self, p: _Pending, loss: float, clip_factor: float, post: float, indices: Sequence[int] | None,
-               logits: torch.Tensor | None, targets: torch.Tensor | None, *, skipped: bool) -> Event:
+    def _event(
+        self,
+        p: _Pending,
+        loss: float,
+        clip_factor: float,
+        post: float,
+        indices: Sequence[int] | None,
+        logits: torch.Tensor | None,
+        targets: torch.Tensor | None,
+        *,
+        skipped: bool,
+    ) -> Event:
         table = None
         if logits is not None and targets is not None:
             cat = self.catalog
-            ids = ([cat.ids[i] for i in indices] if cat is not None and indices is not None
-                   else [f"row-{r}" for r in range(targets.shape[0])])
-            seen = (cat.target_counts([b for _, b in self._batch_indices[:-1]]) if cat is not None and indices is not None
-                    else np.ones(int(logits.shape[-1]), dtype=np.int64))  # unknown history: nothing counts as novel
-            table = token_loss_table(logits.detach().float().contiguous(), targets, sample_ids=ids,
-                                     rare_tokens=cat.rare_tokens if cat is not None else frozenset(),
-                                     token_str=cat.token_str if cat is not None else str, top=self.top_tokens,
-                                     seen_before=seen)
+            ids = (
+                [cat.ids[i] for i in indices]
+                if cat is not None and indices is not None
+                else [f"row-{r}" for r in range(targets.shape[0])]
+            )
+            seen = (
+                cat.target_counts([b for _, b in self._batch_indices[:-1]])
+                if cat is not None and indices is not None
+                else np.ones(int(logits.shape[-1]), dtype=np.int64)
+            )  # unknown history: nothing counts as novel
+            table = token_loss_table(
+                logits.detach().float().contiguous(),
+                targets,
+                sample_ids=ids,
+                rare_tokens=cat.rare_tokens if cat is not None else frozenset(),
+                token_str=cat.token_str if cat is not None else str,
+                top=self.top_tokens,
+                seen_before=seen,
+            )
         names = [n for n, _ in self.named]
         has_grad = p.has_grad
         return Event(
-            step=p.step, kinds=tuple(p.verdict.kinds), loss=loss, grad_norm_pre=p.grad_norm_pre,
-            baseline_grad_norm=p.verdict.baseline, clip_factor=clip_factor, max_norm=self.max_norm,
-            grad_norm_post=post, skipped=skipped, token_losses=table,
-            param_grad_norms=dict(sorted(((n, float(v)) for n, v, g in zip(names, p.pre_norms.tolist(), has_grad) if g),
-                                         key=lambda kv: -kv[1])),
+            step=p.step,
+            kinds=tuple(p.verdict.kinds),
+            loss=loss,
+            grad_norm_pre=p.grad_norm_pre,
+            baseline_grad_norm=p.verdict.baseline,
+            clip_factor=clip_factor,
+            max_norm=self.max_norm,
+            grad_norm_post=post,
+            skipped=skipped,
+            token_losses=table,
+            param_grad_norms=dict(
+                sorted(((n, float(v)) for n, v, g in zip(names, p.pre_norms.tolist(), has_grad) if g), key=lambda kv: -kv[1])
+            ),
             adam_surprise=p.surprise,
         )
 
@@ -546,26 +619,49 @@ class Recorder:
         """The recorded steps as a :class:`~pytest_spikecheck.Run` (what assertions take)."""
         recorded = self.recorded_facts()
         record = {"spike_ratio": self.spike_ratio, "spike_window": self.window, "top_tokens": self.top_tokens}
-        where_post = ("when the optimizer's step returned, on the gradients it consumed" if self._step_hook is not None
-                      else "at rec.step(), on the gradients as the optimizer left them")
+        where_post = (
+            "when the optimizer's step returned, on the gradients it consumed"
+            if self._step_hook is not None
+            else "at rec.step(), on the gradients as the optimizer left them"
+        )
         meta = {
-            "package_version": __version__, "torch_version": torch.__version__, "python": platform.python_version(),
-            "name": self.name, "trainer": self.trainer, "recorded": recorded, "record": record,
-            "backend": f"{self.trainer} (recorded)", "device": str(self.named[0][1].device),
-            "threads": torch.get_num_threads(), "distributed": None, "breaks": [],
+            "package_version": __version__,
+            "torch_version": torch.__version__,
+            "python": platform.python_version(),
+            "name": self.name,
+            "trainer": self.trainer,
+            "recorded": recorded,
+            "record": record,
+            "backend": f"{self.trainer} (recorded)",
+            "device": str(self.named[0][1].device),
+            "threads": torch.get_num_threads(),
+            "distributed": None,
+            "breaks": [],
             "parameters": sum(p.numel() for _, p in self.named),
-            "seconds": time.perf_counter() - self._started, "stopped_at": None, "stop_reason": None, "stopped_by": None,
-            "declared_events": sorted(self.declared), "skipped_steps": sorted(self.skipped),
-            "burst_samples": sorted(self.catalog.ids[i] if self.catalog is not None else str(i)
-                                    for i in self.stream.burst_ids) if self.stream is not None else [],
+            "seconds": time.perf_counter() - self._started,
+            "stopped_at": None,
+            "stop_reason": None,
+            "stopped_by": None,
+            "declared_events": sorted(self.declared),
+            "skipped_steps": sorted(self.skipped),
+            "burst_samples": sorted(self.catalog.ids[i] if self.catalog is not None else str(i) for i in self.stream.burst_ids)
+            if self.stream is not None
+            else [],
             "grad_norms": f"measured by pytest_spikecheck in float64, of the unscaled gradients: pre-clip before the "
-                          f"trainer's clip, post-clip {where_post}",
+            f"trainer's clip, post-clip {where_post}",
             "reproduce": f"rerun the training that recorded this ({TRAINER_NAMES.get(self.trainer, self.trainer)})",
             **({"clip_before_unscale_at": list(self._clip_before_unscale_at)} if self._clip_before_unscale_at else {}),
             **self.meta,
         }
-        return Run(scenario=None, metrics=self._metrics.arrays(), batches=self.batches,
-                   events=list(self.events), meta=meta, skipped=dict(self.skipped), facts=self.observed_facts())
+        return Run(
+            scenario=None,
+            metrics=self._metrics.arrays(),
+            batches=self.batches,
+            events=list(self.events),
+            meta=meta,
+            skipped=dict(self.skipped),
+            facts=self.observed_facts(),
+        )
 
     def observed_facts(self) -> RunFacts:
         """The run facts as the recorder observed them (see the class docstring)."""
@@ -575,37 +671,61 @@ class Recorder:
             qk = QKClipFacts(hook.tau, hook.alpha, hook.per_head)
         micro = self.stream.batch_size if self.stream is not None else None
         config = getattr(self.model, "config", None)  # a transformers model's
-        known = {"arch": type(self.model).__name__, "parameters": sum(p.numel() for _, p in self.named),
-                 **{name: getattr(config, key, None) for name, key in (
-                     ("n_layer", "num_hidden_layers"), ("n_head", "num_attention_heads"),
-                     ("n_kv_head", "num_key_value_heads"), ("n_embd", "hidden_size"), ("vocab_size", "vocab_size"))}}
+        known = {
+            "arch": type(self.model).__name__,
+            "parameters": sum(p.numel() for _, p in self.named),
+            **{
+                name: getattr(config, key, None)
+                for name, key in (
+                    ("n_layer", "num_hidden_layers"),
+                    ("n_head", "num_attention_heads"),
+                    ("n_kv_head", "num_key_value_heads"),
+                    ("n_embd", "hidden_size"),
+                    ("vocab_size", "vocab_size"),
+                )
+            },
+        }
         facts = RunFacts(
             source={"loop": "recorder"}.get(self.trainer, self.trainer),
             model=ModelFacts(**{k: v for k, v in known.items() if isinstance(v, (int, str))}),
             optimizers=self._groups,
             clip=ClipSpec(kind="global", max_norm=self.max_norm) if math.isfinite(self.max_norm) else ClipSpec("none", None),
-            qk_clip=qk, loss_scale="dynamic" if self.scaler is not None else None, accumulation=self.accumulation,
-            batch_size=micro * self.accumulation if micro is not None else None, seed=self.seed,
-            spike_ratio=self.spike_ratio, package_version=__version__, torch_version=torch.__version__, python=platform.python_version())
+            qk_clip=qk,
+            loss_scale="dynamic" if self.scaler is not None else None,
+            accumulation=self.accumulation,
+            batch_size=micro * self.accumulation if micro is not None else None,
+            seed=self.seed,
+            spike_ratio=self.spike_ratio,
+            package_version=__version__,
+            torch_version=torch.__version__,
+            python=platform.python_version(),
+        )
         try:
             return dataclasses.replace(facts, **self.run_facts)
         except TypeError:
             known_fields = ", ".join(f.name for f in dataclasses.fields(RunFacts))
             unknown = sorted(set(self.run_facts) - {f.name for f in dataclasses.fields(RunFacts)})
-            raise ConfigError(f"Recorder run_facts: unknown field {unknown[0] if unknown else '?'!r}; known: {known_fields}") from None
+            raise ConfigError(
+                f"Recorder run_facts: unknown field {unknown[0] if unknown else '?'!r}; known: {known_fields}"
+            ) from None
 
     def recorded_facts(self) -> dict[str, Any]:
         """What the run was, as the trainer reports it (run.json ``recorded``): the trainer, the
         seed, the lr, the clip, the batch and accumulation, the precision."""
         micro = self.stream.batch_size if self.stream is not None else None
         precision = (f"{self._logits_dtype} logits" if self._logits_dtype else "not reported") + (
-            ", loss scaled by a GradScaler" if self.scaler is not None else "")
+            ", loss scaled by a GradScaler" if self.scaler is not None else ""
+        )
         return {
-            "trainer": self.trainer, "seed": self.seed, "lr": self._first_lr,
+            "trainer": self.trainer,
+            "seed": self.seed,
+            "lr": self._first_lr,
             "max_grad_norm": self.max_norm if math.isfinite(self.max_norm) else None,
-            "accumulation": self.accumulation, "micro_batch_size": micro,
+            "accumulation": self.accumulation,
+            "micro_batch_size": micro,
             "batch_size": micro * self.accumulation if micro is not None else None,
-            "precision": precision, **self.facts,
+            "precision": precision,
+            **self.facts,
         }
 
     def save(self, directory: str | Path) -> Path:

@@ -39,6 +39,7 @@ def overclipped(pre: Any, post: Any, limit: Any, rtol: float = CLIP_RTOL) -> np.
     with np.errstate(invalid="ignore", over="ignore"):
         return np.isfinite(pre) & np.isfinite(post) & (post < expected * (1 - rtol) - CLIP_EPS)
 
+
 def contained(post: Any, limit: Any, rtol: float = CLIP_RTOL) -> np.ndarray:
     """Where the clip held: the post-clip norm at most limit·(1 + rtol). The one rule of
     containment (assert_clip_contains, the diagnosis and the report's cell all ask it). An
@@ -91,8 +92,9 @@ def value_at(metrics: Metrics, name: str, step: int) -> float:
 
 
 @_overflow_is_inf
-def baseline(metrics: Metrics, name: str, step: int, window: int = BASELINE_WINDOW,
-             min_points: int = MIN_BASELINE_POINTS) -> float:
+def baseline(
+    metrics: Metrics, name: str, step: int, window: int = BASELINE_WINDOW, min_points: int = MIN_BASELINE_POINTS
+) -> float:
     """Median of ``name`` over the ``window`` steps before ``step`` (finite values only; NaN
     with fewer than ``min_points``): :func:`~pytest_spikecheck.judge.baseline.spike_baseline`."""
     steps, values = column(metrics, name)
@@ -107,8 +109,9 @@ def spike_ratio(metrics: Metrics, step: int, name: str = "grad_norm_pre", window
 
 
 @_overflow_is_inf
-def ratio_series(metrics: Metrics, name: str = "grad_norm_pre", window: int = BASELINE_WINDOW,
-                 min_history: int = MIN_BASELINE_POINTS) -> tuple[np.ndarray, np.ndarray]:
+def ratio_series(
+    metrics: Metrics, name: str = "grad_norm_pre", window: int = BASELINE_WINDOW, min_history: int = MIN_BASELINE_POINTS
+) -> tuple[np.ndarray, np.ndarray]:
     """(steps, value / its spike baseline) for every recorded step (NaN where not judged)."""
     steps, values = column(metrics, name)
     out = np.full(values.shape, np.nan)
@@ -147,8 +150,15 @@ def pre_event_mean(metrics: Metrics, step: int, before: int = 10, name: str = "e
     return float(np.mean(values[sel])) if sel.any() else math.nan
 
 
-def recovery_steps(metrics: Metrics, step: int, factor: float = RECOVERY_FACTOR, name: str = "eval_loss",
-                   before: int = 10, reference: float | None = None, horizon: int = RECOVERY_HORIZON) -> int | None:
+def recovery_steps(
+    metrics: Metrics,
+    step: int,
+    factor: float = RECOVERY_FACTOR,
+    name: str = "eval_loss",
+    before: int = 10,
+    reference: float | None = None,
+    horizon: int = RECOVERY_HORIZON,
+) -> int | None:
     """Steps from ``step`` until ``name`` is back within ``factor`` x the pre-event mean (or
     ``reference``) and stays there until ``step + horizon``. 0 = never left; None = not back
     within the horizon. The horizon is bounded because a tiny corpus overfits: late in a run
@@ -175,8 +185,9 @@ def final_value(metrics: Metrics, name: str = "eval_loss", last: int = 3) -> flo
     return float(np.mean(values[-last:])) if values.size else math.nan
 
 
-def first_nonfinite(metrics: Metrics, names: Sequence[str] = ("loss", "grad_norm_pre"),
-                    missing: Mapping[str, np.ndarray] | None = None) -> tuple[int, str] | None:
+def first_nonfinite(
+    metrics: Metrics, names: Sequence[str] = ("loss", "grad_norm_pre"), missing: Mapping[str, np.ndarray] | None = None
+) -> tuple[int, str] | None:
     """(step, metric) of the first NaN/inf among ``names``; ``missing`` masks mark steps where
     a metric was not logged (those NaNs are not counted)."""
     steps = np.asarray(metrics["step"])
@@ -219,5 +230,6 @@ class EventSummary:
             loss_jump=loss_jump(metrics, step) if has_eval else loss_jump(metrics, step, name="loss"),
             recovery=recovery_steps(metrics, step) if has_eval else recovery_steps(metrics, step, name="loss"),
             post_clip_at_step=value_at(metrics, "grad_norm_post", step) if "grad_norm_post" in metrics else None,
-            final_eval=final, evaluated=has_eval,
+            final_eval=final,
+            evaluated=has_eval,
         )

@@ -23,8 +23,9 @@ BASELINE_WINDOW = 50
 MIN_BASELINE_POINTS = 10
 
 
-def baseline_history(steps: np.ndarray, values: np.ndarray, at_step: int, window: int = BASELINE_WINDOW,
-                     min_points: int = MIN_BASELINE_POINTS) -> np.ndarray:
+def baseline_history(
+    steps: np.ndarray, values: np.ndarray, at_step: int, window: int = BASELINE_WINDOW, min_points: int = MIN_BASELINE_POINTS
+) -> np.ndarray:
     """The finite ``values`` a value at ``at_step`` is compared against: those logged at steps in
     ``[at_step - window, at_step)``, widened back to the last ``min_points`` finite values
     when the window holds fewer. Empty when fewer than ``min_points`` were logged before
@@ -37,12 +38,13 @@ def baseline_history(steps: np.ndarray, values: np.ndarray, at_step: int, window
     if history.size < need and lo > 0:
         earlier = values[:lo]
         earlier = earlier[np.isfinite(earlier)]
-        history = np.concatenate([earlier[max(0, earlier.size - (need - history.size)):], history])
+        history = np.concatenate([earlier[max(0, earlier.size - (need - history.size)) :], history])
     return history if history.size >= need else history[:0]
 
 
-def spike_baseline(steps: np.ndarray, values: np.ndarray, at_step: int, window: int = BASELINE_WINDOW,
-                   min_points: int = MIN_BASELINE_POINTS) -> float:
+def spike_baseline(
+    steps: np.ndarray, values: np.ndarray, at_step: int, window: int = BASELINE_WINDOW, min_points: int = MIN_BASELINE_POINTS
+) -> float:
     """Median of :func:`baseline_history`; NaN when it is empty (too few values before)."""
     history = baseline_history(steps, values, at_step, window, min_points)
     if history.size == 0:

@@ -105,7 +105,8 @@ class Detector:
         if points is None:
             return "nothing"
         return f"{points} earlier logged point{'s' if points != 1 else ''}" + (
-            f" (over at least {window} steps)" if window else "")
+            f" (over at least {window} steps)" if window else ""
+        )
 
     def _detect(self, steps: np.ndarray, values: np.ndarray) -> tuple[list[Detection], int]:  # pragma: no cover
         """(flags, number of values judged)."""
@@ -352,7 +353,9 @@ class Megatron(Detector):
         ref_sel = (steps < first + self.reference_steps) & ok
         out = []
         if not ref_sel.any():
-            return [Detection(int(s), float(v), math.nan, math.inf) for s, v in zip(steps, values) if not math.isfinite(v)], int((~ok).sum())
+            return [Detection(int(s), float(v), math.nan, math.inf) for s, v in zip(steps, values) if not math.isfinite(v)], int(
+                (~ok).sum()
+            )
         ref = float(np.max(values[ref_sel]))
         judged = 0
         for s, v, good in zip(steps, values, ok):
@@ -402,6 +405,7 @@ _CONTAMINATED = 2.0
 def _quantile_scale(quantile: float) -> float:
     """1 / the ``quantile`` of |x| for a standard normal x (1.4826 at the median)."""
     from statistics import NormalDist
+
     return 1 / NormalDist().inv_cdf(0.5 + quantile / 2)
 
 
@@ -483,8 +487,10 @@ class SustainedLoss(Detector):
         return "nats"
 
     def needs(self) -> str:
-        return (f"{self.min_history} earlier logged point{'s' if self.min_history != 1 else ''} and "
-                f"{self.hold - 1} later one{'s' if self.hold != 2 else ''}")
+        return (
+            f"{self.min_history} earlier logged point{'s' if self.min_history != 1 else ''} and "
+            f"{self.hold - 1} later one{'s' if self.hold != 2 else ''}"
+        )
 
     def _detect(self, steps, values):
         ok = np.isfinite(values)
@@ -552,8 +558,12 @@ class GradRatio(Detector):
         # Necessary conditions, a hair looser than the rule (numpy's exp/log may differ from the
         # C library's by an ulp): the few candidates are then judged exactly, one by one.
         with np.errstate(over="ignore", invalid="ignore"):
-            maybe = has & level & (values >= self.threshold * np.exp(log_med) * (1 - 1e-12)) & (
-                logs - log_med >= self.sigmas * log_spread - 1e-12 * (1 + np.abs(log_med)))
+            maybe = (
+                has
+                & level
+                & (values >= self.threshold * np.exp(log_med) * (1 - 1e-12))
+                & (logs - log_med >= self.sigmas * log_spread - 1e-12 * (1 + np.abs(log_med)))
+            )
         candidates = np.flatnonzero(maybe)
         levels = values[level]
         long_run = rolling.expanding_median_at(levels, h.stop[candidates])  # every earlier level value
@@ -569,18 +579,22 @@ class GradRatio(Detector):
         return out, int((~ok).sum() + has.sum())
 
 
-def _in_order(steps: np.ndarray, values: np.ndarray, ok: np.ndarray, flagged: np.ndarray, baseline: np.ndarray,
-              score: np.ndarray) -> list[Detection]:
+def _in_order(
+    steps: np.ndarray, values: np.ndarray, ok: np.ndarray, flagged: np.ndarray, baseline: np.ndarray, score: np.ndarray
+) -> list[Detection]:
     """The detections of a vectorised rule, in step order: every non-finite value (the worst
     spike, score inf, no baseline) and every flagged finite one."""
     rows = np.flatnonzero(~ok | flagged)
-    return [Detection(int(steps[i]), float(values[i]), float(baseline[i]) if ok[i] else math.nan,
-                      float(score[i]) if ok[i] else math.inf) for i in rows.tolist()]
+    return [
+        Detection(
+            int(steps[i]), float(values[i]), float(baseline[i]) if ok[i] else math.nan, float(score[i]) if ok[i] else math.inf
+        )
+        for i in rows.tolist()
+    ]
 
 
 DETECTORS: dict[str, type[Detector]] = {
-    cls.name: cls for cls in (RatioToMedian, LLMFoundry, Lightning, OLMoCore, ZClip, Megatron,
-                               LossJump, SustainedLoss, GradRatio)
+    cls.name: cls for cls in (RatioToMedian, LLMFoundry, Lightning, OLMoCore, ZClip, Megatron, LossJump, SustainedLoss, GradRatio)
 }
 
 

@@ -24,7 +24,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from pytest_spikecheck.judge.analysis import (
-    CLIP_RTOL, baseline, clip_limits, largest_spike, loss_jump, overclipped, recovery_steps, spike_ratio, value_at,
+    CLIP_RTOL,
+    baseline,
+    clip_limits,
+    largest_spike,
+    loss_jump,
+    overclipped,
+    recovery_steps,
+    spike_ratio,
+    value_at,
 )
 from pytest_spikecheck.judge.analysis import contained as contained_by
 from pytest_spikecheck.records import Record, as_record
@@ -121,8 +129,9 @@ def _max_norm_of(rec: Record, step: int, max_norm: float | None) -> float | None
     return limit if math.isfinite(limit) else None
 
 
-def clip_claims(pre: float | None, post: float | None, factor: float | None,
-                max_norm: float | None, rtol: float = CLIP_RTOL) -> tuple[bool | None, bool | None]:
+def clip_claims(
+    pre: float | None, post: float | None, factor: float | None, max_norm: float | None, rtol: float = CLIP_RTOL
+) -> tuple[bool | None, bool | None]:
     """(clipped, contained) as the numbers show them; None where they cannot tell.
 
     clipped: the post-clip norm is below the pre-clip norm by more than rounding
@@ -192,8 +201,11 @@ def default_step(rec: Record, max_norm: float | None = None) -> int | None:
     with the largest spike ratio, else the largest pre-clip grad-norm spike of an applied step."""
     m = rec.metrics
     metric = "grad_norm_pre" if "grad_norm_pre" in m else ("grad_norm" if "grad_norm" in m else "loss")
-    for find in (lambda: _clip_failure_step(rec, max_norm), lambda: _declared_event(rec, metric),
-                 lambda: _largest_applied_spike(rec, metric)):
+    for find in (
+        lambda: _clip_failure_step(rec, max_norm),
+        lambda: _declared_event(rec, metric),
+        lambda: _largest_applied_spike(rec, metric),
+    ):
         step = find()
         if step is not None:
             return step
@@ -230,12 +242,21 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         jump = loss_jump(m, step)
         rec_steps = recovery_steps(m, step)
         d.facts.update(eval_jump=jump, recovery=rec_steps)
-        back = (f"is back within 1.10× in {fmt(rec_steps)} steps" if rec_steps is not None
-                else "is not back within 1.10× in the 50 steps after")
-        eval_text = (f"; eval loss jumps {fmt_measure(jump, '+.3f')} and {back}" if np.isfinite(jump)
-                     else "; the eval loss around this step was not logged")
-    loss_text = ("train loss not logged" if loss_now is None else
-                 f"train loss {fmt(loss_now, '.3f')} vs median {fmt_measure(loss_base, '.3f')} over the 50 steps before")
+        back = (
+            f"is back within 1.10× in {fmt(rec_steps)} steps"
+            if rec_steps is not None
+            else "is not back within 1.10× in the 50 steps after"
+        )
+        eval_text = (
+            f"; eval loss jumps {fmt_measure(jump, '+.3f')} and {back}"
+            if np.isfinite(jump)
+            else "; the eval loss around this step was not logged"
+        )
+    loss_text = (
+        "train loss not logged"
+        if loss_now is None
+        else f"train loss {fmt(loss_now, '.3f')} vs median {fmt_measure(loss_base, '.3f')} over the 50 steps before"
+    )
     d.lines.append(("1 loss", f"{loss_text}{eval_text}"))
     d.facts.update(loss=loss_now, loss_baseline=loss_base)
 
@@ -247,10 +268,21 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     factor = _logged(rec, "clip_factor", step)
     limit = _max_norm_of(rec, step, max_norm)
     clipped, contained = clip_claims(pre, post, factor, limit)
-    d.facts.update(grad_norm_pre=pre, baseline=base, ratio=ratio, grad_norm_post=post, clip_factor=factor,
-                   max_norm=limit, clipped=clipped, contained=contained)
-    pre_text = ("pre-clip not logged" if pre is None else
-                f"pre-clip {fmt(pre, '.3g')} = {fmt_measure(ratio, '.1f')}× the baseline {fmt_measure(base, '.3g')}")
+    d.facts.update(
+        grad_norm_pre=pre,
+        baseline=base,
+        ratio=ratio,
+        grad_norm_post=post,
+        clip_factor=factor,
+        max_norm=limit,
+        clipped=clipped,
+        contained=contained,
+    )
+    pre_text = (
+        "pre-clip not logged"
+        if pre is None
+        else f"pre-clip {fmt(pre, '.3g')} = {fmt_measure(ratio, '.1f')}× the baseline {fmt_measure(base, '.3g')}"
+    )
     factor_text = f", clip factor ×{fmt(factor, '.3g')}" if factor is not None else ""
     if clipped is True and post is not None:
         clip_text = f"clipped to {fmt(post, '.3g')}{factor_text}"
@@ -258,22 +290,36 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         clip_text = f"clipped ×{fmt(factor, '.3g')} by the clip factor (post-clip norm not logged)"
     elif clipped is False and post is not None:
         same = abs(post - pre) <= CLIPPED_RTOL * abs(pre)
-        clip_text = (f"NOT clipped: post-clip {fmt(post, '.3g')} " + ("= pre-clip" if same else f"≥ pre-clip {fmt(pre, '.3g')}")
-                     + factor_text)
+        clip_text = (
+            f"NOT clipped: post-clip {fmt(post, '.3g')} "
+            + ("= pre-clip" if same else f"≥ pre-clip {fmt(pre, '.3g')}")
+            + factor_text
+        )
     elif clipped is False:
         clip_text = f"NOT clipped: clip factor ×{fmt(factor, '.3g')} (post-clip norm not logged)"
     elif post is None:
         clip_text = f"post-clip norm not logged{factor_text}"
     else:
         clip_text = f"post-clip {fmt(post, '.3g')}{factor_text}: whether it was clipped cannot be told"
-    over = (pre is not None and post is not None and limit is not None
-            and bool(overclipped(pre, post, limit)) and step not in rec.skipped)
+    over = (
+        pre is not None
+        and post is not None
+        and limit is not None
+        and bool(overclipped(pre, post, limit))
+        and step not in rec.skipped
+    )
     d.facts.update(overclipped=over)
     if over:  # rung 2 says what the optimizer received against the limit, as assert_clip_contains does
         within = f"; within max_norm {limit:g} but" if contained is True else ";"
-        clip_text += (f"{within} OVER-CLIPPED: ×{fmt_compact(min(pre, limit) / post if post > 0 else math.inf)} below "
-                      f"min(pre-clip, max_norm {limit:g})" + ("" if _declared_bug(run) != "before_unscale" else
-                                                             ": the clip saw the loss-scaled gradients (clipped before unscaling)"))
+        clip_text += (
+            f"{within} OVER-CLIPPED: ×{fmt_compact(min(pre, limit) / post if post > 0 else math.inf)} below "
+            f"min(pre-clip, max_norm {limit:g})"
+            + (
+                ""
+                if _declared_bug(run) != "before_unscale"
+                else ": the clip saw the loss-scaled gradients (clipped before unscaling)"
+            )
+        )
     elif contained is True:
         clip_text += f"; within max_norm {limit:g}"
     elif contained is False:
@@ -293,11 +339,17 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     # 3. batch composition
     if batch is not None:
         sources = ", ".join(f"{n} {s}" for s, n in batch["sources"].items())
-        d.lines.append(("3 batch", f"{len(batch['samples'])} samples ({sources}); {batch['rare_samples']} with rare tokens "
-                                   f"({batch['rare_tokens']} rare-token occurrences); {batch['burst_samples']} injected by a burst"
-                                   + (f": {', '.join(batch['injected'])}" if batch.get("injected") else "")))
-        d.facts.update(rare_samples=batch["rare_samples"], burst_samples=batch["burst_samples"],
-                       injected=list(batch.get("injected") or []))
+        d.lines.append(
+            (
+                "3 batch",
+                f"{len(batch['samples'])} samples ({sources}); {batch['rare_samples']} with rare tokens "
+                f"({batch['rare_tokens']} rare-token occurrences); {batch['burst_samples']} injected by a burst"
+                + (f": {', '.join(batch['injected'])}" if batch.get("injected") else ""),
+            )
+        )
+        d.facts.update(
+            rare_samples=batch["rare_samples"], burst_samples=batch["burst_samples"], injected=list(batch.get("injected") or [])
+        )
     if event is not None:
         # 4. per-token losses
         tl = event.token_losses
@@ -306,11 +358,17 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         else:
             worst = tl["worst"][:5]
             rare_share, novel_share = tl["rare_loss_share"], tl["novel_loss_share"]
-            tokens = ", ".join(f"{w['token']!r} {w['loss']:.1f}" + ("†" if w["novel"] else "*" if w["rare"] else "")
-                               for w in worst)
-            d.lines.append(("4 token losses", f"mean {tl['mean']:.2f}, p90 {tl['p90']:.2f}, max {tl['max']:.2f} nats; "
-                                              f"worst: {tokens} (* rare, † never trained on before); rare tokens carry "
-                                              f"{rare_share:.0%} of the batch loss, {tl['novel_tokens']} never-seen tokens {novel_share:.0%}"))
+            tokens = ", ".join(
+                f"{w['token']!r} {w['loss']:.1f}" + ("†" if w["novel"] else "*" if w["rare"] else "") for w in worst
+            )
+            d.lines.append(
+                (
+                    "4 token losses",
+                    f"mean {tl['mean']:.2f}, p90 {tl['p90']:.2f}, max {tl['max']:.2f} nats; "
+                    f"worst: {tokens} (* rare, † never trained on before); rare tokens carry "
+                    f"{rare_share:.0%} of the batch loss, {tl['novel_tokens']} never-seen tokens {novel_share:.0%}",
+                )
+            )
             d.facts.update(rare_loss_share=rare_share, novel_loss_share=novel_share, worst_tokens=[w["token"] for w in worst])
         # 5. which tensors
         norms = event.param_grad_norms
@@ -329,13 +387,18 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         else:
             v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
             fade = _fade_steps(m, step)
-            fade_text = f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
+            fade_text = (
+                f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
+            )
             share = surprise.get("share", math.nan)
             share = math.nan if share is None else share
-            share_text = (f"{share:.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}" if math.isfinite(share)
-                          else f"— of weights have |g|/√v̂ > {surprise.get('threshold', 10):g} (not measured: "
-                               + ("the step was skipped" if step in rec.skipped else "the step's gradient is not finite")
-                               + ")")
+            share_text = (
+                f"{share:.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"
+                if math.isfinite(share)
+                else f"— of weights have |g|/√v̂ > {surprise.get('threshold', 10):g} (not measured: "
+                + ("the step was skipped" if step in rec.skipped else "the step's gradient is not finite")
+                + ")"
+            )
             d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; {share_text}"))
             d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
 
@@ -347,16 +410,20 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     # 7. verdict
     logged = {"loss": loss_now, metric: pre, "grad_norm_post": post}
     excused = step in rec.skipped  # a skipped step's gradient norm may be non-finite (an overflow); never its loss
-    nonfinite = [name for name, v in logged.items() if v is not None and not math.isfinite(v)
-                 and not (excused and name != "loss")]
+    nonfinite = [
+        name for name, v in logged.items() if v is not None and not math.isfinite(v) and not (excused and name != "loss")
+    ]
     d.facts.update(nonfinite=nonfinite)
     rare_batch = d.facts.get("rare_samples", 0) >= 2 or d.facts.get("burst_samples", 0) >= 2
     cause = "rare tokens concentrated in one batch" if rare_batch else "an outlier batch"
     declared = _declared_bug(run)
     if overflow and not nonfinite:
         loss_ratio = loss_now / loss_base if loss_now is not None and loss_base and math.isfinite(loss_base) else math.nan
-        data = (f"{cause} (train loss {fmt_measure(loss_ratio, '.1f')}× its median)" if rare_batch or loss_ratio >= SPIKE_VERDICT_RATIO
-                else "no data spike in the batch")
+        data = (
+            f"{cause} (train loss {fmt_measure(loss_ratio, '.1f')}× its median)"
+            if rare_batch or loss_ratio >= SPIKE_VERDICT_RATIO
+            else "no data spike in the batch"
+        )
         d.verdict = f"{skip_text}: the update was not applied, not a numeric break; the data: {data}"
     elif over:
         received = f"the optimizer received ‖g‖ = {fmt_compact(post)} for max_norm {limit:g}"
@@ -364,23 +431,27 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
             d.verdict = f"clipped before unscaling: {received}"
         else:
             times = min(pre, limit) / post if post > 0 else math.inf
-            guess = ("clipped before unscaling?" if times >= LOSS_SCALE_LIKE
-                     else "a clip that scales below min(pre-clip, max_norm)")
+            guess = (
+                "clipped before unscaling?" if times >= LOSS_SCALE_LIKE else "a clip that scales below min(pre-clip, max_norm)"
+            )
             d.verdict = f"over-clipped: {received} and pre-clip {fmt_compact(pre)} (×{fmt_compact(times)} too small): {guess}"
         if math.isfinite(ratio) and ratio >= SPIKE_VERDICT_RATIO:
             d.verdict = f"{cause}; {d.verdict}"
     elif nonfinite:
-        d.verdict = (f"non-finite values at step {step} ({', '.join(f'{n} {fmt(logged[n])}' for n in nonfinite)}): "
-                     f"a numeric break (overflow, 0/0), not a data spike")
+        d.verdict = (
+            f"non-finite values at step {step} ({', '.join(f'{n} {fmt(logged[n])}' for n in nonfinite)}): "
+            f"a numeric break (overflow, 0/0), not a data spike"
+        )
     elif pre is None:
-        d.verdict = f"no {metric if metric != 'loss' else 'gradient norm'} logged at step {step}: whether it spiked cannot be told"
+        d.verdict = (
+            f"no {metric if metric != 'loss' else 'gradient norm'} logged at step {step}: whether it spiked cannot be told"
+        )
     elif not math.isfinite(ratio) or ratio < SPIKE_VERDICT_RATIO:
         d.verdict = f"no clear spike (ratio {fmt_measure(ratio, '.1f')}×)"
     elif clipped is True and contained is True:
         d.verdict = f"{cause}; the clip contained it (post-clip {fmt(post, '.3g')} ≤ max_norm {limit:g})"
     elif clipped is True and contained is False:
-        d.verdict = (f"{cause}; the clip LEAKED: post-clip {fmt(post, '.3g')} > max_norm {limit:g} reached "
-                     f"the optimizer")
+        d.verdict = f"{cause}; the clip LEAKED: post-clip {fmt(post, '.3g')} > max_norm {limit:g} reached the optimizer"
     elif clipped is True:
         why = "the post-clip norm is not logged" if post is None else "the record does not say what max_norm was"
         d.verdict = f"{cause}; clipped, but {why}, so whether it was contained cannot be told"
@@ -389,20 +460,26 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     elif clipped is False:
         d.verdict = f"a {fmt(ratio, '.0f')}× gradient spike reached the optimizer unclipped"
     else:
-        d.verdict = (f"a {fmt(ratio, '.0f')}× gradient spike; the record has no post-clip norm, so whether a "
-                     f"clip contained it cannot be told")
+        d.verdict = (
+            f"a {fmt(ratio, '.0f')}× gradient spike; the record has no post-clip norm, so whether a "
+            f"clip contained it cannot be told"
+        )
     if excused and not str(rec.skipped[step]).startswith("overflow"):
         d.verdict += f"; {skip_text}"
     if declared == "per_microbatch" and contained is False:
-        d.verdict += (": each micro-batch was clipped on its own and the clipped parts summed (ClipEachMicrobatch): "
-                      "clip the accumulated gradient once")
+        d.verdict += (
+            ": each micro-batch was clipped on its own and the clipped parts summed (ClipEachMicrobatch): "
+            "clip the accumulated gradient once"
+        )
     elif declared == "accumulate_sum":
         k = run.facts.accumulation
-        d.verdict += (f"; the {k} micro-batch losses are summed, not averaged (AccumulateSum): loss and gradient ×{k}")
+        d.verdict += f"; the {k} micro-batch losses are summed, not averaged (AccumulateSum): loss and gradient ×{k}"
     if d.facts.get("attention_logit_growth") and d.facts.get("optimizer") == "muon":
-        d.verdict += ("; a max-logit explosion under Muon: QK-Clip or qk-norm contains it"
-                      if d.facts.get("qk_clip_tau") is None else
-                      f"; a max-logit explosion under Muon that QK-Clip (τ {d.facts['qk_clip_tau']:g}) did not contain")
+        d.verdict += (
+            "; a max-logit explosion under Muon: QK-Clip or qk-norm contains it"
+            if d.facts.get("qk_clip_tau") is None
+            else f"; a max-logit explosion under Muon that QK-Clip (τ {d.facts['qk_clip_tau']:g}) did not contain"
+        )
     elif d.facts.get("attention_logit_growth"):
         d.verdict += "; attention logits grew beyond control (attention-logit growth: qk-layernorm contains it)"
     return d
@@ -436,7 +513,9 @@ def _skip_text(rec: Record, step: int) -> str:
     scale, after = _logged(rec, "loss_scale", step), _logged(rec, "loss_scale", step + 1)
     change = ""
     if scale is not None and after is not None and math.isfinite(scale) and math.isfinite(after):
-        change = "; scale halved" if after == scale / 2 else "; scale kept" if after == scale else f"; scale now {fmt_scale(after)}"
+        change = (
+            "; scale halved" if after == scale / 2 else "; scale kept" if after == scale else f"; scale now {fmt_scale(after)}"
+        )
     at = f" at scale {fmt_scale(scale)}" if scale is not None and math.isfinite(scale) else ""
     return f"GradScaler skipped this step (overflow{at}{change})"
 
@@ -469,27 +548,41 @@ def attention_logit_rung(m: dict[str, Any], step: int, run: Any = None) -> tuple
     # With QK-Clip on, logits up to QK_CLIP_FACTOR x tau are what it allows (its containment bound)
     limit = ATTENTION_LOGIT_LIMIT if tau is None else max(ATTENTION_LOGIT_LIMIT, QK_CLIP_FACTOR * tau)
     grew = bool(values[worst] > limit and math.isfinite(early) and values[worst] >= ATTENTION_GROWTH_FACTOR * early)
-    facts: dict[str, Any] = {"attn_logit_max": now, "attn_logit_growth": growth, "attention_logit_growth": grew,
-                             "optimizer": optimizer, "qk_clip_tau": tau}
+    facts: dict[str, Any] = {
+        "attn_logit_max": now,
+        "attn_logit_growth": growth,
+        "attention_logit_growth": grew,
+        "optimizer": optimizer,
+        "qk_clip_tau": tau,
+    }
     where = _largest_head(run)
     at = f" in layer {where[0]} head {where[1]}" if where is not None else ""
     if where is not None:
         facts.update(max_logit_layer=where[0], max_logit_head=where[1])
     if optimizer == "muon" or tau is not None:
         largest_growth = values[worst] / early if math.isfinite(early) and early > 0 else math.nan
-        finding = (f"attention max logit {fmt(values[worst], ',.0f')} at step {int(steps[worst])} (×"
-                   f"{fmt(largest_growth, ',.0f')} since step 10){at}" + (" under Muon" if optimizer == "muon" else "")
-                   + f"; {fmt(now, ',.0f')} at step {step}; " + _qk_clip_activity(m, step, tau, facts))
+        finding = (
+            f"attention max logit {fmt(values[worst], ',.0f')} at step {int(steps[worst])} (×"
+            f"{fmt(largest_growth, ',.0f')} since step 10){at}"
+            + (" under Muon" if optimizer == "muon" else "")
+            + f"; {fmt(now, ',.0f')} at step {step}; "
+            + _qk_clip_activity(m, step, tau, facts)
+        )
     else:
-        finding = (f"attention logits {fmt(now, ',.0f')} at step {step} (×{fmt(growth, ',.0f')} since step 10); largest "
-                   f"{fmt(values[worst], ',.0f')} at step {int(steps[worst])}{at}")
+        finding = (
+            f"attention logits {fmt(now, ',.0f')} at step {step} (×{fmt(growth, ',.0f')} since step 10); largest "
+            f"{fmt(values[worst], ',.0f')} at step {int(steps[worst])}{at}"
+        )
     if "logz_mean" in m:
         finding += f"; output log Z {fmt(value_at(m, 'logz_mean', step), '.1f')}"
     if grew and tau is not None:
         finding += f": the logits grew past {QK_CLIP_FACTOR:g} × QK-Clip's τ {tau:g}"
     elif grew:
-        finding += (": a max-logit explosion; QK-Clip or qk-norm contains it" if optimizer == "muon"
-                    else ": attention-logit growth; qk-layernorm contains it")
+        finding += (
+            ": a max-logit explosion; QK-Clip or qk-norm contains it"
+            if optimizer == "muon"
+            else ": attention-logit growth; qk-layernorm contains it"
+        )
     return ("7 logits", finding), facts
 
 
@@ -521,7 +614,10 @@ def _qk_clip_activity(m: dict[str, Any], step: int, tau: float | None, facts: di
     clipped = np.asarray(m["qk_clipped_heads"], dtype=np.float64)
     active = np.flatnonzero(np.nan_to_num(clipped) > 0)
     heads_now = value_at(m, "qk_clipped_heads", step)
-    facts.update(qk_clip_heads=heads_now, qk_clip_steps=int(active.size),
-                 qk_clip_last=int(np.asarray(m["step"])[active[-1]]) if active.size else None)
+    facts.update(
+        qk_clip_heads=heads_now,
+        qk_clip_steps=int(active.size),
+        qk_clip_last=int(np.asarray(m["step"])[active[-1]]) if active.size else None,
+    )
     text = f"QK-Clip (τ {tau:g}) active on {fmt(heads_now, '.0f')} heads at step {step}, on {active.size} of {clipped.size} steps"
     return text + (f", last at step {facts['qk_clip_last']}" if active.size else "")

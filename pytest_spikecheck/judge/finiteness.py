@@ -53,7 +53,7 @@ def is_gradient_norm(name: str) -> bool:
 
 
 def column_role(name: str) -> str:
-    """"training loss", "gradient norm", "evaluation" or "other": what a column's non-finite
+    """ "training loss", "gradient norm", "evaluation" or "other": what a column's non-finite
     value means."""
     low = name.lower()
     if _EVAL.search(low):
@@ -104,10 +104,21 @@ class Finiteness:
         return [g for g in self.groups if g.decision != FAILS]
 
     def as_dict(self) -> dict:
-        return {"strict": self.strict, "skipped_steps": list(self.skipped_steps),
-                "decisions": [{"metric": g.metric, "decision": g.decision, "count": g.count,
-                               "first_step": g.first_step, "first_value": g.first_value, "why": g.why}
-                              for g in self.groups]}
+        return {
+            "strict": self.strict,
+            "skipped_steps": list(self.skipped_steps),
+            "decisions": [
+                {
+                    "metric": g.metric,
+                    "decision": g.decision,
+                    "count": g.count,
+                    "first_step": g.first_step,
+                    "first_value": g.first_value,
+                    "why": g.why,
+                }
+                for g in self.groups
+            ],
+        }
 
 
 def judge_finite(rec: Record, names: list[str] | None = None, strict: bool = False) -> Finiteness:
@@ -152,15 +163,25 @@ def judge_finite(rec: Record, names: list[str] | None = None, strict: bool = Fal
             skip = fails & at_skipped
             if skip.any():
                 reasons = sorted({skipped[int(s)] for s in steps[skip]})
-                group(name, SKIPPED_STEP, skip, values,
-                      f"a skipped step ({'; '.join(reasons)}): the update was not applied, not a failure")
+                group(
+                    name,
+                    SKIPPED_STEP,
+                    skip,
+                    values,
+                    f"a skipped step ({'; '.join(reasons)}): the update was not applied, not a failure",
+                )
                 fails = fails & ~skip
         finite = np.flatnonzero(np.isfinite(values) & logged)
         if finite.size:
             early = fails & np.isnan(values) & (np.arange(values.size) < finite[0])
             if early.any():
-                group(name, NOT_YET_COMPUTED, early, values,
-                      f"before the column's first value (step {int(steps[finite[0]])}): not yet computed, not a failure")
+                group(
+                    name,
+                    NOT_YET_COMPUTED,
+                    early,
+                    values,
+                    f"before the column's first value (step {int(steps[finite[0]])}): not yet computed, not a failure",
+                )
                 fails = fails & ~early
         if fails.any():
             group(name, FAILS, fails, values, "fails the run")
@@ -189,11 +210,15 @@ def nonfinite_norm_cause(rec: Record, step: int) -> str | None:
     if not np.isinf(pre):
         return None
     if np.isnan(post) and np.isinf(limit):
-        return ("the gradient norm was inf and then every gradient NaN (the post-clip norm is NaN, with no clip): "
-                "a clip coefficient max_norm / norm = inf / inf = NaN multiplied them, as "
-                "torch.nn.utils.clip_grad_norm_(max_norm=inf) does when it is called only to log the norm; "
-                "log it with torch.nn.utils.get_total_norm, which leaves the gradients alone")
+        return (
+            "the gradient norm was inf and then every gradient NaN (the post-clip norm is NaN, with no clip): "
+            "a clip coefficient max_norm / norm = inf / inf = NaN multiplied them, as "
+            "torch.nn.utils.clip_grad_norm_(max_norm=inf) does when it is called only to log the norm; "
+            "log it with torch.nn.utils.get_total_norm, which leaves the gradients alone"
+        )
     if np.isfinite(post):
-        return (f"every gradient is finite (their float64 norm is {fmt(post)}): only the norm overflowed, its squares "
-                f"summed in the gradients' dtype (float32 overflows above ~1.8e19)")
+        return (
+            f"every gradient is finite (their float64 norm is {fmt(post)}): only the norm overflowed, its squares "
+            f"summed in the gradients' dtype (float32 overflows above ~1.8e19)"
+        )
     return None

@@ -88,8 +88,10 @@ def detect_kind(rec: Record) -> tuple[str | None, str]:
         if loss.size and (np.any(loss < 0) or np.mean(loss == 0) > _ZERO_LOSS_SHARE):
             return "rl", "its loss is a surrogate (negative or mostly exactly 0), as RL objectives are"
         if loss.size >= 2 and abs(loss[0] - math.log(2)) <= _DPO_START:
-            return "rl", (f"its loss starts at {loss[0]:.4g}, about ln 2 = 0.693: a preference (DPO) loss, whose value "
-                          f"is ln 2 while the policy equals its reference")
+            return "rl", (
+                f"its loss starts at {loss[0]:.4g}, about ln 2 = 0.693: a preference (DPO) loss, whose value "
+                f"is ln 2 while the policy equals its reference"
+            )
     return None, ""
 
 
@@ -139,8 +141,9 @@ def degenerate_steps(rec: Record, steps: np.ndarray, norms: np.ndarray) -> tuple
         if decades >= _DEGENERATE_DECADES and share >= _DEGENERATE_SHARE:
             low = positive & ~mask & (np.log10(np.where(positive, norms, 1.0)) < threshold)
             mask |= low
-            reasons.append(f"{int(low.sum())} below {10 ** threshold:.3g}, the lower group of a bimodal norm "
-                           f"({decades:.1f} decades apart)")
+            reasons.append(
+                f"{int(low.sum())} below {10**threshold:.3g}, the lower group of a bimodal norm ({decades:.1f} decades apart)"
+            )
     return mask, "; ".join(reasons)
 
 
@@ -148,8 +151,13 @@ def _role(metric: str) -> str:
     return "loss" if "loss" in metric or "bpb" in metric else "grad_norm"
 
 
-def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Sequence[str] = (),
-              kind: str | None = None, strict_finite: bool = False) -> dict:
+def judge_log(
+    rec: Record,
+    detectors: Sequence[str | Detector] = (),
+    metrics: Sequence[str] = (),
+    kind: str | None = None,
+    strict_finite: bool = False,
+) -> dict:
     """The judgement of a record, as plain data (``spikecheck check --json`` prints it).
 
     ``detectors`` (names) replace the default policy and run on every series; ``metrics``
@@ -177,28 +185,42 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
         names = [m for m in EVAL_METRICS if m in rec.metrics]
     if not names:
         have = ", ".join(k for k in rec.metrics if k != "step")
-        raise ConfigError(f"{rec.source}: no loss or gradient-norm series (it has {have}); "
-                          f"name one with --metric or map one with --map loss=COLUMN")
+        raise ConfigError(
+            f"{rec.source}: no loss or gradient-norm series (it has {have}); "
+            f"name one with --metric or map one with --map loss=COLUMN"
+        )
     found_kind, why = detect_kind(rec)
     kind_used = kind or found_kind or "sft/pretrain"
     explicit = [get_detector(d) for d in detectors]
     notes = list(rec.notes)
     if kind is None and found_kind == "rl":
-        notes.append(f"{why}: its loss is no likelihood, so the loss rules step aside; "
-                     f"the gradient-norm rule still runs (--kind sft to judge the loss anyway)")
+        notes.append(
+            f"{why}: its loss is no likelihood, so the loss rules step aside; "
+            f"the gradient-norm rule still runs (--kind sft to judge the loss anyway)"
+        )
     if evaluation_only:
-        notes.append(f"no training loss or gradient norm: the validation series ({', '.join(names)}) judged by the "
-                     f"loss rules, as a validation curve (a bar of ln 2 reads bits per byte as they are: 1.6x its perplexity)")
+        notes.append(
+            f"no training loss or gradient norm: the validation series ({', '.join(names)}) judged by the "
+            f"loss rules, as a validation curve (a bar of ln 2 reads bits per byte as they are: 1.6x its perplexity)"
+        )
     finite = judge_finite(rec, strict=strict_finite)
     if finite.skipped_steps:
         skipped = len(finite.skipped_steps)
-        notes.append(f"{skipped} step{'s' if skipped != 1 else ''} skipped by the "
-                     f"optimizer (the log says so or the reader inferred it): their gradient norms are not judged")
+        notes.append(
+            f"{skipped} step{'s' if skipped != 1 else ''} skipped by the "
+            f"optimizer (the log says so or the reader inferred it): their gradient norms are not judged"
+        )
     series = []
     for name in names:
         steps, values = _judged_series(rec, name, finite.excused.get(name))
-        entry: dict[str, Any] = {"metric": name, "logged": int(steps.size), "interval": log_interval(steps),
-                                 "sparkline": sparkline(values), "spikes": [], "rules": []}
+        entry: dict[str, Any] = {
+            "metric": name,
+            "logged": int(steps.size),
+            "interval": log_interval(steps),
+            "sparkline": sparkline(values),
+            "spikes": [],
+            "rules": [],
+        }
         series.append(entry)
         if not explicit and kind_used == "rl" and _role(name) == "loss":
             entry.update(status="skipped", message="an RL/preference loss: loss rules step aside")
@@ -209,8 +231,10 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
                 # Zero-advantage steps collapse the baseline: the rule judges the others against each other.
                 steps, values = steps[~degenerate], values[~degenerate]
                 entry["degenerate"] = {"count": int(degenerate.sum()), "why": why}
-                notes.append(f"{name}: {int(degenerate.sum())} of {degenerate.size} points are degenerate RL steps "
-                             f"({why}): left out of the baseline and not judged")
+                notes.append(
+                    f"{name}: {int(degenerate.sum())} of {degenerate.size} points are degenerate RL steps "
+                    f"({why}): left out of the baseline and not judged"
+                )
         rules = explicit or [get_detector(d) for d in POLICY[_role(name)]]
         agreeing: dict[int, dict[str, Any]] = {}
         judged = 0
@@ -219,45 +243,59 @@ def judge_log(rec: Record, detectors: Sequence[str | Detector] = (), metrics: Se
             verdicts = [rule.judge(steps, values) for rule in rules]
         for rule, verdict in zip(rules, verdicts):
             judged = max(judged, verdict.judged)
-            entry["rules"].append({"name": rule.name, "rule": rule.describe(), "judged": verdict.judged,
-                                   "needs": verdict.needs, "flags": len(verdict.detections)})
+            entry["rules"].append(
+                {
+                    "name": rule.name,
+                    "rule": rule.describe(),
+                    "judged": verdict.judged,
+                    "needs": verdict.needs,
+                    "flags": len(verdict.detections),
+                }
+            )
             for hit in verdict.detections:
-                found = agreeing.setdefault(hit.step, {"baseline": hit.baseline, "detectors": [], "scores": [],
-                                                       "units": [], "score_texts": []})
+                found = agreeing.setdefault(
+                    hit.step, {"baseline": hit.baseline, "detectors": [], "scores": [], "units": [], "score_texts": []}
+                )
                 found["detectors"].append(rule.name)
                 found["scores"].append(float(hit.score))  # a number in --json; the text is score_texts'
                 found["units"].append(rule.unit)
-                found["score_texts"].append(f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}")
+                found["score_texts"].append(
+                    f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}"
+                )
         entry["judged"] = judged
-        entry["spikes"] = [{"step": step, "value": value_at(rec.metrics, name, step), **found,
-                            "ratio": spike_ratio(rec.metrics, step, name)}
-                           for step, found in sorted(agreeing.items())]
+        entry["spikes"] = [
+            {"step": step, "value": value_at(rec.metrics, name, step), **found, "ratio": spike_ratio(rec.metrics, step, name)}
+            for step, found in sorted(agreeing.items())
+        ]
         if judged:
             entry["status"] = "judged"
             entry["message"] = f"judged {judged} of {steps.size} points"
         else:
             every = "" if entry["interval"] is None else f", interval {entry['interval']} steps"
             needs = "; ".join(f"{r['name']} {r['needs']}" for r in entry["rules"])
-            entry.update(status="not judged", message=f"not judged: {steps.size} point{'s' if steps.size != 1 else ''}"
-                                                      f"{every}, needs {needs}")
+            entry.update(
+                status="not judged",
+                message=f"not judged: {steps.size} point{'s' if steps.size != 1 else ''}{every}, needs {needs}",
+            )
     first = finite.first_failure
     steps = rec.metrics["step"]
     if steps.size == 1:
         notes.append("a single logged entry: nothing to compare it with")
     return {
-        "log": rec.source, "format": rec.log_format, "kind": kind_used, "notes": notes,
+        "log": rec.source,
+        "format": rec.log_format,
+        "kind": kind_used,
+        "notes": notes,
         "steps": {"logged": int(steps.size), "first": int(steps[0]), "last": int(steps[-1])},
         "policy": "default" if not explicit else "named detectors",
         "detectors": sorted({r["name"] for s in series for r in s["rules"]}),
         "series": series,
-        "nonfinite": None if first is None else {"step": first.first_step, "metric": first.metric,
-                                                 "value": first.first_value},
+        "nonfinite": None if first is None else {"step": first.first_step, "metric": first.metric, "value": first.first_value},
         "finite": finite.as_dict(),
         "judged": any(s["status"] == "judged" for s in series),
         "not_judged": [s["metric"] for s in series if s["status"] == "not judged"],
         "ok": not any(s["spikes"] for s in series) and first is None,
     }
-
 
 
 def log_verdicts(report: dict) -> list[Verdict]:
@@ -268,15 +306,30 @@ def log_verdicts(report: dict) -> list[Verdict]:
         if s["spikes"]:
             first = s["spikes"][0]
             more = f" (and {len(s['spikes']) - 1} more)" if len(s["spikes"]) > 1 else ""
-            out.append(Verdict("spikecheck check", False, f"the default policy flagged a {s['metric']} spike at step "
-                               f"{first['step']} ({', '.join(first['detectors'])}){more}", metric=s["metric"],
-                               measured=_plain(first["ratio"]), step=int(first["step"])))
+            out.append(
+                Verdict(
+                    "spikecheck check",
+                    False,
+                    f"the default policy flagged a {s['metric']} spike at step "
+                    f"{first['step']} ({', '.join(first['detectors'])}){more}",
+                    metric=s["metric"],
+                    measured=_plain(first["ratio"]),
+                    step=int(first["step"]),
+                )
+            )
         else:
             out.append(Verdict("spikecheck check", True, f"{s['metric']}: {s['message']}", metric=s["metric"]))
     bad = report["nonfinite"]
-    out.append(Verdict("spikecheck check", bad is None, "every value is finite" if bad is None else
-                       f"non-finite {bad['metric']} at step {bad['step']}", metric=None if bad is None else bad["metric"],
-                       measured=None if bad is None else _plain(bad["value"]), step=None if bad is None else int(bad["step"])))
+    out.append(
+        Verdict(
+            "spikecheck check",
+            bad is None,
+            "every value is finite" if bad is None else f"non-finite {bad['metric']} at step {bad['step']}",
+            metric=None if bad is None else bad["metric"],
+            measured=None if bad is None else _plain(bad["value"]),
+            step=None if bad is None else int(bad["step"]),
+        )
+    )
     return out
 
 

@@ -36,21 +36,38 @@ def assert_logits_bounded(run: Any, attention: float | None = None, z: float | N
         if bound is None:
             continue
         if column not in rec.metrics:
-            raise ConfigError(f"{rec.source} has no {column} column (the model reports it through the spikecheck "
-                              f"stats hook: README, 'Attention and output logits')")
+            raise ConfigError(
+                f"{rec.source} has no {column} column (the model reports it through the spikecheck "
+                f"stats hook: README, 'Attention and output logits')"
+            )
         steps, values = np.asarray(rec.metrics["step"]), np.asarray(rec.metrics[column], dtype=np.float64)
         over = np.flatnonzero(~(values <= bound))
         worst = int(np.nanargmax(np.where(np.isnan(values), np.inf, values))) if values.size else None
         if over.size:
             first = int(over[0])
-            fail("assert_logits_bounded", f"{what} {values[first]:,.4g} exceeds {bound:g} at step {int(steps[first])} "
-                 f"(largest {fmt(values[worst], '.4g')} at step {int(steps[worst])})", rec, int(steps[first]), column,
-                 measured=float(values[worst]), limit=bound, columns=LOGIT_COLUMNS)
+            fail(
+                "assert_logits_bounded",
+                f"{what} {values[first]:,.4g} exceeds {bound:g} at step {int(steps[first])} "
+                f"(largest {fmt(values[worst], '.4g')} at step {int(steps[worst])})",
+                rec,
+                int(steps[first]),
+                column,
+                measured=float(values[worst]),
+                limit=bound,
+                columns=LOGIT_COLUMNS,
+            )
         held.append((column, bound, what, None if worst is None else (float(values[worst]), int(steps[worst]))))
     column, bound, what, largest = held[0]
     reason = "; ".join(f"{w} ≤ {b:g} at every step (max {fmt(lg[0], ',.4g') if lg else '—'})" for _, b, w, lg in held)
-    return passed("assert_logits_bounded", reason, rec, column, measured=largest[0] if largest else None, limit=bound,
-                  step=largest[1] if largest else None)
+    return passed(
+        "assert_logits_bounded",
+        reason,
+        rec,
+        column,
+        measured=largest[0] if largest else None,
+        limit=bound,
+        step=largest[1] if largest else None,
+    )
 
 
 def _largest(rec: Record) -> str:
@@ -61,8 +78,10 @@ def _largest(rec: Record) -> str:
     if not values.size:
         return ""
     worst = int(np.nanargmax(np.where(np.isnan(values), np.inf, values)))
-    return (f"; the largest attention logit reached {fmt(values[worst], ',.4g')} at step "
-            f"{int(np.asarray(rec.metrics['step'])[worst])}")
+    return (
+        f"; the largest attention logit reached {fmt(values[worst], ',.4g')} at step "
+        f"{int(np.asarray(rec.metrics['step'])[worst])}"
+    )
 
 
 def assert_qk_clip_contains(run: Any, tau: float | None = None, factor: float = QK_CLIP_FACTOR) -> int | None:
@@ -82,43 +101,87 @@ def assert_qk_clip_contains(run: Any, tau: float | None = None, factor: float = 
     if tau is None and own is None:
         if rec.run is None:
             raise ConfigError(f"{rec.source}: pass tau=... (the record does not say it trained with QK-Clip)")
-        fail("assert_qk_clip_contains", f"QK-Clip was not on in this run: it trained without QKClip(), so nothing "
-             f"held its attention logits{_largest(rec)}", rec, None, metric, diagnose_step=False)
+        fail(
+            "assert_qk_clip_contains",
+            f"QK-Clip was not on in this run: it trained without QKClip(), so nothing held its attention logits{_largest(rec)}",
+            rec,
+            None,
+            metric,
+            diagnose_step=False,
+        )
     tau = own if tau is None else tau
     if not (isinstance(tau, (int, float)) and 0 < tau < math.inf) or not (isinstance(factor, (int, float)) and factor >= 1):
         raise ConfigError(f"assert_qk_clip_contains needs tau > 0 and factor >= 1, was tau={tau!r}, factor={factor!r}")
     if metric not in m:
-        raise ConfigError(f"{rec.source} has no attn_logit_max column (the model's stats hook reports the largest "
-                          f"attention logit: README, 'Attention and output logits')")
+        raise ConfigError(
+            f"{rec.source} has no attn_logit_max column (the model's stats hook reports the largest "
+            f"attention logit: README, 'Attention and output logits')"
+        )
     if "qk_clipped_heads" not in m:
-        fail("assert_qk_clip_contains", f"QK-Clip was not on in this run: no qk_clipped_heads column (QK-Clip records "
-             f"how many heads it clipped per step){_largest(rec)}", rec, None, metric, limit=factor * tau,
-             diagnose_step=False)
+        fail(
+            "assert_qk_clip_contains",
+            f"QK-Clip was not on in this run: no qk_clipped_heads column (QK-Clip records "
+            f"how many heads it clipped per step){_largest(rec)}",
+            rec,
+            None,
+            metric,
+            limit=factor * tau,
+            diagnose_step=False,
+        )
     steps = np.asarray(m["step"])
     logits = np.asarray(m[metric], dtype=np.float64)
     clipped = np.asarray(m["qk_clipped_heads"], dtype=np.float64)
     acted = np.flatnonzero((np.nan_to_num(clipped) > 0) | ~(logits <= tau))
     if not acted.size:
-        passed("assert_qk_clip_contains", f"the largest attention logit never exceeded tau {tau:g} "
-               f"(max {fmt(float(np.max(logits)) if logits.size else None, ',.4g')}): QK-Clip never had to act", rec,
-               metric, measured=float(np.max(logits)) if logits.size else None, limit=factor * tau)
+        passed(
+            "assert_qk_clip_contains",
+            f"the largest attention logit never exceeded tau {tau:g} "
+            f"(max {fmt(float(np.max(logits)) if logits.size else None, ',.4g')}): QK-Clip never had to act",
+            rec,
+            metric,
+            measured=float(np.max(logits)) if logits.size else None,
+            limit=factor * tau,
+        )
         return None  # the logits never exceeded tau: nothing to contain
     first = int(acted[0])
     if not clipped[first] > 0:
-        fail("assert_qk_clip_contains", f"the largest attention logit {fmt(logits[first], ',.4g')} exceeded tau {tau:g} "
-             f"at step {int(steps[first])} and QK-Clip clipped no head there", rec, int(steps[first]), metric,
-             measured=float(logits[first]), limit=tau, columns=LOGIT_COLUMNS)
+        fail(
+            "assert_qk_clip_contains",
+            f"the largest attention logit {fmt(logits[first], ',.4g')} exceeded tau {tau:g} "
+            f"at step {int(steps[first])} and QK-Clip clipped no head there",
+            rec,
+            int(steps[first]),
+            metric,
+            measured=float(logits[first]),
+            limit=tau,
+            columns=LOGIT_COLUMNS,
+        )
     after = np.arange(first + 1, len(steps))
     over = after[~(logits[after] <= factor * tau)]
     if over.size:
         worst = int(after[np.nanargmax(np.where(np.isnan(logits[after]), np.inf, logits[after]))])
-        fail("assert_qk_clip_contains", f"QK-Clip (tau {tau:g}) first clipped at step {int(steps[first])}, yet the "
-             f"largest attention logit is {fmt(logits[over[0]], ',.4g')} > {factor:g} x tau at step {int(steps[over[0]])} "
-             f"(largest {fmt(logits[worst], ',.4g')} at step {int(steps[worst])})", rec, int(steps[over[0]]), metric,
-             measured=float(logits[over[0]]), limit=factor * tau, columns=LOGIT_COLUMNS)
+        fail(
+            "assert_qk_clip_contains",
+            f"QK-Clip (tau {tau:g}) first clipped at step {int(steps[first])}, yet the "
+            f"largest attention logit is {fmt(logits[over[0]], ',.4g')} > {factor:g} x tau at step {int(steps[over[0]])} "
+            f"(largest {fmt(logits[worst], ',.4g')} at step {int(steps[worst])})",
+            rec,
+            int(steps[over[0]]),
+            metric,
+            measured=float(logits[over[0]]),
+            limit=factor * tau,
+            columns=LOGIT_COLUMNS,
+        )
     later = logits[after]
     largest = float(np.max(later)) if later.size else None
-    passed("assert_qk_clip_contains", f"QK-Clip (tau {tau:g}) first clipped at step {int(steps[first])} and held the "
-           f"largest attention logit ≤ {factor:g} x tau after it (max {fmt(largest, ',.4g')})", rec, metric,
-           measured=largest, limit=factor * tau, step=int(steps[first]))
+    passed(
+        "assert_qk_clip_contains",
+        f"QK-Clip (tau {tau:g}) first clipped at step {int(steps[first])} and held the "
+        f"largest attention logit ≤ {factor:g} x tau after it (max {fmt(largest, ',.4g')})",
+        rec,
+        metric,
+        measured=largest,
+        limit=factor * tau,
+        step=int(steps[first]),
+    )
     return int(steps[first])

@@ -67,18 +67,18 @@ class Histories:
         return self.stop - self.start
 
 
-def histories(steps: np.ndarray, values: np.ndarray, window: int, min_points: int,
-              usable: np.ndarray | None = None) -> Histories:
+def histories(steps: np.ndarray, values: np.ndarray, window: int, min_points: int, usable: np.ndarray | None = None) -> Histories:
     """The history of every point, by the rule of ``baseline_history`` (``steps`` ascend),
     drawn from the finite values (or from the values where ``usable``, e.g. the positive ones)."""
     if usable is None:  # (a usable mask is the caller's own array: not shared)
-        return _remembered(("histories", _where(steps), _where(values), window, min_points),
-                           lambda: _histories(steps, values, window, min_points, None))
+        return _remembered(
+            ("histories", _where(steps), _where(values), window, min_points),
+            lambda: _histories(steps, values, window, min_points, None),
+        )
     return _histories(steps, values, window, min_points, usable)
 
 
-def _histories(steps: np.ndarray, values: np.ndarray, window: int, min_points: int,
-               usable: np.ndarray | None) -> Histories:
+def _histories(steps: np.ndarray, values: np.ndarray, window: int, min_points: int, usable: np.ndarray | None) -> Histories:
     mask = np.isfinite(values) if usable is None else usable
     pool, pool_steps = values[mask], steps[mask]
     before = np.concatenate([[0], np.cumsum(mask)[:-1]]).astype(np.int64)  # pool values before each point
@@ -102,14 +102,14 @@ def _windows_median(values: np.ndarray, starts: np.ndarray, k: int, center: np.n
     out = np.empty(starts.size)
     block = max(1, _BLOCK_ELEMENTS // k)
     for a in range(0, starts.size, block):
-        at = starts[a:a + block]
+        at = starts[a : a + block]
         # consecutive windows (a log written every step): a slice of the view, no gathered copy
-        rows = view[at[0]:at[-1] + 1] if at[-1] - at[0] == at.size - 1 else view[at]
+        rows = view[at[0] : at[-1] + 1] if at[-1] - at[0] == at.size - 1 else view[at]
         if center is not None:
-            rows = rows - center[a:a + block, None]
+            rows = rows - center[a : a + block, None]
             np.abs(rows, out=rows)
         # A row sort (numpy's SIMD sort) is faster than a two-point partition on short rows.
-        out[a:a + block] = _middle(np.sort(rows, axis=1), k)
+        out[a : a + block] = _middle(np.sort(rows, axis=1), k)
     return out
 
 

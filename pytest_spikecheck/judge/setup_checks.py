@@ -64,8 +64,9 @@ def _failure(assertion: str, rec: Record, message: str, **fields: Any) -> SpikeC
     return SpikeCheckError(message, verdict=verdict)
 
 
-def assert_accumulation_invariant(run_a: Any, run_b: Any, rtol: float = 1e-4, steps: int = 10,
-                                  drift: float = DRIFT_RTOL) -> dict[str, float]:
+def assert_accumulation_invariant(
+    run_a: Any, run_b: Any, rtol: float = 1e-4, steps: int = 10, drift: float = DRIFT_RTOL
+) -> dict[str, float]:
     """Assert two runs of one set-up at different gradient accumulation compute the same step:
     at their first step (same weights, same batch) the loss and the pre-clip gradient norm agree
     within ``rtol`` (relative), and over the first ``steps`` steps within ``drift``. Returns the
@@ -79,29 +80,45 @@ def assert_accumulation_invariant(run_a: Any, run_b: Any, rtol: float = 1e-4, st
     batch_a = a.run.batch_at(int(a.metrics["step"][0])) if a.run is not None and len(a.metrics["step"]) else None
     batch_b = b.run.batch_at(int(b.metrics["step"][0])) if b.run is not None and len(b.metrics["step"]) else None
     if batch_a and batch_b and sorted(map(str, batch_a["samples"])) != sorted(map(str, batch_b["samples"])):
-        raise _failure("assert_accumulation_invariant", a, f"the runs saw different batches at their first step ({label_a}: "
-                              f"{len(batch_a['samples'])} samples, {label_b}: {len(batch_b['samples'])}, not the same ones): "
-                              f"give both the same data order (the same seed, or the same inject_burst stream)")
+        raise _failure(
+            "assert_accumulation_invariant",
+            a,
+            f"the runs saw different batches at their first step ({label_a}: "
+            f"{len(batch_a['samples'])} samples, {label_b}: {len(batch_b['samples'])}, not the same ones): "
+            f"give both the same data order (the same seed, or the same inject_burst stream)",
+        )
     common = np.intersect1d(a.metrics["step"], b.metrics["step"])
     if not common.size:
-        raise _failure("assert_accumulation_invariant", a, f"the runs share no step ({label_a}: {len(a.metrics['step'])} steps, "
-                              f"{label_b}: {len(b.metrics['step'])})")
+        raise _failure(
+            "assert_accumulation_invariant",
+            a,
+            f"the runs share no step ({label_a}: {len(a.metrics['step'])} steps, {label_b}: {len(b.metrics['step'])})",
+        )
     metrics = ["loss", pick_metric(a, "grad_norm_pre")]
     first = int(common[0])
     differences: dict[str, float] = {}
     for metric in metrics:
         if metric not in b.metrics:
-            raise _failure("assert_accumulation_invariant", b, f"{label_b} has no {metric} column to compare with {label_a}'s", metric=metric)
+            raise _failure(
+                "assert_accumulation_invariant", b, f"{label_b} has no {metric} column to compare with {label_a}'s", metric=metric
+            )
         va, vb = _value(a, metric, first), _value(b, metric, first)
         rel = _relative(va, vb)
         differences[metric] = rel
         if not rel <= rtol:
             ratio = va / vb if vb else math.inf
             apart = f"×{fmt(ratio, '.3g')}" if not 0.67 < ratio < 1.5 else f"{fmt_compact(rel)} apart"
-            raise _failure("assert_accumulation_invariant", a,
+            raise _failure(
+                "assert_accumulation_invariant",
+                a,
                 f"accumulation changed the step-{first} {metric}: {fmt(va, '.6g')} ({label_a}) vs {fmt(vb, '.6g')} "
                 f"({label_b}), {apart} (rtol {rtol:g}; the same weights and batch differ only by float rounding)"
-                f"{_accumulation_hint(va, vb, a, b)}", metric=metric, measured=rel, limit=rtol, step=first)
+                f"{_accumulation_hint(va, vb, a, b)}",
+                metric=metric,
+                measured=rel,
+                limit=rtol,
+                step=first,
+            )
     skipped = set(a.skipped) | set(b.skipped)
     window = [int(s) for s in common[:steps] if int(s) not in skipped]
     for metric in metrics:
@@ -110,16 +127,32 @@ def assert_accumulation_invariant(run_a: Any, run_b: Any, rtol: float = 1e-4, st
             if math.isnan(va) or math.isnan(vb):
                 continue  # not logged at this step in one of them
             if not _relative(va, vb) <= drift:
-                raise _failure("assert_accumulation_invariant", a,
+                raise _failure(
+                    "assert_accumulation_invariant",
+                    a,
                     f"the runs drift apart at step {step}: {metric} {fmt(va, '.6g')} ({label_a}) vs {fmt(vb, '.6g')} "
                     f"({label_b}), {fmt_compact(_relative(va, vb))} relative (drift {drift:g} allowed over the first "
                     f"{steps} steps; step {first} agreed within {fmt_compact(differences[metric])})",
-                    metric=metric, measured=_relative(va, vb), limit=drift, step=step)
+                    metric=metric,
+                    measured=_relative(va, vb),
+                    limit=drift,
+                    step=step,
+                )
     worst = max(differences, key=lambda k: differences[k])
-    emit(Verdict("assert_accumulation_invariant", True, f"the runs agree at step {first} (largest difference "
-                 f"{fmt_compact(differences[worst])} in {worst}, rtol {rtol:g}) and within {drift:g} over the first "
-                 f"{steps} steps", metric=worst, measured=differences[worst], limit=rtol, step=first,
-                 scenario=getattr(a.run, "name", None)))
+    emit(
+        Verdict(
+            "assert_accumulation_invariant",
+            True,
+            f"the runs agree at step {first} (largest difference "
+            f"{fmt_compact(differences[worst])} in {worst}, rtol {rtol:g}) and within {drift:g} over the first "
+            f"{steps} steps",
+            metric=worst,
+            measured=differences[worst],
+            limit=rtol,
+            step=first,
+            scenario=getattr(a.run, "name", None),
+        )
+    )
     return differences
 
 
@@ -132,8 +165,7 @@ def _accumulation_hint(va: float, vb: float, a: Record, b: Record) -> str:
     candidates = {k for k in (ka, kb, (ka / kb) if ka and kb else None, (kb / ka) if ka and kb else None) if k and k > 1}
     for k in sorted(candidates):
         if abs(ratio - k) <= 0.05 * k or abs(1 / ratio - k) <= 0.05 * k:
-            return (f": a factor of {k:g}, as when the micro-batch losses are summed instead of averaged "
-                    f"(AccumulateSum)")
+            return f": a factor of {k:g}, as when the micro-batch losses are summed instead of averaged (AccumulateSum)"
     return ""
 
 
@@ -165,8 +197,11 @@ def assert_overflow_skips(run: Any, max_fraction: float = 0.01, after_step: int 
         raise ValueError(f"max_fraction must be in [0, 1], was {max_fraction!r}")
     rec = as_record(run)
     if rec.run is None and not rec.skipped and "loss_scale" not in rec.metrics:
-        raise _failure("assert_overflow_skips", rec, f"{rec.source} has no skipped marks and no loss_scale column: it cannot show whether a "
-                              f"loss scaler skipped steps")
+        raise _failure(
+            "assert_overflow_skips",
+            rec,
+            f"{rec.source} has no skipped marks and no loss_scale column: it cannot show whether a loss scaler skipped steps",
+        )
     steps = np.asarray(rec.metrics["step"])
     judged = steps[steps > after_step]
     skipped = [s for s in overflow_steps(rec) if s > after_step]
@@ -178,12 +213,27 @@ def assert_overflow_skips(run: Any, max_fraction: float = 0.01, after_step: int 
             finite = values[np.isfinite(values)]
             if finite.size:
                 scale = f"; the loss scale went from {fmt_scale(float(finite[0]))} to {fmt_scale(float(finite[-1]))}"
-        raise _failure("assert_overflow_skips", rec,
+        raise _failure(
+            "assert_overflow_skips",
+            rec,
             f"the loss scaler skipped {len(skipped)} of {judged.size} steps{f' after step {after_step}' if after_step else ''} "
             f"on overflow ({fraction:.0%}, more than {max_fraction:.0%}): steps {_ranges(skipped)}{scale}\n\n"
-            f"record: {rec.source}", metric="loss_scale", measured=fraction, limit=max_fraction,
-            step=skipped[0] if skipped else None)
-    emit(Verdict("assert_overflow_skips", True, f"the loss scaler skipped {len(skipped)} of {judged.size} steps on "
-                 f"overflow ({fraction:.0%}, at most {max_fraction:.0%})", metric="loss_scale", measured=fraction,
-                 limit=max_fraction, scenario=getattr(rec.run, "name", None)))
+            f"record: {rec.source}",
+            metric="loss_scale",
+            measured=fraction,
+            limit=max_fraction,
+            step=skipped[0] if skipped else None,
+        )
+    emit(
+        Verdict(
+            "assert_overflow_skips",
+            True,
+            f"the loss scaler skipped {len(skipped)} of {judged.size} steps on "
+            f"overflow ({fraction:.0%}, at most {max_fraction:.0%})",
+            metric="loss_scale",
+            measured=fraction,
+            limit=max_fraction,
+            scenario=getattr(rec.run, "name", None),
+        )
+    )
     return fraction

@@ -66,8 +66,10 @@ class LRSweep:
 
     def __post_init__(self) -> None:
         if not self.lrs or len(self.lrs) != len(self.final_losses):
-            raise ConfigError(f"an LR sweep needs one final loss per learning rate, had {len(self.lrs)} learning "
-                              f"rates and {len(self.final_losses)} losses")
+            raise ConfigError(
+                f"an LR sweep needs one final loss per learning rate, had {len(self.lrs)} learning "
+                f"rates and {len(self.final_losses)} losses"
+            )
         if any(not (lr > 0) for lr in self.lrs):
             raise ConfigError(f"learning rates must be > 0, were {list(self.lrs)}")
 
@@ -76,8 +78,13 @@ class LRSweep:
         if len(lrs) != len(runs):
             raise ConfigError(f"an LR sweep needs one run per learning rate, had {len(lrs)} and {len(runs)}")
         initials = [initial_loss(r) for r in runs]
-        return cls(name=name, lrs=tuple(float(lr) for lr in lrs), final_losses=tuple(final_loss(r) for r in runs),
-                   initial=float(np.median(initials)), runs=list(runs))
+        return cls(
+            name=name,
+            lrs=tuple(float(lr) for lr in lrs),
+            final_losses=tuple(final_loss(r) for r in runs),
+            initial=float(np.median(initials)),
+            runs=list(runs),
+        )
 
     @property
     def best(self) -> float:
@@ -104,12 +111,22 @@ def assert_lr_sensitivity(sweep: LRSweep, max: float) -> float:  # noqa: A002 - 
     __tracebackhide__ = True
     value = lr_sensitivity(sweep)
     if not value <= max:
-        reason = (f"{sweep.name}: LR sensitivity {value:.3f} nats exceeds {max:g} (initial loss {sweep.initial:.3f}, "
-                  f"best final {sweep.best:.3f})")
+        reason = (
+            f"{sweep.name}: LR sensitivity {value:.3f} nats exceeds {max:g} (initial loss {sweep.initial:.3f}, "
+            f"best final {sweep.best:.3f})"
+        )
         verdict = emit(Verdict("assert_lr_sensitivity", False, reason, metric="lr_sensitivity", measured=value, limit=max))
         raise SpikeCheckError(f"{reason}\n\n{sweep.table()}", verdict=verdict)
-    emit(Verdict("assert_lr_sensitivity", True, f"{sweep.name}: LR sensitivity {value:.3f} nats ≤ {max:g}",
-                 metric="lr_sensitivity", measured=value, limit=max))
+    emit(
+        Verdict(
+            "assert_lr_sensitivity",
+            True,
+            f"{sweep.name}: LR sensitivity {value:.3f} nats ≤ {max:g}",
+            metric="lr_sensitivity",
+            measured=value,
+            limit=max,
+        )
+    )
     return value
 
 
@@ -123,11 +140,21 @@ def assert_stable_up_to(sweep: LRSweep, lr: float, within: float = 0.25) -> None
     bad = [(x, loss) for x, loss in checked if not loss <= sweep.best + within]
     if bad:
         x, loss = bad[0]
-        reason = (f"{sweep.name}: lr {x:g} ends at {fmt(loss, '.3f')} nats, more than {within:g} above the sweep's best "
-                  f"{sweep.best:.3f}: not stable up to lr {lr:g}")
-        verdict = emit(Verdict("assert_stable_up_to", False, reason, metric="final_loss", measured=float(loss),
-                               limit=sweep.best + within))
+        reason = (
+            f"{sweep.name}: lr {x:g} ends at {fmt(loss, '.3f')} nats, more than {within:g} above the sweep's best "
+            f"{sweep.best:.3f}: not stable up to lr {lr:g}"
+        )
+        verdict = emit(
+            Verdict("assert_stable_up_to", False, reason, metric="final_loss", measured=float(loss), limit=sweep.best + within)
+        )
         raise SpikeCheckError(f"{reason}\n\n{sweep.table()}", verdict=verdict)
-    emit(Verdict("assert_stable_up_to", True, f"{sweep.name}: every lr up to {lr:g} ends within {within:g} nats of the "
-                 f"best {sweep.best:.3f}", metric="final_loss", measured=max(loss for _, loss in checked),
-                 limit=sweep.best + within))
+    emit(
+        Verdict(
+            "assert_stable_up_to",
+            True,
+            f"{sweep.name}: every lr up to {lr:g} ends within {within:g} nats of the best {sweep.best:.3f}",
+            metric="final_loss",
+            measured=max(loss for _, loss in checked),
+            limit=sweep.best + within,
+        )
+    )

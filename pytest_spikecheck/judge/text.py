@@ -72,12 +72,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool 
         rows = [[terminal_text(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
     if markdown:
-        lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
-                 "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
+        lines = [
+            "| " + " | ".join(h.ljust(w) for h, w in zip(headers, widths)) + " |",
+            "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+        ]
         lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
     else:
-        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)),
-                 "  ".join("-" * w for w in widths)]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)), "  ".join("-" * w for w in widths)]
         lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     return "\n".join(line.rstrip() for line in lines)
 

@@ -36,8 +36,10 @@ MUON_RATIO_BAND = (0.5, 2.0)
 
 def _column(rec: Record, name: str, what: str) -> tuple[np.ndarray, np.ndarray]:
     if name not in rec.metrics:
-        raise ConfigError(f"the record has no {name!r} column ({what}); the engine records it "
-                          f"(training/recorders.py, UpdateRecorder) where it applies")
+        raise ConfigError(
+            f"the record has no {name!r} column ({what}); the engine records it "
+            f"(training/recorders.py, UpdateRecorder) where it applies"
+        )
     steps, values = rec.series(name)
     return np.asarray(steps, dtype=np.int64), np.asarray(values, dtype=np.float64)
 
@@ -66,16 +68,32 @@ def assert_muon_update_scale(run: Any, band: tuple[float, float] = MUON_RATIO_BA
             clip_steps, clip_norm = rec.series("update_clip_norm")
             at = np.flatnonzero(np.asarray(clip_steps) == step)
             if at.size and math.isfinite(clip_norm[at[0]]):
-                why = (f"; the clip was taken over Muon's update and divided it by {fmt(float(clip_norm[at[0]]))} "
-                       f"(update_clip_norm), the norm of the update itself: clip the gradient, not the update "
-                       f"(DeepSpeed issue 8439)")
-        fail("assert_muon_update_scale", f"Muon's update at step {step} was {fmt(r)}x its expected scale (allowed "
-             f"{fmt(low)}-{fmt(high)}x): the step was {'attenuated' if r < low else 'amplified'} "
-             f"{fmt(1 / r if r < low else r)}x by something other than the lr{why}", rec, step, "muon_update_ratio",
-             measured=r, limit=low if r < low else high, diagnose_step=False)
-    passed("assert_muon_update_scale", f"Muon's update stayed within {fmt(low)}-{fmt(high)}x its expected scale "
-           f"at every applied step (worst {fmt(float(ratio[worst]))}x)", rec, "muon_update_ratio",
-           measured=float(ratio[worst]), step=int(steps[worst]))
+                why = (
+                    f"; the clip was taken over Muon's update and divided it by {fmt(float(clip_norm[at[0]]))} "
+                    f"(update_clip_norm), the norm of the update itself: clip the gradient, not the update "
+                    f"(DeepSpeed issue 8439)"
+                )
+        fail(
+            "assert_muon_update_scale",
+            f"Muon's update at step {step} was {fmt(r)}x its expected scale (allowed "
+            f"{fmt(low)}-{fmt(high)}x): the step was {'attenuated' if r < low else 'amplified'} "
+            f"{fmt(1 / r if r < low else r)}x by something other than the lr{why}",
+            rec,
+            step,
+            "muon_update_ratio",
+            measured=r,
+            limit=low if r < low else high,
+            diagnose_step=False,
+        )
+    passed(
+        "assert_muon_update_scale",
+        f"Muon's update stayed within {fmt(low)}-{fmt(high)}x its expected scale "
+        f"at every applied step (worst {fmt(float(ratio[worst]))}x)",
+        rec,
+        "muon_update_ratio",
+        measured=float(ratio[worst]),
+        step=int(steps[worst]),
+    )
     return {"min": float(ratio.min()), "max": float(ratio.max()), "median": float(np.median(ratio))}
 
 
@@ -95,12 +113,29 @@ def assert_optimizer_steps(run: Any) -> dict[str, int]:
             continue
         expected = applied[step]
         if int(count) != expected:
-            stuck = " (it never advanced: Adam's bias correction stays that of its first step; OLMo-core PR 317)" \
-                if count == 0 or count == 1 < expected else ""
-            fail("assert_optimizer_steps", f"at step {step} the optimizer counted {fmt(count)} steps but {expected} "
-                 f"were applied ({int(skipped[all_steps <= step].sum())} skipped){stuck}", rec, step, "optimizer_steps",
-                 measured=count, limit=expected, diagnose_step=False)
+            stuck = (
+                " (it never advanced: Adam's bias correction stays that of its first step; OLMo-core PR 317)"
+                if count == 0 or count == 1 < expected
+                else ""
+            )
+            fail(
+                "assert_optimizer_steps",
+                f"at step {step} the optimizer counted {fmt(count)} steps but {expected} "
+                f"were applied ({int(skipped[all_steps <= step].sum())} skipped){stuck}",
+                rec,
+                step,
+                "optimizer_steps",
+                measured=count,
+                limit=expected,
+                diagnose_step=False,
+            )
     last = int(steps[-1]) if steps.size else 0
-    passed("assert_optimizer_steps", f"the optimizer counted every applied step ({int(applied.get(last, 0))})", rec,
-           "optimizer_steps", measured=float(counted[-1]) if steps.size else None, step=last or None)
+    passed(
+        "assert_optimizer_steps",
+        f"the optimizer counted every applied step ({int(applied.get(last, 0))})",
+        rec,
+        "optimizer_steps",
+        measured=float(counted[-1]) if steps.size else None,
+        step=last or None,
+    )
     return {"applied": int(applied.get(last, 0)), "counted": int(counted[-1]) if steps.size else 0}

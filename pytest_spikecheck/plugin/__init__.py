@@ -53,23 +53,49 @@ def parse_threads(text: str) -> int:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("spikecheck", "gradient-spike scenarios (pytest-spikecheck)")
-    group.addoption("--spikecheck", action="store_true", default=None,
-                    help="train the spikecheck scenarios and run their tests (otherwise they are skipped). "
-                         "Default: ini spikecheck or False")
-    group.addoption("--spikecheck-backend", metavar="NAME", type=parse_backend, default=None,
-                    help="clipping backend: auto (cupy for CUDA tensors when usable, else torch), torch, cupy, "
-                         "emulator. Default: ini spikecheck_backend or 'auto'")
-    group.addoption("--spikecheck-device", metavar="DEVICE", type=parse_device, default=None,
-                    help="torch device to train on: cpu, cuda[:N], auto. Default: ini spikecheck_device or 'cpu' "
-                         "(thresholds are calibrated on CPU)")
-    group.addoption("--spikecheck-report", metavar="DIR", default=None,
-                    help="write panels, diagnoses and an index per scenario into DIR (runs are also cached there). "
-                         "Default: ini spikecheck_report or none")
-    group.addoption("--spikecheck-seed", metavar="N", type=parse_seed, default=None,
-                    help="override every scenario's seed. Default: ini spikecheck_seed or the scenarios' own")
-    group.addoption("--spikecheck-threads", metavar="N", type=parse_threads, default=None,
-                    help="torch threads per training run (pinned for bit-identical reruns). Default: ini "
-                         "spikecheck_threads or 1")
+    group.addoption(
+        "--spikecheck",
+        action="store_true",
+        default=None,
+        help="train the spikecheck scenarios and run their tests (otherwise they are skipped). Default: ini spikecheck or False",
+    )
+    group.addoption(
+        "--spikecheck-backend",
+        metavar="NAME",
+        type=parse_backend,
+        default=None,
+        help="clipping backend: auto (cupy for CUDA tensors when usable, else torch), torch, cupy, "
+        "emulator. Default: ini spikecheck_backend or 'auto'",
+    )
+    group.addoption(
+        "--spikecheck-device",
+        metavar="DEVICE",
+        type=parse_device,
+        default=None,
+        help="torch device to train on: cpu, cuda[:N], auto. Default: ini spikecheck_device or 'cpu' "
+        "(thresholds are calibrated on CPU)",
+    )
+    group.addoption(
+        "--spikecheck-report",
+        metavar="DIR",
+        default=None,
+        help="write panels, diagnoses and an index per scenario into DIR (runs are also cached there). "
+        "Default: ini spikecheck_report or none",
+    )
+    group.addoption(
+        "--spikecheck-seed",
+        metavar="N",
+        type=parse_seed,
+        default=None,
+        help="override every scenario's seed. Default: ini spikecheck_seed or the scenarios' own",
+    )
+    group.addoption(
+        "--spikecheck-threads",
+        metavar="N",
+        type=parse_threads,
+        default=None,
+        help="torch threads per training run (pinned for bit-identical reruns). Default: ini spikecheck_threads or 1",
+    )
     parser.addini("spikecheck", type="bool", default=False, help="run spikecheck scenarios (as --spikecheck)")
     parser.addini("spikecheck_backend", default="auto", help="clipping backend (as --spikecheck-backend)")
     parser.addini("spikecheck_device", default="cpu", help="torch device (as --spikecheck-device)")
@@ -164,8 +190,10 @@ def pytest_report_header(config: pytest.Config) -> list[str] | None:
     backend = session.backend  # resolves "auto" once: the header names what the runs will use
     cupy_note = unavailable_reason("cupy")
     seeds = f"all overridden to {settings.seed}" if settings.seed is not None else "the scenarios' own"
-    lines = [f"spikecheck: backend {backend} (asked: {settings.backend}), device {settings.device}, "
-             f"torch threads {settings.threads}, seeds {seeds}"]
+    lines = [
+        f"spikecheck: backend {backend} (asked: {settings.backend}), device {settings.device}, "
+        f"torch threads {settings.threads}, seeds {seeds}"
+    ]
     if cupy_note and (settings.backend == "cupy" or settings.device != "cpu" or _cuda_device_present()):
         # Why a CUDA machine is not using its kernels; on a CPU machine that is no news.
         lines.append(f"spikecheck: cupy backend unavailable: {cupy_note}")
@@ -187,8 +215,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.get_closest_marker("spikecheck") is None:
             item.add_marker(pytest.mark.spikecheck)
         callspec = getattr(item, "callspec", None)
-        scenarios = [run_name(n, None if SCENARIO_FIXTURES[n] is None else SCENARIO_FIXTURES[n][callspec.indices[n]])
-                     for n in names if n in SCENARIO_FIXTURES]
+        scenarios = [
+            run_name(n, None if SCENARIO_FIXTURES[n] is None else SCENARIO_FIXTURES[n][callspec.indices[n]])
+            for n in names
+            if n in SCENARIO_FIXTURES
+        ]
         if scenarios:
             # Travels with the test's reports (also from xdist workers to the controller,
             # where collection does not run) and shows in junitxml as a property.

@@ -38,8 +38,13 @@ def _param_ids(params: list[Any], ids: Any) -> list[str]:
     return ids
 
 
-def spikecheck_scenario(factory: Callable[..., Any] | None = None, *, name: str | None = None,
-                        params: Iterable[Any] | None = None, ids: Iterable[str] | Callable[[Any], str] | None = None) -> Any:
+def spikecheck_scenario(
+    factory: Callable[..., Any] | None = None,
+    *,
+    name: str | None = None,
+    params: Iterable[Any] | None = None,
+    ids: Iterable[str] | Callable[[Any], str] | None = None,
+) -> Any:
     """Turn a function returning a :class:`~pytest_spikecheck.scenario.Scenario` into a
     session-scoped fixture (named after the function, or ``name``) whose value is the
     trained :class:`~pytest_spikecheck.records.run.Run`. Tests using it are skipped unless pytest
@@ -58,8 +63,9 @@ def spikecheck_scenario(factory: Callable[..., Any] | None = None, *, name: str 
     def decorate(func: Callable[..., Any]) -> Any:
         fixture_name = name or func.__name__
         param_list = None if params is None else list(params)
-        param_ids = None if param_list is None else _param_ids(param_list, None if ids is None else
-                                                                  (ids if callable(ids) else list(ids)))
+        param_ids = (
+            None if param_list is None else _param_ids(param_list, None if ids is None else (ids if callable(ids) else list(ids)))
+        )
 
         def scenario_fixture(spikecheck: Any, request: Any) -> Any:
             if param_ids is None:

@@ -35,11 +35,13 @@ def junit_properties(name: str, row: Mapping[str, Any] | None, verdict: str) -> 
     props = [("spikecheck_scenario", name)]
     if row is not None:
         ratio = row.get("spike_ratio")
-        values = {"content_hash": row.get("content_hash", ""),
-                  "spike_step": "" if row.get("spike_step") is None else str(row["spike_step"]),
-                  "spike_ratio": "" if not isinstance(ratio, (int, float)) or ratio != ratio else f"{ratio:.4g}",
-                  "clip_containment": row.get("containment", ""),
-                  "recovery_steps": "" if row.get("recovery_steps") is None else str(row["recovery_steps"])}
+        values = {
+            "content_hash": row.get("content_hash", ""),
+            "spike_step": "" if row.get("spike_step") is None else str(row["spike_step"]),
+            "spike_ratio": "" if not isinstance(ratio, (int, float)) or ratio != ratio else f"{ratio:.4g}",
+            "clip_containment": row.get("containment", ""),
+            "recovery_steps": "" if row.get("recovery_steps") is None else str(row["recovery_steps"]),
+        }
         props += [(f"spikecheck_{key}", values[key]) for key in JUNIT_FIELDS if key != "verdict"]
     props.append(("spikecheck_verdict", verdict))
     return props
@@ -62,8 +64,11 @@ def reproduce_line(nodeid: str, settings: Any) -> str:
     """``pytest 'tests/test_x.py::test_y' --spikecheck``, with the session's backend and seed
     when they are not the defaults."""
     quoted = "'" + nodeid.replace("'", "'\"'\"'") + "'"
-    return (f"pytest {quoted} --spikecheck" + (f" --spikecheck-backend {settings.backend}" if settings.backend != "auto" else "")
-            + (f" --spikecheck-seed {settings.seed}" if settings.seed is not None else ""))
+    return (
+        f"pytest {quoted} --spikecheck"
+        + (f" --spikecheck-backend {settings.backend}" if settings.backend != "auto" else "")
+        + (f" --spikecheck-seed {settings.seed}" if settings.seed is not None else "")
+    )
 
 
 def headline(test: Mapping[str, Any]) -> str:
@@ -90,8 +95,13 @@ def append_job_summary(markdown: str, environ: Mapping[str, str] = os.environ) -
     return path
 
 
-def write_index(report_dir: Path, rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str],
-                sentences: list[str], tests: list[Mapping[str, Any]] = ()) -> Path:
+def write_index(
+    report_dir: Path,
+    rows: Mapping[str, Mapping[str, Any]],
+    verdicts: Mapping[str, str],
+    sentences: list[str],
+    tests: list[Mapping[str, Any]] = (),
+) -> Path:
     """Record each scenario's verdict in its ``summary.json`` (known only now, after every test
     that used it), then write ``index.md`` and ``index.html``; return the page's path."""
     from pytest_spikecheck.report.page import write_scenario_page
@@ -237,16 +247,23 @@ class SessionRecorder:
         if verdicts is None and not scenarios:
             return
         crash = getattr(report.longrepr, "reprcrash", None) if report.failed else None
-        failure = (str(crash.message).splitlines() or [""])[0] if crash is not None else (
-            str(report.longrepr).splitlines()[-1] if report.failed and report.longrepr else None)
+        failure = (
+            (str(crash.message).splitlines() or [""])[0]
+            if crash is not None
+            else (str(report.longrepr).splitlines()[-1] if report.failed and report.longrepr else None)
+        )
         if report.skipped and isinstance(report.longrepr, tuple):
             failure = str(report.longrepr[2])
         if hasattr(report, "wasxfail"):
             outcome = "xfailed" if report.skipped else "xpassed"
         self.tests[report.nodeid] = {
-            "nodeid": report.nodeid, "scenarios": scenarios, "outcome": outcome, "verdicts": list(verdicts or []),
+            "nodeid": report.nodeid,
+            "scenarios": scenarios,
+            "outcome": outcome,
+            "verdicts": list(verdicts or []),
             "reproduce": getattr(report, "spikecheck_reproduce", None) or reproduce_line(report.nodeid, self.session.settings),
-            "failure": failure}
+            "failure": failure,
+        }
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node: Any) -> None:
@@ -267,7 +284,8 @@ class SessionRecorder:
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if hasattr(self.config, "workerinput"):
             self.config.workeroutput["spikecheck_rows"] = json.dumps(
-                {name: row.to_json() for name, row in self.session.rows.items()})
+                {name: row.to_json() for name, row in self.session.rows.items()}
+            )
             self.config.workeroutput["spikecheck_counts"] = json.dumps(dict(self.session.counts))
             return
         settings = self.session.settings

@@ -115,9 +115,11 @@ class SpikecheckSession:
         if self._hash_by_name.setdefault(scenario.name, digest) != digest:
             from pytest_spikecheck.errors import ConfigError
 
-            raise ConfigError(f"two different scenarios are both named {scenario.name!r}: summary rows and report "
-                              f"folders are keyed by name, so give each one (each sweep point) its own name, or "
-                              f"leave the name out (a derived name is unique to the content)")
+            raise ConfigError(
+                f"two different scenarios are both named {scenario.name!r}: summary rows and report "
+                f"folders are keyed by name, so give each one (each sweep point) its own name, or "
+                f"leave the name out (a derived name is unique to the content)"
+            )
         self.used_by_current_test.add(scenario.name)
         key = self._key(scenario)
         if key.tag not in self._runs:
@@ -164,15 +166,22 @@ class SpikecheckSession:
 
         s = self.settings
         with (self.progress or Progress(mode="quiet")).task(scenario.name, total=scenario.steps) as task:
-            run = train(scenario, backend=self.backend, device=s.device, threads=s.threads,
-                        callbacks=[task.step_callback()] if task.progress.mode == "bar" else [])
+            run = train(
+                scenario,
+                backend=self.backend,
+                device=s.device,
+                threads=s.threads,
+                callbacks=[task.step_callback()] if task.progress.mode == "bar" else [],
+            )
             stopped = f", stopped at step {run.meta['stopped_at']} ({run.meta['stop_reason']})" if run.stopped_early else ""
             from pytest_spikecheck.judge.escape import terminal_text
 
             task.finish(terminal_text(f"trained {scenario.name}: {len(run)} steps in {run.meta['seconds']:.1f} s{stopped}"))
-        run.meta["reproduce"] = (f"pytest --spikecheck --spikecheck-backend {self.backend}"
-                                 + (f" --spikecheck-seed {s.seed}" if s.seed is not None else "")
-                                 + f"  # scenario {scenario.name}, content hash {run.meta['content_hash']}")
+        run.meta["reproduce"] = (
+            f"pytest --spikecheck --spikecheck-backend {self.backend}"
+            + (f" --spikecheck-seed {s.seed}" if s.seed is not None else "")
+            + f"  # scenario {scenario.name}, content hash {run.meta['content_hash']}"
+        )
         return run
 
     def _write_report(self, run: Any) -> None:
@@ -189,13 +198,20 @@ class SpikecheckSession:
             marks = list(run.declared_events)
             plot_loss([run], folder / "loss.png", marks, title=f"{run.name}: loss")
             clip = run.facts.clip if run.facts is not None else None  # the record's limit (adaptive: until warm)
-            plot_grad_norm([run], folder / "grad_norm.png", marks, clip.max_norm if clip is not None else None,
-                           title=f"{run.name}: gradient norm, pre- and post-clip")
+            plot_grad_norm(
+                [run],
+                folder / "grad_norm.png",
+                marks,
+                clip.max_norm if clip is not None else None,
+                title=f"{run.name}: gradient norm, pre- and post-clip",
+            )
             if "attn_logit_max" in run.metrics:
-                plot_attention(run, folder / "logits.png", qk_clip_tau(run), QK_CLIP_FACTOR,
-                               title=f"{run.name}: attention logits")
-            (folder / "diagnosis.md").write_text(f"# {markdown_text(run.name)}\n\n{markdown_text(row.description)}\n\n"
-                                                 f"{diagnosis_markdown(row.diagnosis)}")
+                plot_attention(
+                    run, folder / "logits.png", qk_clip_tau(run), QK_CLIP_FACTOR, title=f"{run.name}: attention logits"
+                )
+            (folder / "diagnosis.md").write_text(
+                f"# {markdown_text(run.name)}\n\n{markdown_text(row.description)}\n\n{diagnosis_markdown(row.diagnosis)}"
+            )
             (folder / "summary.json").write_text(json.dumps(row.to_json(), indent=2))
             run.save(folder / "run")
 

@@ -45,17 +45,48 @@ OPTIMIZERS = ("adamw", "muon")
 SCHEDULES = ("cosine", "constant")
 LR_TRANSFERS = ("standard", "mup")
 #: TrainingArguments' scheduler names and the schedule the engine trains for each.
-HF_SCHEDULERS = {"cosine": "cosine", "cosine_with_min_lr": "cosine", "constant": "constant",
-                 "constant_with_warmup": "constant"}
+HF_SCHEDULERS = {"cosine": "cosine", "cosine_with_min_lr": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
 #: TrainingArguments' optimizer names the recipe's AdamW stands for.
 HF_ADAMW = ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw")
 #: TrainingArguments keys that do not shape the optimizer: read and left aside (listed).
-HF_IGNORED = ("output_dir", "per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-              "num_train_epochs", "logging_steps", "save_steps", "eval_steps", "seed", "bf16", "fp16", "tf32",
-              "report_to", "run_name", "save_total_limit", "eval_strategy", "save_strategy", "logging_dir",
-              "dataloader_num_workers", "gradient_checkpointing", "push_to_hub", "remove_unused_columns")
-HF_KEYS = ("learning_rate", "warmup_ratio", "warmup_steps", "max_steps", "lr_scheduler_type", "weight_decay",
-           "max_grad_norm", "adam_beta1", "adam_beta2", "adam_epsilon", "optim", "lr_transfer")
+HF_IGNORED = (
+    "output_dir",
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "logging_steps",
+    "save_steps",
+    "eval_steps",
+    "seed",
+    "bf16",
+    "fp16",
+    "tf32",
+    "report_to",
+    "run_name",
+    "save_total_limit",
+    "eval_strategy",
+    "save_strategy",
+    "logging_dir",
+    "dataloader_num_workers",
+    "gradient_checkpointing",
+    "push_to_hub",
+    "remove_unused_columns",
+)
+HF_KEYS = (
+    "learning_rate",
+    "warmup_ratio",
+    "warmup_steps",
+    "max_steps",
+    "lr_scheduler_type",
+    "weight_decay",
+    "max_grad_norm",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "optim",
+    "lr_transfer",
+)
 
 
 @dataclass(frozen=True)
@@ -90,8 +121,10 @@ class Recipe:
         if self.lr_transfer not in LR_TRANSFERS:
             raise ConfigError(f"{w}: lr_transfer must be one of {', '.join(LR_TRANSFERS)}, was {self.lr_transfer!r}")
         if self.lr_transfer == "mup" and self.optimizer != "adamw":
-            raise ConfigError(f"{w}: lr_transfer mup is defined for AdamW here; Muon's update is already scaled by "
-                              f"the matrix shape: use lr_transfer standard with muon")
+            raise ConfigError(
+                f"{w}: lr_transfer mup is defined for AdamW here; Muon's update is already scaled by "
+                f"the matrix shape: use lr_transfer standard with muon"
+            )
         if not 0 <= self.warmup < 1:
             raise ConfigError(f"{w}: warmup is a fraction of the steps in [0, 1), was {self.warmup!r}")
         for name in ("grad_clip", "qk_clip", "adamw_lr"):
@@ -106,14 +139,20 @@ class Recipe:
     def scenario_changes(self, steps: int) -> dict[str, Any]:
         """The scenario fields (``Scenario.replace`` keywords) this recipe sets, for a run of ``steps``."""
         changes: dict[str, Any] = {
-            "optimizer__name": self.optimizer, "optimizer__lr": self.lr, "optimizer__betas": self.betas,
-            "optimizer__eps": float(self.eps), "optimizer__weight_decay": float(self.weight_decay),
-            "schedule__name": self.schedule, "schedule__warmup_steps": int(round(self.warmup * steps)),
+            "optimizer__name": self.optimizer,
+            "optimizer__lr": self.lr,
+            "optimizer__betas": self.betas,
+            "optimizer__eps": float(self.eps),
+            "optimizer__weight_decay": float(self.weight_decay),
+            "schedule__name": self.schedule,
+            "schedule__warmup_steps": int(round(self.warmup * steps)),
             "schedule__min_lr_ratio": float(self.min_lr_ratio),
         }
         if self.optimizer == "muon":
-            changes.update(optimizer__momentum=float(self.momentum),
-                           optimizer__adamw_lr=float(self.adamw_lr if self.adamw_lr is not None else self.lr))
+            changes.update(
+                optimizer__momentum=float(self.momentum),
+                optimizer__adamw_lr=float(self.adamw_lr if self.adamw_lr is not None else self.lr),
+            )
         return changes
 
     def describe(self) -> str:
@@ -122,8 +161,11 @@ class Recipe:
             parts.append(f"momentum {self.momentum:g}, AdamW part lr {self.adamw_lr or self.lr:g}")
         else:
             parts.append(f"betas {self.betas[0]:g}/{self.betas[1]:g}, eps {self.eps:g}")
-        parts += [f"weight decay {self.weight_decay:g}", f"{self.schedule} schedule, warmup {self.warmup:g} of the steps",
-                  f"clip {self.grad_clip:g}" if self.grad_clip is not None else "no clip"]
+        parts += [
+            f"weight decay {self.weight_decay:g}",
+            f"{self.schedule} schedule, warmup {self.warmup:g} of the steps",
+            f"clip {self.grad_clip:g}" if self.grad_clip is not None else "no clip",
+        ]
         if self.z_loss:
             parts.append(f"z-loss {self.z_loss:g}")
         if self.qk_clip is not None:
@@ -145,8 +187,10 @@ def recipe_from_dict(raw: Any, where: str = "recipe") -> Recipe:
         return _from_training_arguments(raw, where)
     unknown = [k for k in raw if k not in OWN_KEYS]
     if unknown:
-        raise ConfigError(f"{where}: unknown recipe key {unknown[0]!r}; the keys are {', '.join(OWN_KEYS)} (or "
-                          f"TrainingArguments' learning_rate, warmup_ratio, ...)")
+        raise ConfigError(
+            f"{where}: unknown recipe key {unknown[0]!r}; the keys are {', '.join(OWN_KEYS)} (or "
+            f"TrainingArguments' learning_rate, warmup_ratio, ...)"
+        )
     values = dict(raw)
     if "betas" in values:
         betas = values["betas"]
@@ -161,25 +205,30 @@ def recipe_from_dict(raw: Any, where: str = "recipe") -> Recipe:
 def _from_training_arguments(raw: Mapping[str, Any], where: str) -> Recipe:
     unknown = [k for k in raw if k not in HF_KEYS + HF_IGNORED]
     if unknown:
-        raise ConfigError(f"{where}: {unknown[0]!r} is not a TrainingArguments key preflight reads; it reads "
-                          f"{', '.join(HF_KEYS)} and ignores {len(HF_IGNORED)} others (batch sizes, logging, ...)")
+        raise ConfigError(
+            f"{where}: {unknown[0]!r} is not a TrainingArguments key preflight reads; it reads "
+            f"{', '.join(HF_KEYS)} and ignores {len(HF_IGNORED)} others (batch sizes, logging, ...)"
+        )
     values: dict[str, Any] = {"lr": raw["learning_rate"]}
     optim = raw.get("optim", "adamw_torch")
     if optim not in HF_ADAMW:
-        raise ConfigError(f"{where}: unknown optimizer optim={optim!r}; preflight reads AdamW ({', '.join(HF_ADAMW)}) "
-                          f"from TrainingArguments (for Muon, write the recipe's own keys)")
+        raise ConfigError(
+            f"{where}: unknown optimizer optim={optim!r}; preflight reads AdamW ({', '.join(HF_ADAMW)}) "
+            f"from TrainingArguments (for Muon, write the recipe's own keys)"
+        )
     scheduler = raw.get("lr_scheduler_type", "linear")
     if scheduler not in HF_SCHEDULERS:
-        raise ConfigError(f"{where}: lr_scheduler_type {scheduler!r} is not one the engine trains "
-                          f"({', '.join(HF_SCHEDULERS)})")
+        raise ConfigError(f"{where}: lr_scheduler_type {scheduler!r} is not one the engine trains ({', '.join(HF_SCHEDULERS)})")
     values["schedule"] = HF_SCHEDULERS[scheduler]
     values["min_lr_ratio"] = 0.0 if scheduler == "cosine" else 0.1
     if "warmup_ratio" in raw:
         values["warmup"] = raw["warmup_ratio"]
     elif raw.get("warmup_steps"):
         if not raw.get("max_steps"):
-            raise ConfigError(f"{where}: warmup_steps {raw['warmup_steps']} needs max_steps to become a fraction of "
-                              f"the proxies' steps (or give warmup_ratio)")
+            raise ConfigError(
+                f"{where}: warmup_steps {raw['warmup_steps']} needs max_steps to become a fraction of "
+                f"the proxies' steps (or give warmup_ratio)"
+            )
         values["warmup"] = raw["warmup_steps"] / raw["max_steps"]
     else:
         values["warmup"] = 0.0

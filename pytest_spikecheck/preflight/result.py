@@ -41,23 +41,43 @@ class PreflightResult:
         return [s["sentence"] for s in self.studies]
 
     def json_data(self) -> dict[str, Any]:
-        return {"config": self.config, "recipe": self.recipe, "user_lr": self.user_lr,
-                "target_width": self.target_width, "plan": self.plan_lines, "wall_seconds": self.wall_seconds,
-                "counts": self.counts, "verdict": self.verdict, "rows": self.rows}
+        return {
+            "config": self.config,
+            "recipe": self.recipe,
+            "user_lr": self.user_lr,
+            "target_width": self.target_width,
+            "plan": self.plan_lines,
+            "wall_seconds": self.wall_seconds,
+            "counts": self.counts,
+            "verdict": self.verdict,
+            "rows": self.rows,
+        }
 
     def markdown(self) -> str:
-        out = [f"# Preflight: {self.config}", "", f"Recipe: {self.recipe}", "", *[f"    {line}" for line in self.plan_lines], "",
-               "## Verdict", "", *[f"- {line}" for line in self.lines()], "",
-               "## First failing LR per width (median over seeds; `none`: no LR of the grid fails)", "",
-               "| corpus | defence | width | first failing LR | per seed | LR sensitivity | largest attention logit |",
-               "|---|---|---:|---:|---|---:|---:|"]
+        out = [
+            f"# Preflight: {self.config}",
+            "",
+            f"Recipe: {self.recipe}",
+            "",
+            *[f"    {line}" for line in self.plan_lines],
+            "",
+            "## Verdict",
+            "",
+            *[f"- {line}" for line in self.lines()],
+            "",
+            "## First failing LR per width (median over seeds; `none`: no LR of the grid fails)",
+            "",
+            "| corpus | defence | width | first failing LR | per seed | LR sensitivity | largest attention logit |",
+            "|---|---|---:|---:|---|---:|---:|",
+        ]
         for s in self.studies:
             for p in s["widths"]:
                 seeds = ", ".join("none" if v is None else f"{v:.3g}" for v in p["first_failing_lr_seeds"])
                 first = "none" if p["first_failing_lr"] is None else f"{p['first_failing_lr']:.3g}"
                 logit = "-" if p["max_attn_logit"] is None else f"{p['max_attn_logit']:.1f}"
-                out.append(f"| {s['corpus']} | {s['defence']} | {p['width']} | {first} | {seeds} | "
-                           f"{p['lr_sensitivity']:.3f} | {logit} |")
+                out.append(
+                    f"| {s['corpus']} | {s['defence']} | {p['width']} | {first} | {seeds} | {p['lr_sensitivity']:.3f} | {logit} |"
+                )
         out += ["", f"{len(self.rows)} points ({self.counts}) in {self.wall_seconds:.0f} s.", ""]
         return "\n".join(out)
 
@@ -65,13 +85,15 @@ class PreflightResult:
         panels = "".join(_panel(s) for s in self.studies)
         items = "".join(f"<li>{html.escape(line)}</li>" for line in self.lines())
         plan = html.escape("\n".join(self.plan_lines))
-        return (f"<!doctype html><html><head><meta charset='utf-8'><title>Preflight: {html.escape(self.config)}</title>"
-                "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}pre{background:#f4f4f4;padding:1em;"
-                "overflow-x:auto}.panels{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0}figcaption{font-size:.9em}"
-                "</style></head><body>"
-                f"<h1>Preflight: {html.escape(self.config)}</h1><p>Recipe: {html.escape(self.recipe)}</p><pre>{plan}</pre>"
-                f"<h2>Verdict</h2><ul id='verdict'>{items}</ul><h2>Final loss against LR</h2>"
-                f"<div class='panels'>{panels}</div></body></html>")
+        return (
+            f"<!doctype html><html><head><meta charset='utf-8'><title>Preflight: {html.escape(self.config)}</title>"
+            "<style>body{font-family:sans-serif;margin:2em;max-width:1100px}pre{background:#f4f4f4;padding:1em;"
+            "overflow-x:auto}.panels{display:flex;flex-wrap:wrap;gap:1em}figure{margin:0}figcaption{font-size:.9em}"
+            "</style></head><body>"
+            f"<h1>Preflight: {html.escape(self.config)}</h1><p>Recipe: {html.escape(self.recipe)}</p><pre>{plan}</pre>"
+            f"<h2>Verdict</h2><ul id='verdict'>{items}</ul><h2>Final loss against LR</h2>"
+            f"<div class='panels'>{panels}</div></body></html>"
+        )
 
     def write(self, out: str | Path) -> list[Path]:
         out = Path(out)
@@ -112,24 +134,33 @@ def _panel(study: dict[str, Any], w: int = 340, h: int = 220) -> str:
         y = hi_y if not math.isfinite(loss) else loss
         return pad + (math.log(lr) - lo_x) / span_x * (w - 2 * pad), h - pad - (y - lo_y) / span_y * (h - 2 * pad)
 
-    parts = [f"<rect x='{pad}' y='{pad}' width='{w - 2 * pad}' height='{h - 2 * pad}' fill='none' stroke='#999'/>",
-             f"<text x='{pad}' y='{h - 8}' font-size='10'>lr {min(lrs):.2g}</text>",
-             f"<text x='{w - pad}' y='{h - 8}' font-size='10' text-anchor='end'>{max(lrs):.2g}</text>",
-             f"<text x='4' y='{pad}' font-size='10'>{hi_y:.2f}</text>",
-             f"<text x='4' y='{h - pad}' font-size='10'>{lo_y:.2f}</text>"]
+    parts = [
+        f"<rect x='{pad}' y='{pad}' width='{w - 2 * pad}' height='{h - 2 * pad}' fill='none' stroke='#999'/>",
+        f"<text x='{pad}' y='{h - 8}' font-size='10'>lr {min(lrs):.2g}</text>",
+        f"<text x='{w - pad}' y='{h - 8}' font-size='10' text-anchor='end'>{max(lrs):.2g}</text>",
+        f"<text x='4' y='{pad}' font-size='10'>{hi_y:.2f}</text>",
+        f"<text x='4' y='{h - pad}' font-size='10'>{lo_y:.2f}</text>",
+    ]
     for i, p in enumerate(study["widths"]):
         colour = COLOURS[i % len(COLOURS)]
         points = " ".join(f"{x:.1f},{y:.1f}" for x, y in (xy(lr, f) for lr, f in zip(p["lrs"], p["final_losses"])))
         parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='2' points='{points}'/>")
         parts.append(f"<text x='{w - pad + 2}' y='{pad + 12 * i + 10}' font-size='10' fill='{colour}'>w{p['width']}</text>")
     caption = html.escape(study["sentence"])  # the study's verdict in a sentence, under its panel
-    return (f"<figure><svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}'>{''.join(parts)}</svg>"
-            f"<figcaption><b>{html.escape(study['corpus'])}, {html.escape(study['defence'])}</b>: {caption}"
-            f"</figcaption></figure>")
+    return (
+        f"<figure><svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}'>{''.join(parts)}</svg>"
+        f"<figcaption><b>{html.escape(study['corpus'])}, {html.escape(study['defence'])}</b>: {caption}"
+        f"</figcaption></figure>"
+    )
 
 
-def assert_preflight(result: PreflightResult, *, defences_hold: Sequence[str] = ("as-given",), lr_margin: float = 2.0,
-                     corpora: Sequence[str] | None = None) -> None:
+def assert_preflight(
+    result: PreflightResult,
+    *,
+    defences_hold: Sequence[str] = ("as-given",),
+    lr_margin: float = 2.0,
+    corpora: Sequence[str] | None = None,
+) -> None:
     """Fail unless, for each defence of ``defences_hold`` and each corpus studied, the recipe's
     LR is at least ``lr_margin`` times below the first failing LR at every proxy width (a width
     where no LR of the grid fails passes) and below the extrapolated one at the config's width
@@ -140,8 +171,9 @@ def assert_preflight(result: PreflightResult, *, defences_hold: Sequence[str] = 
     studied = {s["defence"] for s in result.studies}
     missing = [d for d in defences_hold if d not in studied]
     if missing:
-        raise SpikeCheckError(f"assert_preflight: defence {missing[0]!r} was not studied; the result has "
-                              f"{', '.join(sorted(studied))}")
+        raise SpikeCheckError(
+            f"assert_preflight: defence {missing[0]!r} was not studied; the result has {', '.join(sorted(studied))}"
+        )
     bound = result.user_lr * lr_margin
     problems = []
     for s in result.studies:
@@ -149,11 +181,15 @@ def assert_preflight(result: PreflightResult, *, defences_hold: Sequence[str] = 
             continue
         for p in s["widths"]:
             if p["first_failing_lr"] is not None and p["first_failing_lr"] < bound:
-                problems.append(f"{s['corpus']}, {s['defence']}, width {p['width']}: first failing LR "
-                                f"{p['first_failing_lr']:.3g} < {lr_margin:g} x lr {result.user_lr:g}")
+                problems.append(
+                    f"{s['corpus']}, {s['defence']}, width {p['width']}: first failing LR "
+                    f"{p['first_failing_lr']:.3g} < {lr_margin:g} x lr {result.user_lr:g}"
+                )
         predicted = s.get("predicted_first_failing_lr")
         if predicted is not None and predicted < bound:
-            problems.append(f"{s['corpus']}, {s['defence']}, width {result.target_width} (extrapolated): first "
-                            f"failing LR {predicted:.3g} < {lr_margin:g} x lr {result.user_lr:g}")
+            problems.append(
+                f"{s['corpus']}, {s['defence']}, width {result.target_width} (extrapolated): first "
+                f"failing LR {predicted:.3g} < {lr_margin:g} x lr {result.user_lr:g}"
+            )
     if problems:
         raise SpikeCheckError(f"preflight of {result.config}: {len(problems)} check(s) failed\n  " + "\n  ".join(problems))

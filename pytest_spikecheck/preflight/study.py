@@ -36,7 +36,7 @@ from pytest_spikecheck.sweep.spec import Sweep
 #: The proxy widths unless given.
 DEFAULT_WIDTHS = (64, 128, 256, 512)
 #: The LR grid: the recipe's LR times these (log-spaced, x2 apart, 1/8 ... 8).
-DEFAULT_LR_FACTORS = tuple(2.0 ** k for k in range(-3, 4))
+DEFAULT_LR_FACTORS = tuple(2.0**k for k in range(-3, 4))
 DEFENCES = ("as-given", "qk-norm", "qk-clip", "z-loss", "clip-1")
 CORPORA = ("phase19", "induction")
 #: Training steps per point (the full study, and --quick).
@@ -77,26 +77,40 @@ class StudyPlan:
         return len(self.widths) * len(self.lrs) * len(self.defences) * len(self.seeds) * len(self.corpora)
 
 
-def plan_study(config: HFConfig, recipe: Recipe, *, widths: Sequence[int] | None = None,
-               lr_factors: Sequence[float] | None = None, defences: Sequence[str] | None = None,
-               seeds: Sequence[int] | None = None, corpora: Sequence[str] | None = None, steps: int | None = None,
-               layers: int = PROXY_LAYERS, heads: str = "scale", head_dim: int | None = None,
-               qk_clip_tau: float = 100.0, quick: bool = False) -> StudyPlan:
+def plan_study(
+    config: HFConfig,
+    recipe: Recipe,
+    *,
+    widths: Sequence[int] | None = None,
+    lr_factors: Sequence[float] | None = None,
+    defences: Sequence[str] | None = None,
+    seeds: Sequence[int] | None = None,
+    corpora: Sequence[str] | None = None,
+    steps: int | None = None,
+    layers: int = PROXY_LAYERS,
+    heads: str = "scale",
+    head_dim: int | None = None,
+    qk_clip_tau: float = 100.0,
+    quick: bool = False,
+) -> StudyPlan:
     """The study's plan; ``quick`` fills what is not given from :data:`QUICK`. One line for any
     bad value (widths, heads, defences, corpora, steps)."""
     if widths is None:
         widths = [w for w in DEFAULT_WIDTHS if w <= config.hidden_size]
-        widths = widths[:QUICK["widths"]] if quick else widths
+        widths = widths[: QUICK["widths"]] if quick else widths
     widths = tuple(widths)
     check_widths(config, widths, heads, head_dim)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
         raise ConfigError(f"the proxy depth (layers) must be a positive integer, was {layers!r}")
     if recipe.lr_transfer == "mup" and heads != "scale":
-        raise ConfigError("lr_transfer mup needs heads that scale with width (head_dim kept, heads: scale); with the "
-                          "head counts kept the head size grows and muP would need a 1/d attention scale these "
-                          "classes do not have")
-    lr_factors = tuple(float(f) for f in (lr_factors if lr_factors is not None else
-                                          (QUICK["lr_factors"] if quick else DEFAULT_LR_FACTORS)))
+        raise ConfigError(
+            "lr_transfer mup needs heads that scale with width (head_dim kept, heads: scale); with the "
+            "head counts kept the head size grows and muP would need a 1/d attention scale these "
+            "classes do not have"
+        )
+    lr_factors = tuple(
+        float(f) for f in (lr_factors if lr_factors is not None else (QUICK["lr_factors"] if quick else DEFAULT_LR_FACTORS))
+    )
     if not lr_factors or any(not (f > 0 and math.isfinite(f)) for f in lr_factors) or list(lr_factors) != sorted(set(lr_factors)):
         raise ConfigError(f"the LR grid's factors must be increasing numbers > 0, were {list(lr_factors)}")
     asked = tuple(defences if defences is not None else (QUICK["defences"] if quick else DEFENCES))
@@ -119,8 +133,22 @@ def plan_study(config: HFConfig, recipe: Recipe, *, widths: Sequence[int] | None
     steps = steps if steps is not None else (QUICK_STEPS if quick else STEPS)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 10:
         raise ConfigError(f"steps must be an integer >= 10, was {steps!r}")
-    return StudyPlan(config, recipe, widths, lr_factors, tuple(chosen), seeds, corpora, steps, layers, heads,
-                     head_dim, float(qk_clip_tau), quick, tuple(notes))
+    return StudyPlan(
+        config,
+        recipe,
+        widths,
+        lr_factors,
+        tuple(chosen),
+        seeds,
+        corpora,
+        steps,
+        layers,
+        heads,
+        head_dim,
+        float(qk_clip_tau),
+        quick,
+        tuple(notes),
+    )
 
 
 def _not_applicable(defence: str, config: HFConfig, recipe: Recipe, tau: float) -> str | None:
@@ -140,14 +168,21 @@ def _not_applicable(defence: str, config: HFConfig, recipe: Recipe, tau: float) 
 
 
 def defence_breaks(defence: str, tau: float) -> list[Any]:
-    return {"as-given": [], "qk-norm": [QKLayerNorm()], "qk-clip": [QKClip(tau=tau)], "z-loss": [ZLoss()],
-            "clip-1": [ClipAt(max_norm=1.0)]}[defence]
+    return {
+        "as-given": [],
+        "qk-norm": [QKLayerNorm()],
+        "qk-clip": [QKClip(tau=tau)],
+        "z-loss": [ZLoss()],
+        "clip-1": [ClipAt(max_norm=1.0)],
+    }[defence]
 
 
 def proxy_kwargs(plan: StudyPlan, width: int, transformers: str = TESTED_TRANSFORMERS) -> dict[str, Any]:
     """The model factory's keyword arguments at ``width`` (μP's factors when the recipe asks)."""
-    kwargs: dict[str, Any] = {"config": proxy_config(plan.config, width, layers=plan.layers, heads=plan.heads,
-                                                     head_dim=plan.head_dim), "transformers": transformers}
+    kwargs: dict[str, Any] = {
+        "config": proxy_config(plan.config, width, layers=plan.layers, heads=plan.heads, head_dim=plan.head_dim),
+        "transformers": transformers,
+    }
     if plan.recipe.lr_transfer == "mup":
         m = width / plan.widths[0]
         kwargs.update(output_multiplier=1.0 / m, hidden_lr_scale=1.0 / m, hidden_init_scale=1.0 / math.sqrt(m))
@@ -157,9 +192,12 @@ def proxy_kwargs(plan: StudyPlan, width: int, transformers: str = TESTED_TRANSFO
 def base_scenario(plan: StudyPlan) -> Scenario:
     """The recipe on the phase-19 preset (its clip as a break: no clip, or clip at its norm)."""
     r = plan.recipe
-    base = Scenario.preset("phase-19").replace(steps=plan.steps, model_factory=PROXY_FACTORY,
-                                               model_kwargs=proxy_kwargs(plan, plan.widths[0]),
-                                               **r.scenario_changes(plan.steps))
+    base = Scenario.preset("phase-19").replace(
+        steps=plan.steps,
+        model_factory=PROXY_FACTORY,
+        model_kwargs=proxy_kwargs(plan, plan.widths[0]),
+        **r.scenario_changes(plan.steps),
+    )
     breaks: list[Any] = [NoClip()] if r.grad_clip is None else [ClipAt(max_norm=float(r.grad_clip))]
     if r.z_loss:
         breaks.append(ZLoss(coefficient=r.z_loss))
@@ -177,16 +215,30 @@ def corpus_values(corpus: str, steps: int) -> dict[str, Any]:
 
 def study_sweep(plan: StudyPlan, transformers: str = TESTED_TRANSFORMERS) -> Sweep:
     """The plan as one sweep: explicit points (corpus x width x lr x seed), the defences as recipes."""
-    points = [{**corpus_values(c, plan.steps), "model.kwargs": proxy_kwargs(plan, w, transformers),
-               "optimizer.lr": lr, "seed": s}
-              for c in plan.corpora for w in plan.widths for lr in plan.lrs for s in plan.seeds]
+    points = [
+        {**corpus_values(c, plan.steps), "model.kwargs": proxy_kwargs(plan, w, transformers), "optimizer.lr": lr, "seed": s}
+        for c in plan.corpora
+        for w in plan.widths
+        for lr in plan.lrs
+        for s in plan.seeds
+    ]
     recipes = {d: defence_breaks(d, plan.qk_clip_tau) for d in plan.defences}
-    return Sweep(base_scenario(plan), points=points, recipes=recipes, name=f"preflight-{plan.config.model_type}",
-                 where=f"preflight of {plan.config.source}")
+    return Sweep(
+        base_scenario(plan),
+        points=points,
+        recipes=recipes,
+        name=f"preflight-{plan.config.model_type}",
+        where=f"preflight of {plan.config.source}",
+    )
 
 
 def point_coordinates(point: Any) -> dict[str, Any]:
     """(corpus, width, lr, seed, defence) of a study point, read from its scenario."""
     s = point.scenario
-    return {"corpus": s.data.corpus, "width": int(s.model_kwargs["config"]["hidden_size"]),
-            "lr": float(s.optimizer.lr), "seed": int(s.seed), "defence": point.recipe}
+    return {
+        "corpus": s.data.corpus,
+        "width": int(s.model_kwargs["config"]["hidden_size"]),
+        "lr": float(s.optimizer.lr),
+        "seed": int(s.seed),
+        "defence": point.recipe,
+    }

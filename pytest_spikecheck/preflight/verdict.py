@@ -85,9 +85,19 @@ def curves(rows: Sequence[Mapping[str, Any]], limit: float = LOGIT_LIMIT) -> lis
         rs = sorted(rs, key=lambda r: r["lr"])
         initials = [r["initial_loss"] for r in rs if r.get("initial_loss") is not None]
         logits = [r["max_attn_logit"] for r in rs if r.get("max_attn_logit") is not None]
-        out.append(Curve(corpus, defence, width, seed, tuple(r["lr"] for r in rs),
-                         tuple(r.get("final_eval_loss") for r in rs), tuple(fails(r, limit) for r in rs),
-                         float(np.median(initials)) if initials else math.nan, max(logits) if logits else None))
+        out.append(
+            Curve(
+                corpus,
+                defence,
+                width,
+                seed,
+                tuple(r["lr"] for r in rs),
+                tuple(r.get("final_eval_loss") for r in rs),
+                tuple(fails(r, limit) for r in rs),
+                float(np.median(initials)) if initials else math.nan,
+                max(logits) if logits else None,
+            )
+        )
     return sorted(out, key=lambda c: (c.corpus, c.defence, c.width, c.seed))
 
 
@@ -97,8 +107,9 @@ def _median_lr(values: Sequence[float | None]) -> float | None:
     return None if math.isinf(m) else m
 
 
-def verdict(rows: Sequence[Mapping[str, Any]], *, user_lr: float, target_width: int, limit: float = LOGIT_LIMIT
-            ) -> dict[str, Any]:
+def verdict(
+    rows: Sequence[Mapping[str, Any]], *, user_lr: float, target_width: int, limit: float = LOGIT_LIMIT
+) -> dict[str, Any]:
     """The verdict per corpus and defence (the module docstring), as plain data (preflight.json)."""
     found = curves(rows, limit)
     out: dict[str, Any] = {"user_lr": user_lr, "target_width": target_width, "logit_limit": limit, "studies": []}
@@ -110,20 +121,36 @@ def verdict(rows: Sequence[Mapping[str, Any]], *, user_lr: float, target_width: 
         per_width = []
         for w in widths:
             at = [c for c in mine if c.width == w]
-            per_width.append({
-                "width": w, "first_failing_lr": _median_lr([c.first_failing_lr for c in at]),
-                "first_failing_lr_seeds": [c.first_failing_lr for c in at],
-                "lr_sensitivity": float(np.median([c.lr_sensitivity for c in at])),
-                "max_attn_logit": max((c.max_logit for c in at if c.max_logit is not None), default=None),
-                "lrs": list(at[0].lrs),
-                "final_losses": [float(np.median([(math.inf if c.final_losses[i] is None else c.final_losses[i])
-                                                  for c in at])) for i in range(len(at[0].lrs))],
-            })
-        study: dict[str, Any] = {"corpus": corpus, "defence": defence, "widths": per_width, "seeds": seeds,
-                                 "max_lr": max(mine[0].lrs)}
+            per_width.append(
+                {
+                    "width": w,
+                    "first_failing_lr": _median_lr([c.first_failing_lr for c in at]),
+                    "first_failing_lr_seeds": [c.first_failing_lr for c in at],
+                    "lr_sensitivity": float(np.median([c.lr_sensitivity for c in at])),
+                    "max_attn_logit": max((c.max_logit for c in at if c.max_logit is not None), default=None),
+                    "lrs": list(at[0].lrs),
+                    "final_losses": [
+                        float(np.median([(math.inf if c.final_losses[i] is None else c.final_losses[i]) for c in at]))
+                        for i in range(len(at[0].lrs))
+                    ],
+                }
+            )
+        study: dict[str, Any] = {
+            "corpus": corpus,
+            "defence": defence,
+            "widths": per_width,
+            "seeds": seeds,
+            "max_lr": max(mine[0].lrs),
+        }
         fit = _fit(widths, [p["first_failing_lr"] for p in per_width])
-        seed_slopes = [f[0] for f in (_fit(widths, [next((c.first_failing_lr for c in mine if c.width == w and c.seed == s),
-                                                         None) for w in widths]) for s in seeds) if f is not None]
+        seed_slopes = [
+            f[0]
+            for f in (
+                _fit(widths, [next((c.first_failing_lr for c in mine if c.width == w and c.seed == s), None) for w in widths])
+                for s in seeds
+            )
+            if f is not None
+        ]
         sens_fit = np.polyfit(np.log2(widths), [p["lr_sensitivity"] for p in per_width], 1) if len(widths) >= 2 else None
         study["lr_sensitivity_per_doubling"] = None if sens_fit is None else float(sens_fit[0])
         study["slope"] = None if fit is None else fit[0]
@@ -147,8 +174,10 @@ def _sentence(study: Mapping[str, Any], user_lr: float, target_width: int) -> st
     fails_at = [p for p in study["widths"] if p["first_failing_lr"] is not None]
     if not fails_at:
         return f"{head}: holds at every proxy width (no LR up to {study['max_lr']:.3g} fails)"
-    ladder = ", ".join(f"w{p['width']} {p['first_failing_lr']:.3g}" if p["first_failing_lr"] is not None
-                       else f"w{p['width']} none" for p in study["widths"])
+    ladder = ", ".join(
+        f"w{p['width']} {p['first_failing_lr']:.3g}" if p["first_failing_lr"] is not None else f"w{p['width']} none"
+        for p in study["widths"]
+    )
     below = [p["width"] for p in fails_at if p["first_failing_lr"] <= user_lr]
     now = f"; already fails at lr {user_lr:g} at width {', '.join(map(str, below))}" if below else ""
     slope, interval = study["slope"], study["slope_interval"]
@@ -158,7 +187,9 @@ def _sentence(study: Mapping[str, Any], user_lr: float, target_width: int) -> st
     predicted = study["predicted_first_failing_lr"]
     if interval is None or interval[0] < 0 < interval[1]:
         why = "one seed, no interval" if interval is None else "the interval holds both signs"
-        return (f"{head}: {ladder}; {trend}: the proxies cannot tell ({why}); the fit alone predicts "
-                f"{predicted:.3g} at width {target_width}{now}")
+        return (
+            f"{head}: {ladder}; {trend}: the proxies cannot tell ({why}); the fit alone predicts "
+            f"{predicted:.3g} at width {target_width}{now}"
+        )
     state = "predicted unstable" if user_lr >= predicted else f"predicted stable, margin x{predicted / user_lr:.1f}"
     return f"{head}: {ladder}; {trend}; at lr {user_lr:g} and width {target_width}: {state} (first failing {predicted:.3g}){now}"

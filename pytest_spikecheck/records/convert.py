@@ -21,8 +21,7 @@ from pytest_spikecheck.records.series import Record, columns_from_mapping
 def _from_run(run: Any, source: str) -> Record:
     # A Run's metrics carry their own missing masks (the eval loss where not evaluated), and the
     # steps whose update was skipped (a loss scaler's overflow, SkipSpikes).
-    return Record(dict(run.metrics), run, source, missing=dict(run.metrics.missing), skipped=dict(run.skipped),
-                  facts=run.facts)
+    return Record(dict(run.metrics), run, source, missing=dict(run.metrics.missing), skipped=dict(run.skipped), facts=run.facts)
 
 
 def as_record(obj: Any, steps: Any = None) -> Record:
@@ -49,6 +48,5 @@ def as_record(obj: Any, steps: Any = None) -> Record:
         return read_log(path)
     if isinstance(obj, Mapping):
         columns, missing = columns_from_mapping(obj, steps)
-        return Record(columns, None, "arrays", missing=missing,
-                      numbered_from_one="step" not in obj and steps is None)
+        return Record(columns, None, "arrays", missing=missing, numbered_from_one="step" not in obj and steps is None)
     raise TypeError(f"expected a Run, a mapping of arrays or a path to a metrics log, was {type(obj).__name__}")

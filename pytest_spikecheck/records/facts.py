@@ -135,8 +135,11 @@ def check_fields(cls: type, raw: Any, where: str, what: str = "") -> None:
     naming the first unknown field and the known ones (``what``: "event " in "unknown event field")."""
     if not isinstance(raw, Mapping):
         article = "an" if what[:1] in tuple("aeiou") else "a"
-        raise ConfigError(f"{where}: {article} {what} must be a JSON object, was {type(raw).__name__}"
-                          if what else f"{where} must be a JSON object, was {type(raw).__name__}")
+        raise ConfigError(
+            f"{where}: {article} {what} must be a JSON object, was {type(raw).__name__}"
+            if what
+            else f"{where} must be a JSON object, was {type(raw).__name__}"
+        )
     known = [f.name for f in fields(cls)]
     unknown = sorted(set(raw) - set(known))
     if unknown:
@@ -167,23 +170,54 @@ def _build(cls: type, raw: Any, where: str) -> Any:
 
 # -- writers ------------------------------------------------------------------------------------
 
-def facts_from_scenario(resolved: Scenario, *, parameters: int | None, vocab_size: int | None, world_size: int,
-                        groups: tuple[OptimizerGroup, ...] | None, versions: Mapping[str, str]) -> RunFacts:
+
+def facts_from_scenario(
+    resolved: Scenario,
+    *,
+    parameters: int | None,
+    vocab_size: int | None,
+    world_size: int,
+    groups: tuple[OptimizerGroup, ...] | None,
+    versions: Mapping[str, str],
+) -> RunFacts:
     """The facts of an engine run: everything from its resolved Scenario, the parameter groups
     the engine built (``groups``), and what only the built model knows (its size, vocabulary)."""
     m, o = resolved.model, resolved.optimizer
     custom = resolved.model_factory is not None
-    model = ModelFacts(arch=resolved.model_factory_path, parameters=parameters, vocab_size=vocab_size) if custom else ModelFacts(
-        arch=m.arch, n_layer=m.n_layer, n_head=m.n_head, n_kv_head=m.n_kv_head or m.n_head, n_embd=m.n_embd,
-        vocab_size=vocab_size, norm="rmsnorm" if m.arch == "llama" else "layernorm", qk_layernorm=m.qk_layernorm,
-        attn_gate=m.attn_gate, tied_head=False, parameters=parameters)
+    model = (
+        ModelFacts(arch=resolved.model_factory_path, parameters=parameters, vocab_size=vocab_size)
+        if custom
+        else ModelFacts(
+            arch=m.arch,
+            n_layer=m.n_layer,
+            n_head=m.n_head,
+            n_kv_head=m.n_kv_head or m.n_head,
+            n_embd=m.n_embd,
+            vocab_size=vocab_size,
+            norm="rmsnorm" if m.arch == "llama" else "layernorm",
+            qk_layernorm=m.qk_layernorm,
+            attn_gate=m.attn_gate,
+            tied_head=False,
+            parameters=parameters,
+        )
+    )
     scale = resolved.amp.loss_scale
     return RunFacts(
-        source="engine", model=model, optimizers=groups, clip=o.clip,
+        source="engine",
+        model=model,
+        optimizers=groups,
+        clip=o.clip,
         qk_clip=QKClipFacts(o.qk_clip, o.qk_clip_alpha, o.qk_clip_per_head) if o.qk_clip is not None else QKClipFacts(),
-        amp_dtype=resolved.amp.dtype, loss_scale="none" if scale is None else scale,
-        accumulation=resolved.sampler.accumulation, accumulate=resolved.sampler.accumulate, batch_size=resolved.sampler.batch_size, world_size=world_size,
-        seed=resolved.seed, spike_ratio=resolved.record.spike_ratio, **{k: versions.get(k) for k in ("package_version", "torch_version", "python")})
+        amp_dtype=resolved.amp.dtype,
+        loss_scale="none" if scale is None else scale,
+        accumulation=resolved.sampler.accumulation,
+        accumulate=resolved.sampler.accumulate,
+        batch_size=resolved.sampler.batch_size,
+        world_size=world_size,
+        seed=resolved.seed,
+        spike_ratio=resolved.record.spike_ratio,
+        **{k: versions.get(k) for k in ("package_version", "torch_version", "python")},
+    )
 
 
 def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> RunFacts:
@@ -194,8 +228,14 @@ def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> R
     if not recorded:
         if scenario is None:
             return RunFacts(source="engine", **versions)
-        return facts_from_scenario(scenario, parameters=meta.get("parameters"), vocab_size=meta.get("vocab_size"),
-                                   world_size=_world_size(meta), groups=None, versions=versions)
+        return facts_from_scenario(
+            scenario,
+            parameters=meta.get("parameters"),
+            vocab_size=meta.get("vocab_size"),
+            world_size=_world_size(meta),
+            groups=None,
+            versions=versions,
+        )
     trainer = str(recorded.get("trainer") or meta.get("trainer") or "loop")
     if trainer not in FORMAT_1_TRAINERS:  # never "recorder" by default
         raise ConfigError(f"run.json recorded.trainer must be one of {', '.join(FORMAT_1_TRAINERS)}, was {trainer!r}")
@@ -207,8 +247,12 @@ def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> R
         model=ModelFacts(parameters=meta.get("parameters")),
         optimizers=(OptimizerGroup(lr=float(lr)),) if isinstance(lr, (int, float)) and math.isfinite(lr) else None,
         clip=ClipSpec(kind="global", max_norm=float(clip)) if clip else ClipSpec(kind="none", max_norm=None),
-        accumulation=recorded.get("accumulation"), batch_size=recorded.get("batch_size"), seed=recorded.get("seed"),
-        spike_ratio=float(ratio) if isinstance(ratio, (int, float)) else None, **versions)
+        accumulation=recorded.get("accumulation"),
+        batch_size=recorded.get("batch_size"),
+        seed=recorded.get("seed"),
+        spike_ratio=float(ratio) if isinstance(ratio, (int, float)) else None,
+        **versions,
+    )
 
 
 def meta_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> dict[str, Any]:
@@ -219,8 +263,7 @@ def meta_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> di
     a scenario nothing is filled: a recorded or hand-written run states its own or has none."""
     if scenario is None:
         return dict(meta)
-    stated = {"name": scenario.name, "description": scenario.describe_setup(),
-              "declared_events": list(scenario.burst_steps)}
+    stated = {"name": scenario.name, "description": scenario.describe_setup(), "declared_events": list(scenario.burst_steps)}
     return {**{k: v for k, v in stated.items() if k not in meta}, **meta}
 
 

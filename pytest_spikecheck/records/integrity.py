@@ -88,8 +88,10 @@ def problem(folder: Path, meta: Mapping[str, Any], *, required: bool) -> str | N
             return f"{name} is missing"
         size, digest = _digest(path)
         if not isinstance(want, Mapping) or size != want.get("bytes"):
-            return (f"{name} holds {size} bytes, its manifest says {want.get('bytes') if isinstance(want, Mapping) else '?'} "
-                    f"(cut or changed after it was saved)")
+            return (
+                f"{name} holds {size} bytes, its manifest says {want.get('bytes') if isinstance(want, Mapping) else '?'} "
+                f"(cut or changed after it was saved)"
+            )
         if digest != want.get("sha256"):
             return f"{name} is not the file that was saved (its content digest differs)"
     for name in MANIFEST_FILES:
@@ -135,8 +137,10 @@ def check_target(target: Path) -> None:
         foreign = sorted(p.name for p in target.iterdir() if p.name not in RUN_FILES)
         if foreign:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
-            raise ConfigError(f"{target} holds files that are not a run's ({shown}); a run replaces its folder "
-                              f"whole, so save it to a new or empty folder")
+            raise ConfigError(
+                f"{target} holds files that are not a run's ({shown}); a run replaces its folder "
+                f"whole, so save it to a new or empty folder"
+            )
 
 
 def save_folder(target: Path, write: Callable[[Path], Any]) -> Path:
@@ -169,6 +173,7 @@ def link_run(source: Path, target: Path) -> Path:
     """``target`` as a second name of the whole run folder ``source`` (a store entry): each file
     hard-linked (copied where the file system cannot link), written aside and moved into place, so
     the run's bytes are on disk once."""
+
     def write(folder: Path) -> None:
         for path in Path(source).iterdir():
             if path.is_file() and path.name in RUN_FILES:

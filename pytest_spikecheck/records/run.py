@@ -51,8 +51,16 @@ MODEL_STAT_KEYS = ("attn_logit_max", "logz_mean", "logz_absmax", "z_loss")
 #: how many attention heads QK-Clip scaled back after the step's update (``qk_clipped_heads``),
 #: and on the induction corpus the eval loss on the repeated half of each sequence
 #: (``eval_loss_repeat``, NaN where not evaluated).
-SETUP_KEYS = ("loss_scale", "clip_limit", "qk_clipped_heads", "eval_loss_repeat",
-              "muon_update_ratio", "update_rms", "optimizer_steps", "update_clip_norm")
+SETUP_KEYS = (
+    "loss_scale",
+    "clip_limit",
+    "qk_clipped_heads",
+    "eval_loss_repeat",
+    "muon_update_ratio",
+    "update_rms",
+    "optimizer_steps",
+    "update_clip_norm",
+)
 #: Columns logged only at some steps (NaN elsewhere, marked missing, written as null).
 SPARSE_KEYS = ("eval_loss", "eval_loss_repeat")
 #: The per-step column that says why a step's update was not applied (null where it was).
@@ -114,8 +122,11 @@ class Run:
     def __repr__(self) -> str:  # the dataclass repr would print every batch and event
         stopped = f", stopped at step {self.meta['stopped_at']} ({self.meta.get('stop_reason')})" if self.stopped_early else ""
         digest = self.meta.get("content_hash")
-        return (f"Run({self.name!r}, {len(self)} steps{stopped}, {len(self.events)} event records"
-                + (f", content hash {digest}" if digest else "") + ")")
+        return (
+            f"Run({self.name!r}, {len(self)} steps{stopped}, {len(self.events)} event records"
+            + (f", content hash {digest}" if digest else "")
+            + ")"
+        )
 
     def __post_init__(self) -> None:
         # what the run is (name, description, declared events) is run.json's to state; a format-1
@@ -126,8 +137,10 @@ class Run:
         if not isinstance(self.metrics, MetricColumns):
             # The engine logs every metric at every step except the eval losses, which are NaN
             # where not evaluated (a run stops before evaluating a non-finite model).
-            self.metrics = MetricColumns(self.metrics, {k: np.isnan(np.asarray(self.metrics[k], dtype=np.float64))
-                                                        for k in SPARSE_KEYS if k in self.metrics})
+            self.metrics = MetricColumns(
+                self.metrics,
+                {k: np.isnan(np.asarray(self.metrics[k], dtype=np.float64)) for k in SPARSE_KEYS if k in self.metrics},
+            )
 
     # -- convenience ------------------------------------------------------------------------
     @property
@@ -139,8 +152,11 @@ class Run:
     def renamed(self, name: str) -> Run:
         """This run under another name (a cache's copy of the same content, a sweep's point): run.json's
         ``name`` and, for an engine run, its scenario's, so the two never disagree."""
-        return dataclasses.replace(self, scenario=self.scenario.replace(name=name) if self.scenario is not None else None,
-                                   meta={**self.meta, "name": name})
+        return dataclasses.replace(
+            self,
+            scenario=self.scenario.replace(name=name) if self.scenario is not None else None,
+            meta={**self.meta, "name": name},
+        )
 
     @property
     def steps(self) -> np.ndarray:
@@ -196,14 +212,30 @@ class Run:
         version = f" ({facts['trainer_version']})" if facts.get("trainer_version") else ""
         clip = facts.get("max_grad_norm")
         k, micro = facts.get("accumulation") or 1, facts.get("micro_batch_size")
-        batch = (f"batch {micro * k} = {k} micro-batches of {micro}" if micro and k > 1
-                 else f"batch {micro}" if micro else f"accumulation {k}")
-        parts = [f"{len(self)} steps", f"seed {facts.get('seed') if facts.get('seed') is not None else 'not given'}",
-                 f"lr {facts['lr']:g}" if isinstance(facts.get("lr"), (int, float)) else "lr not reported",
-                 f"max_grad_norm {clip:g}" if clip else "no clip", batch, f"precision {facts.get('precision')}"]
+        batch = (
+            f"batch {micro * k} = {k} micro-batches of {micro}"
+            if micro and k > 1
+            else f"batch {micro}"
+            if micro
+            else f"accumulation {k}"
+        )
+        parts = [
+            f"{len(self)} steps",
+            f"seed {facts.get('seed') if facts.get('seed') is not None else 'not given'}",
+            f"lr {facts['lr']:g}" if isinstance(facts.get("lr"), (int, float)) else "lr not reported",
+            f"max_grad_norm {clip:g}" if clip else "no clip",
+            batch,
+            f"precision {facts.get('precision')}",
+        ]
         bursts = ", ".join(str(s) for s in self.declared_events)
-        burst = (f"burst at step {bursts}" + (f" ({len(self.meta['burst_samples'])} samples)"
-                                               if self.meta.get("burst_samples") else "")) if bursts else "no bursts"
+        burst = (
+            (
+                f"burst at step {bursts}"
+                + (f" ({len(self.meta['burst_samples'])} samples)" if self.meta.get("burst_samples") else "")
+            )
+            if bursts
+            else "no bursts"
+        )
         return f"{self.name}: recorded from {who}{version}: {', '.join(parts)}; {burst}"
 
     # -- files ------------------------------------------------------------------------------
@@ -211,6 +243,7 @@ class Run:
         """Write the run as a folder, aside and then moved into place whole, its run.json carrying
         the format version, the facts and the manifest of the other files
         (:mod:`pytest_spikecheck.records.integrity`)."""
+
         def write(out: Path) -> None:
             if self.scenario is not None and self.recorded is None:
                 # a recorded or hand-written run has no config: ours would say we can retrain it
@@ -262,8 +295,10 @@ class Run:
         # the version first: a future format's manifest may not be one this code can check
         version = meta.get("format_version", 1)
         if version not in (1, FORMAT_VERSION):
-            raise ConfigError(f"{src / 'run.json'}: format_version {version!r} is not one this pytest-spikecheck reads "
-                              f"(1 or {FORMAT_VERSION}); upgrade pytest-spikecheck to read it")
+            raise ConfigError(
+                f"{src / 'run.json'}: format_version {version!r} is not one this pytest-spikecheck reads "
+                f"(1 or {FORMAT_VERSION}); upgrade pytest-spikecheck to read it"
+            )
         why = integrity.problem(src, meta, required=require_manifest)
         if why is not None:
             raise integrity.refuse(src, why)
@@ -273,21 +308,33 @@ class Run:
         if why is not None:
             raise integrity.refuse(src, why)
         batches = _read_jsonl(src / "batches.jsonl") if (src / "batches.jsonl").is_file() else []
-        events = (events_from_json(json.loads((src / "events.json").read_text()), where=str(src / "events.json"))
-                  if (src / "events.json").is_file() else [])
+        events = (
+            events_from_json(json.loads((src / "events.json").read_text()), where=str(src / "events.json"))
+            if (src / "events.json").is_file()
+            else []
+        )
         meta.pop("format_version", None)
         raw_facts = meta.pop("facts", None)
         # an engine run's config.yaml retrains it; a recorded or hand-written run has none
-        scenario = (Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() and not meta.get("recorded")
-                    else None)
+        scenario = (
+            Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() and not meta.get("recorded") else None
+        )
         if scenario is None and "name" not in meta:
             meta["name"] = src.name
         if version == 1:  # upgraded in memory, judged the same
             facts = facts_from_format_1(meta, scenario)
         else:
             facts = RunFacts.from_json(raw_facts, where=f"{src / 'run.json'} facts")
-        return cls(scenario=scenario, metrics=MetricColumns(metrics, missing), batches=batches, events=events, meta=meta,
-                   skipped=_read_skipped(src / "metrics.jsonl"), folder=src, facts=facts)
+        return cls(
+            scenario=scenario,
+            metrics=MetricColumns(metrics, missing),
+            batches=batches,
+            events=events,
+            meta=meta,
+            skipped=_read_skipped(src / "metrics.jsonl"),
+            folder=src,
+            facts=facts,
+        )
 
 
 def _read_meta(path: Path) -> dict[str, Any]:

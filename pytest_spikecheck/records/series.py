@@ -87,8 +87,9 @@ def columns_from_mapping(data: Mapping[str, Any], steps: Any = None) -> tuple[di
     column, or ``steps``, or else 1, 2, 3, ... (the first value is step 1, as in a training
     log, not index 0). Steps must be distinct integers; 2-D arrays are refused."""
     cols: dict[str, np.ndarray] = {}
-    missing: dict[str, np.ndarray] = {name: np.asarray(mask, dtype=bool).reshape(-1)
-                                      for name, mask in getattr(data, "missing", {}).items() if name in data}
+    missing: dict[str, np.ndarray] = {
+        name: np.asarray(mask, dtype=bool).reshape(-1) for name, mask in getattr(data, "missing", {}).items() if name in data
+    }
     length = None
     if steps is not None:
         if "step" in data:
@@ -97,8 +98,10 @@ def columns_from_mapping(data: Mapping[str, Any], steps: Any = None) -> tuple[di
     for key, value in data.items():
         raw = np.asarray(value) if key == "step" or not isinstance(value, (list, tuple)) else np.asarray(value, dtype=object)
         if raw.ndim > 1:
-            raise ValueError(f"metric {key!r} is a {raw.ndim}-D array of shape {raw.shape}; give one value per step "
-                             f"(a 1-D array), e.g. one column of it")
+            raise ValueError(
+                f"metric {key!r} is a {raw.ndim}-D array of shape {raw.shape}; give one value per step "
+                f"(a 1-D array), e.g. one column of it"
+            )
         if key == "step":
             arr = raw.reshape(-1)
         else:

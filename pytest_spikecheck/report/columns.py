@@ -72,30 +72,66 @@ def _skipped(row: Row) -> str:
 
 
 #: Every column a summary table can have, by key.
-COLUMNS: dict[str, Column] = {c.key: c for c in (
-    Column("scenario", "scenario", lambda r: r["scenario"]),
-    Column("steps", "steps", _steps, lambda r: r["steps"]),
-    Column("spike_step", "spike step", lambda r: fmt(r.get("spike_step")), lambda r: _number(r.get("spike_step"))),
-    Column("spike_ratio", "spike ratio", lambda r: ratio_text(r.get("spike_ratio")), lambda r: _number(r.get("spike_ratio"))),
-    Column("containment", "clip containment", lambda r: r.get("containment", MISSING)),
-    Column("max_attn_logit", "max attention logit", lambda r: logit(r.get("max_attn_logit")),
-           lambda r: _number(r.get("max_attn_logit")), _has("max_attn_logit")),
-    Column("skipped_steps", "skipped steps", _skipped, lambda r: len(r.get("skipped_steps") or ()),
-           lambda rows: any(r.get("skipped_steps") or r.get("loss_scale_min") is not None for r in rows)),
-    Column("loss_scale_min", "min loss scale", lambda r: fmt_scale(r.get("loss_scale_min")),
-           lambda r: _number(r.get("loss_scale_min")), _has("loss_scale_min")),
-    Column("recovery", "recovery", lambda r: r.get("recovery", MISSING), _recovery_sort),
-    Column("verdict", "verdict", lambda r: r.get("verdict", "not run")),
-    # the sweep's point table
-    Column("final_eval_loss", "final eval loss", lambda r: fmt(r.get("final_eval_loss"), ".3f"),
-           lambda r: _number(r.get("final_eval_loss"))),
-    Column("largest_spike_ratio", "largest spike ratio", lambda r: fmt(r.get("largest_spike_ratio"), ".1f"),
-           lambda r: _number(r.get("largest_spike_ratio"))),
-)}
+COLUMNS: dict[str, Column] = {
+    c.key: c
+    for c in (
+        Column("scenario", "scenario", lambda r: r["scenario"]),
+        Column("steps", "steps", _steps, lambda r: r["steps"]),
+        Column("spike_step", "spike step", lambda r: fmt(r.get("spike_step")), lambda r: _number(r.get("spike_step"))),
+        Column("spike_ratio", "spike ratio", lambda r: ratio_text(r.get("spike_ratio")), lambda r: _number(r.get("spike_ratio"))),
+        Column("containment", "clip containment", lambda r: r.get("containment", MISSING)),
+        Column(
+            "max_attn_logit",
+            "max attention logit",
+            lambda r: logit(r.get("max_attn_logit")),
+            lambda r: _number(r.get("max_attn_logit")),
+            _has("max_attn_logit"),
+        ),
+        Column(
+            "skipped_steps",
+            "skipped steps",
+            _skipped,
+            lambda r: len(r.get("skipped_steps") or ()),
+            lambda rows: any(r.get("skipped_steps") or r.get("loss_scale_min") is not None for r in rows),
+        ),
+        Column(
+            "loss_scale_min",
+            "min loss scale",
+            lambda r: fmt_scale(r.get("loss_scale_min")),
+            lambda r: _number(r.get("loss_scale_min")),
+            _has("loss_scale_min"),
+        ),
+        Column("recovery", "recovery", lambda r: r.get("recovery", MISSING), _recovery_sort),
+        Column("verdict", "verdict", lambda r: r.get("verdict", "not run")),
+        # the sweep's point table
+        Column(
+            "final_eval_loss",
+            "final eval loss",
+            lambda r: fmt(r.get("final_eval_loss"), ".3f"),
+            lambda r: _number(r.get("final_eval_loss")),
+        ),
+        Column(
+            "largest_spike_ratio",
+            "largest spike ratio",
+            lambda r: fmt(r.get("largest_spike_ratio"), ".1f"),
+            lambda r: _number(r.get("largest_spike_ratio")),
+        ),
+    )
+}
 
 #: The plugin's scenario table, in order (each shown where :meth:`Column.applies`).
-SCENARIO_TABLE = ("scenario", "steps", "spike_step", "spike_ratio", "containment", "max_attn_logit", "skipped_steps",
-                  "loss_scale_min", "recovery", "verdict")
+SCENARIO_TABLE = (
+    "scenario",
+    "steps",
+    "spike_step",
+    "spike_ratio",
+    "containment",
+    "max_attn_logit",
+    "skipped_steps",
+    "loss_scale_min",
+    "recovery",
+    "verdict",
+)
 
 
 def table_columns(rows: Sequence[Row], keys: Sequence[str] = SCENARIO_TABLE) -> list[Column]:

@@ -24,9 +24,17 @@ class Comparison:
     def rows(self) -> list[list[str]]:
         out = []
         for name, s in zip(self.names, self.summaries):
-            out.append([name, fmt(s.step), f"{fmt_measure(s.ratio, '.1f')}×", fmt(s.post_clip_at_step, '.3g'),
-                        fmt_measure(s.loss_jump, '+.3f'), fmt(s.recovery) + (" steps" if s.recovery is not None else " (not back)"),
-                        fmt_measure(s.final_eval, '.3f') if s.evaluated else "not evaluated"])
+            out.append(
+                [
+                    name,
+                    fmt(s.step),
+                    f"{fmt_measure(s.ratio, '.1f')}×",
+                    fmt(s.post_clip_at_step, ".3g"),
+                    fmt_measure(s.loss_jump, "+.3f"),
+                    fmt(s.recovery) + (" steps" if s.recovery is not None else " (not back)"),
+                    fmt_measure(s.final_eval, ".3f") if s.evaluated else "not evaluated",
+                ]
+            )
         return out
 
     HEADERS = ("run", "spike step", "ratio", "post-clip norm", "loss jump", "recovery", "final eval loss")
@@ -40,8 +48,7 @@ class Comparison:
         """The final-gap sentence; a run that was never evaluated has no eval loss to compare."""
         if not all(s.evaluated for s in self.summaries):
             unevaluated = " and ".join(n for n, s in zip(self.names, self.summaries) if not s.evaluated)
-            return (f"final gap: not measured ({unevaluated} not evaluated; the loss jump and recovery "
-                    f"are the train loss's)")
+            return f"final gap: not measured ({unevaluated} not evaluated; the loss jump and recovery are the train loss's)"
         return f"final gap ({self.names[1]} − {self.names[0]}): {fmt_measure(self.final_gap, '+.3f')} nats"
 
 
@@ -92,8 +99,10 @@ def write_comparison(run_a: Run, run_b: Run, out: str | Path, step: int | None =
         files.append(plot_logits([run_a, run_b], out / "logits.png"))
         logits = "\n![logits](logits.png)\n"
     md = out / "comparison.md"
-    md.write_text(f"# {markdown_text(result.names[0])} vs {markdown_text(result.names[1])}\n\n{result.text(markdown=True)}\n\n"
-                  f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n{logits}")
+    md.write_text(
+        f"# {markdown_text(result.names[0])} vs {markdown_text(result.names[1])}\n\n{result.text(markdown=True)}\n\n"
+        f"![loss](loss.png)\n\n![grad norm](grad_norm.png)\n{logits}"
+    )
     files.append(md)
     page = out / "index.html"
     page.write_text(comparison_page(result, (run_a, run_b), out), encoding="utf-8")
@@ -110,19 +119,28 @@ def comparison_page(result: Comparison, runs: tuple[Run, Run], out: Path) -> str
     rows = []
     for texts, s in zip(result.rows(), result.summaries):
         keys = [None, s.step, s.ratio, s.post_clip_at_step, s.loss_jump, s.recovery, s.final_eval]
-        rows.append([Cell(texts[0], link=f"#run-{len(rows)}")]
-                    + [Cell(t, "" if k is None else k) for t, k in zip(texts[1:], keys[1:])])
+        rows.append(
+            [Cell(texts[0], link=f"#run-{len(rows)}")] + [Cell(t, "" if k is None else k) for t, k in zip(texts[1:], keys[1:])]
+        )
     title = f"{result.names[0]} vs {result.names[1]}"
-    panels = [panel(out / f"{stem}.png", label) for stem, label in
-              (("loss", "loss"), ("grad_norm", "gradient norm"), ("logits", "logits")) if (out / f"{stem}.png").is_file()]
-    parts = [f"<h1>{esc(title)}</h1>", '<p class="muted">Click a column header to sort.</p>',
-             sortable_table(Comparison.HEADERS, rows, table_id="comparison"),
-             f"<p>{esc(result.gap_text())}</p>",
-             f'<div class="panels">{"".join(panels)}</div>']
+    panels = [
+        panel(out / f"{stem}.png", label)
+        for stem, label in (("loss", "loss"), ("grad_norm", "gradient norm"), ("logits", "logits"))
+        if (out / f"{stem}.png").is_file()
+    ]
+    parts = [
+        f"<h1>{esc(title)}</h1>",
+        '<p class="muted">Click a column header to sort.</p>',
+        sortable_table(Comparison.HEADERS, rows, table_id="comparison"),
+        f"<p>{esc(result.gap_text())}</p>",
+        f'<div class="panels">{"".join(panels)}</div>',
+    ]
     for i, (label, run) in enumerate(zip(result.names, runs)):
         d = diagnose(run, result.step) if result.step is not None else diagnose(run)
-        parts.append(f'<section class="scenario" id="run-{i}">\n<h2><span class="name">{esc(label)}</span></h2>\n'
-                     f"<p>{esc(run.describe())}</p>\n<h3>Diagnosis</h3>\n"
-                     f"{diagnosis_block({'step': d.step, 'lines': d.lines, 'verdict': d.verdict})}\n"
-                     f"<h3>Reproduce</h3>\n<pre><code>{esc(run.reproduce_command())}</code></pre>\n</section>")
+        parts.append(
+            f'<section class="scenario" id="run-{i}">\n<h2><span class="name">{esc(label)}</span></h2>\n'
+            f"<p>{esc(run.describe())}</p>\n<h3>Diagnosis</h3>\n"
+            f"{diagnosis_block({'step': d.step, 'lines': d.lines, 'verdict': d.verdict})}\n"
+            f"<h3>Reproduce</h3>\n<pre><code>{esc(run.reproduce_command())}</code></pre>\n</section>"
+        )
     return document(title, "\n".join(parts))

@@ -99,13 +99,17 @@ def _csp_hash(source: str) -> str:
 def document(title: str, body: str) -> str:
     """A whole page: ``body`` (already HTML) under ``title``, with the style and the sorting
     script, and a policy that allows nothing else (no network, no other script)."""
-    policy = (f"default-src 'none'; img-src data:; style-src {_csp_hash(_STYLE)}; script-src {_csp_hash(_SCRIPT)}; "
-              f"base-uri 'none'; form-action 'none'")
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f'<meta http-equiv="Content-Security-Policy" content="{esc(policy)}">\n'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-            f"<title>{esc(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n{body}\n"
-            f"<script>{_SCRIPT}</script>\n</body>\n</html>\n")
+    policy = (
+        f"default-src 'none'; img-src data:; style-src {_csp_hash(_STYLE)}; script-src {_csp_hash(_SCRIPT)}; "
+        f"base-uri 'none'; form-action 'none'"
+    )
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{esc(policy)}">\n'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>{esc(title)}</title>\n<style>{_STYLE}</style>\n</head>\n<body>\n{body}\n"
+        f"<script>{_SCRIPT}</script>\n</body>\n</html>\n"
+    )
 
 
 @dataclass(frozen=True)
@@ -127,13 +131,16 @@ class Cell:
         return f"<td{sort}>" + (f'<a href="{esc(self.link)}">{text}</a>' if self.link else text) + "</td>"
 
 
-def sortable_table(headers: Sequence[str], rows: Iterable[Sequence[Cell]], row_classes: Iterable[str] = (),
-                   table_id: str = "summary") -> str:
+def sortable_table(
+    headers: Sequence[str], rows: Iterable[Sequence[Cell]], row_classes: Iterable[str] = (), table_id: str = "summary"
+) -> str:
     """A table whose rows sort by the column of a clicked header (or Enter on a focused one)."""
     head = "".join(f'<th scope="col" tabindex="0">{esc(h)}</th>' for h in headers)
     classes = list(row_classes)
-    body = "\n".join(f'<tr class="{esc(classes[i]) if i < len(classes) else ""}">' + "".join(c.html() for c in row) + "</tr>"
-                     for i, row in enumerate(rows))
+    body = "\n".join(
+        f'<tr class="{esc(classes[i]) if i < len(classes) else ""}">' + "".join(c.html() for c in row) + "</tr>"
+        for i, row in enumerate(rows)
+    )
     return f'<table class="sortable" id="{esc(table_id)}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n{body}\n</tbody>\n</table>'
 
 
@@ -150,10 +157,13 @@ def diagnosis_block(diagnosis: Mapping[str, Any] | None) -> str:
     """The diagnosis ladder as a table of rungs and findings, and its verdict."""
     if not diagnosis or diagnosis.get("step") is None:
         return '<p class="muted">No spike found in this record.</p>'
-    rows = "\n".join(f"<tr><th scope=\"row\">{esc(rung)}</th><td>{esc(finding)}</td></tr>"
-                     for rung, finding in diagnosis.get("lines", []))
-    return (f"<p>At step {esc(diagnosis['step'])}:</p>\n<table class=\"diagnosis\">\n<tbody>\n{rows}\n</tbody>\n</table>\n"
-            f"<p><b>Verdict:</b> {esc(diagnosis.get('verdict', ''))}</p>")
+    rows = "\n".join(
+        f'<tr><th scope="row">{esc(rung)}</th><td>{esc(finding)}</td></tr>' for rung, finding in diagnosis.get("lines", [])
+    )
+    return (
+        f'<p>At step {esc(diagnosis["step"])}:</p>\n<table class="diagnosis">\n<tbody>\n{rows}\n</tbody>\n</table>\n'
+        f"<p><b>Verdict:</b> {esc(diagnosis.get('verdict', ''))}</p>"
+    )
 
 
 def verdict_badge(verdict: str) -> str:
@@ -171,8 +181,10 @@ def _verdict_rows(test: Mapping[str, Any]) -> str:
     rows = []
     for data in test.get("verdicts", ()):
         v = Verdict.from_json(data)
-        rows.append(f"<tr><td>{verdict_badge(v.outcome)}</td><td><code>{esc(v.assertion)}</code></td>"
-                    f"<td>{esc(v.figures())}</td><td>{esc(v.reason)}</td></tr>")
+        rows.append(
+            f"<tr><td>{verdict_badge(v.outcome)}</td><td><code>{esc(v.assertion)}</code></td>"
+            f"<td>{esc(v.figures())}</td><td>{esc(v.reason)}</td></tr>"
+        )
     if not rows and test.get("failure"):
         rows.append(f"<tr><td>{verdict_badge(_outcome(test))}</td><td></td><td></td><td>{esc(test['failure'])}</td></tr>")
     return "\n".join(rows)
@@ -183,15 +195,22 @@ def tests_block(tests: Sequence[Mapping[str, Any]]) -> str:
     parts = []
     for t in tests:
         anchor = "test-" + hashlib.sha256(t["nodeid"].encode()).hexdigest()[:12]
-        parts.append(f'<div class="test" id="{anchor}">\n<h4>{verdict_badge(_outcome(t))} <code class="nodeid">'
-                     f'{esc(t["nodeid"])}</code></h4>\n<table class="verdicts">\n<tbody>\n{_verdict_rows(t)}\n</tbody>\n'
-                     f'</table>\n<pre><code class="reproduce">{esc(t["reproduce"])}</code></pre>\n</div>')
+        parts.append(
+            f'<div class="test" id="{anchor}">\n<h4>{verdict_badge(_outcome(t))} <code class="nodeid">'
+            f'{esc(t["nodeid"])}</code></h4>\n<table class="verdicts">\n<tbody>\n{_verdict_rows(t)}\n</tbody>\n'
+            f'</table>\n<pre><code class="reproduce">{esc(t["reproduce"])}</code></pre>\n</div>'
+        )
     return "\n".join(parts)
 
 
-def scenario_page(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str], report_dir: Path,
-                  sentences: Sequence[str] = (), title: str = "spikecheck report",
-                  tests: Sequence[Mapping[str, Any]] = ()) -> str:
+def scenario_page(
+    rows: Mapping[str, Mapping[str, Any]],
+    verdicts: Mapping[str, str],
+    report_dir: Path,
+    sentences: Sequence[str] = (),
+    title: str = "spikecheck report",
+    tests: Sequence[Mapping[str, Any]] = (),
+) -> str:
     """The plugin's report page over the report folder ``report_dir`` (whose ``<scenario>/``
     folders hold the panels): the sortable summary table, the tests with their headlines, then a
     section per scenario (its tests' verdicts and reproduce lines, panels, diagnosis)."""
@@ -203,49 +222,85 @@ def scenario_page(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, 
         verdict = verdicts.get(name, "not run")
         full = {**rows[name], "verdict": verdict}
         sort = {"verdict": VERDICT_ORDER.index(verdict) if verdict in VERDICT_ORDER else 1}
-        table_rows.append([Cell(c.text(full), link=f"#{anchors[name]}") if c.key == "scenario" else
-                           Cell(c.text(full), sort.get(c.key, c.sort(full) if c.sort else None)) for c in columns])
+        table_rows.append(
+            [
+                Cell(c.text(full), link=f"#{anchors[name]}")
+                if c.key == "scenario"
+                else Cell(c.text(full), sort.get(c.key, c.sort(full) if c.sort else None))
+                for c in columns
+            ]
+        )
         classes.append(verdict)
-    parts = [f"<h1>{esc(title)}</h1>", *(f"<p>{esc(s)}</p>" for s in sentences),
-             '<p class="muted">Click a column header to sort. Generated by pytest-spikecheck '
-             f"{esc(__version__)}.</p>", sortable_table([c.heading for c in columns], table_rows, classes)]
+    parts = [
+        f"<h1>{esc(title)}</h1>",
+        *(f"<p>{esc(s)}</p>" for s in sentences),
+        f'<p class="muted">Click a column header to sort. Generated by pytest-spikecheck {esc(__version__)}.</p>',
+        sortable_table([c.heading for c in columns], table_rows, classes),
+    ]
     if tests:
-        test_rows = [[Cell(t["nodeid"]), Cell(", ".join(t["scenarios"]), link=f"#{anchors[t['scenarios'][0]]}"
-                           if t["scenarios"] and t["scenarios"][0] in anchors else None),
-                      Cell(_outcome(t)), Cell(test_headline(t) if t["outcome"] == "failed" else
-                                              "; ".join(v["reason"] for v in t["verdicts"]))] for t in tests]
-        parts += ["<h2>Tests</h2>", sortable_table(["test", "scenario", "verdict", "what it found"], test_rows,
-                                                   [_outcome(t) for t in tests], table_id="tests")]
+        test_rows = [
+            [
+                Cell(t["nodeid"]),
+                Cell(
+                    ", ".join(t["scenarios"]),
+                    link=f"#{anchors[t['scenarios'][0]]}" if t["scenarios"] and t["scenarios"][0] in anchors else None,
+                ),
+                Cell(_outcome(t)),
+                Cell(test_headline(t) if t["outcome"] == "failed" else "; ".join(v["reason"] for v in t["verdicts"])),
+            ]
+            for t in tests
+        ]
+        parts += [
+            "<h2>Tests</h2>",
+            sortable_table(
+                ["test", "scenario", "verdict", "what it found"], test_rows, [_outcome(t) for t in tests], table_id="tests"
+            ),
+        ]
     for name in names:
         used = [t for t in tests if name in t["scenarios"]]
         parts.append(_scenario_section(name, rows[name], verdicts.get(name, "not run"), anchors[name], report_dir, used))
     return document(title, "\n".join(parts))
 
 
-def _scenario_section(name: str, row: Mapping[str, Any], verdict: str, anchor: str, report_dir: Path,
-                      tests: Sequence[Mapping[str, Any]] = ()) -> str:
+def _scenario_section(
+    name: str, row: Mapping[str, Any], verdict: str, anchor: str, report_dir: Path, tests: Sequence[Mapping[str, Any]] = ()
+) -> str:
     folder = report_dir / folder_name(name)
     full = {**row, "verdict": verdict}
     facts = ", ".join(f"{c.heading} {c.text(full)}" for c in table_columns([row]) if c.key not in ("scenario", "verdict"))
-    panels = [panel(folder / f"{stem}.png", f"{label} of {name}") for stem, label in
-              (("loss", "loss"), ("grad_norm", "gradient norm"), ("logits", "logits")) if stem != "logits" or
-              (folder / "logits.png").is_file()]
-    files = " · ".join(f'<a href="{esc(href(name, *path))}">{esc(label)}</a>' for label, path in
-                       (("diagnosis.md", ("diagnosis.md",)), ("metrics.jsonl", ("run", "metrics.jsonl")),
-                        ("summary.json", ("summary.json",))))
+    panels = [
+        panel(folder / f"{stem}.png", f"{label} of {name}")
+        for stem, label in (("loss", "loss"), ("grad_norm", "gradient norm"), ("logits", "logits"))
+        if stem != "logits" or (folder / "logits.png").is_file()
+    ]
+    files = " · ".join(
+        f'<a href="{esc(href(name, *path))}">{esc(label)}</a>'
+        for label, path in (
+            ("diagnosis.md", ("diagnosis.md",)),
+            ("metrics.jsonl", ("run", "metrics.jsonl")),
+            ("summary.json", ("summary.json",)),
+        )
+    )
     failed = next((failed_verdict(t) for t in tests if failed_verdict(t) is not None), None)
     diagnosis = (failed or {}).get("diagnosis") or row.get("diagnosis")
     tests_html = f"<h3>Tests</h3>\n{tests_block(tests)}\n" if tests else ""
-    return (f'<section class="scenario" id="{anchor}">\n<h2><span class="name">{esc(name)}</span> {verdict_badge(verdict)}</h2>\n'
-            f'<p>{esc(row.get("description", ""))}</p>\n<p class="muted">{esc(facts)}; content hash '
-            f'{esc(row.get("content_hash", ""))}</p>\n{tests_html}<div class="panels">{"".join(panels)}</div>\n'
-            f"<h3>Diagnosis</h3>\n{diagnosis_block(diagnosis)}\n"
-            f"<h3>Reproduce</h3>\n<pre><code>{esc(row.get('reproduce', ''))}</code></pre>\n"
-            f'<p class="muted">Files: {files}</p>\n</section>')
+    return (
+        f'<section class="scenario" id="{anchor}">\n<h2><span class="name">{esc(name)}</span> {verdict_badge(verdict)}</h2>\n'
+        f'<p>{esc(row.get("description", ""))}</p>\n<p class="muted">{esc(facts)}; content hash '
+        f'{esc(row.get("content_hash", ""))}</p>\n{tests_html}<div class="panels">{"".join(panels)}</div>\n'
+        f"<h3>Diagnosis</h3>\n{diagnosis_block(diagnosis)}\n"
+        f"<h3>Reproduce</h3>\n<pre><code>{esc(row.get('reproduce', ''))}</code></pre>\n"
+        f'<p class="muted">Files: {files}</p>\n</section>'
+    )
 
 
-def write_scenario_page(report_dir: Path, rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str],
-                        sentences: Sequence[str] = (), tests: Sequence[Mapping[str, Any]] = ()) -> Path:
+def write_scenario_page(
+    report_dir: Path,
+    rows: Mapping[str, Mapping[str, Any]],
+    verdicts: Mapping[str, str],
+    sentences: Sequence[str] = (),
+    tests: Sequence[Mapping[str, Any]] = (),
+) -> Path:
     path = Path(report_dir) / PAGE
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(scenario_page(rows, verdicts, Path(report_dir), sentences, tests=tests), encoding="utf-8")

@@ -28,8 +28,14 @@ def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), t
     fraction of a nat, invisible next to the first steps' loss)."""
     plt = _matplotlib()
     zoom = bool(mark_steps)
-    fig, axes = plt.subplots(1, 2 if zoom else 1, figsize=(12 if zoom else 9, 4.2), dpi=110,
-                             gridspec_kw={"width_ratios": [3, 2]} if zoom else None, squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        2 if zoom else 1,
+        figsize=(12 if zoom else 9, 4.2),
+        dpi=110,
+        gridspec_kw={"width_ratios": [3, 2]} if zoom else None,
+        squeeze=False,
+    )
     full = axes[0][0]
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
     for run, color in zip(runs, colors):
@@ -48,9 +54,16 @@ def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), t
         where = run.meta.get("first_nonfinite")
         if where:  # the run stopped on NaN/inf: say where, the curve alone just ends
             full.axvline(where["step"], color="#d62728", lw=1.5)
-            full.annotate(f"non-finite at step {where['step']}\nin {where['module']}", xy=(where["step"], 0.5),
-                          xycoords=("data", "axes fraction"), xytext=(-8, 0), textcoords="offset points",
-                          ha="right", color="#d62728", fontsize=9)
+            full.annotate(
+                f"non-finite at step {where['step']}\nin {where['module']}",
+                xy=(where["step"], 0.5),
+                xycoords=("data", "axes fraction"),
+                xytext=(-8, 0),
+                textcoords="offset points",
+                ha="right",
+                color="#d62728",
+                fontsize=9,
+            )
     for ax in axes[0]:
         for step in mark_steps:
             ax.axvline(step, color="k", ls=":", lw=1, zorder=0)  # behind the curves, never over a spike
@@ -68,8 +81,13 @@ def plot_loss(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), t
     return path
 
 
-def plot_grad_norm(runs: Sequence[Run], path: Path, mark_steps: Sequence[int] = (), max_norm: float | None = None,
-                   title: str = "Gradient norm, pre- and post-clip") -> Path:
+def plot_grad_norm(
+    runs: Sequence[Run],
+    path: Path,
+    mark_steps: Sequence[int] = (),
+    max_norm: float | None = None,
+    title: str = "Gradient norm, pre- and post-clip",
+) -> Path:
     plt = _matplotlib()
     fig, ax = plt.subplots(figsize=(9, 4.2), dpi=110)
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
@@ -120,16 +138,21 @@ def plot_logits(runs: Sequence[Run], path: Path, title: str = "Attention and out
     return path
 
 
-def plot_attention(run: Run, path: Path, tau: float | None = None, factor: float = 2.0,
-                   title: str = "Attention logits") -> Path:
+def plot_attention(run: Run, path: Path, tau: float | None = None, factor: float = 2.0, title: str = "Attention logits") -> Path:
     """The attention logits of one run: the largest attention logit per step (log scale) with
     QK-Clip's tau and ``factor`` x tau where QK-Clip was on (``tau``) and the heads it clipped per
     step on a second axis; beside it the largest logit of each head (layers x heads) at the step
     the run's largest logit was reached (the engine records it: ``largest_attn_logit``)."""
     plt = _matplotlib()
     largest = run.meta.get("largest_attn_logit") or None
-    fig, axes = plt.subplots(1, 2 if largest else 1, figsize=(12 if largest else 9, 4.2), dpi=110,
-                             gridspec_kw={"width_ratios": [3, 2]} if largest else None, squeeze=False)
+    fig, axes = plt.subplots(
+        1,
+        2 if largest else 1,
+        figsize=(12 if largest else 9, 4.2),
+        dpi=110,
+        gridspec_kw={"width_ratios": [3, 2]} if largest else None,
+        squeeze=False,
+    )
     ax = axes[0][0]
     s, v = column(run.metrics, "attn_logit_max")
     ax.plot(s, np.abs(v), color="#1f77b4", lw=1.0, label="largest |q·k/√d|")

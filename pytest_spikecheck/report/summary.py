@@ -87,7 +87,7 @@ def _qk_containment(run: Any, tau: float) -> str:
     acted = np.flatnonzero((np.nan_to_num(clipped) > 0) | ~(logits <= tau))
     if not acted.size:
         return f"never acted (max {logit(float(np.nanmax(logits)) if logits.size else None)} ≤ τ)"
-    later = logits[acted[0] + 1:]
+    later = logits[acted[0] + 1 :]
     worst = float(np.max(np.where(np.isnan(later), np.inf, later))) if later.size else None
     if worst is not None and not worst <= QK_CLIP_FACTOR * tau:
         return f"BROKEN (max {logit(worst)} > {QK_CLIP_FACTOR:g}τ after step {int(m['step'][acted[0]])})"
@@ -189,18 +189,24 @@ def summarise(run: Any, cached: bool = False, *, source: str | None = None) -> S
     recovery = "—" if s.step is None else (f"{s.recovery} steps" if s.recovery is not None else "not back")
     d = diagnose(run)
     return ScenarioRow(
-        scenario=run.name, steps=len(run), spike_step=s.step,
+        scenario=run.name,
+        steps=len(run),
+        spike_step=s.step,
         # a step the loss scaler skipped has the overflow's norm, not the data's: no ratio to show
         spike_ratio=math.nan if str(run.skipped.get(s.step, "")).startswith("overflow") else s.ratio,
-        containment=containment(run), recovery=recovery, source=source or ("disk" if cached else "trained"),
+        containment=containment(run),
+        recovery=recovery,
+        source=source or ("disk" if cached else "trained"),
         stopped=run.meta["stop_reason"] if run.stopped_early else None,
         content_hash=run.meta.get("content_hash") or "",
         recovery_steps=s.recovery if s.step is not None else None,
-        description=run.describe(), reproduce=run.reproduce_command(),
+        description=run.describe(),
+        reproduce=run.reproduce_command(),
         diagnosis={"step": d.step, "lines": [[str(r), str(f)] for r, f in d.lines], "verdict": d.verdict},
         max_attn_logit=measured.max_attn_logit,
         final_eval_loss=measured.final_eval_loss if math.isfinite(measured.final_eval_loss) else None,
-        skipped_steps=measured.skipped_steps, loss_scale_min=measured.loss_scale_min,
+        skipped_steps=measured.skipped_steps,
+        loss_scale_min=measured.loss_scale_min,
     )
 
 
@@ -234,14 +240,14 @@ def cells(row: Mapping[str, Any], verdict: str, rows: Iterable[Mapping[str, Any]
     return [c.text(full) for c in table_columns(list(rows) if rows is not None else [row])]
 
 
-def summary_table(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str], markdown: bool = False,
-                  order: Iterable[str] | None = None) -> str:
+def summary_table(
+    rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str], markdown: bool = False, order: Iterable[str] | None = None
+) -> str:
     """The scenario table (plain or Markdown), each scenario under the columns of every row."""
     names = sorted(rows) if order is None else list(order)
     all_rows = list(rows.values())
     # table() escapes each cell for where it is shown (Markdown or a terminal)
-    return table(headers(all_rows), [cells(rows[n], verdicts.get(n, "not run"), all_rows) for n in names],
-                 markdown=markdown)
+    return table(headers(all_rows), [cells(rows[n], verdicts.get(n, "not run"), all_rows) for n in names], markdown=markdown)
 
 
 def tests_lines(tests: Iterable[Mapping[str, Any]], verbose: bool = True) -> list[str]:
@@ -271,8 +277,9 @@ def tests_lines(tests: Iterable[Mapping[str, Any]], verbose: bool = True) -> lis
     return lines
 
 
-def counts_sentences(rows: Mapping[str, Any], counts: Mapping[str, int], verdicts: Mapping[str, str], *,
-                     workers: bool, terminal: bool = True) -> list[str]:
+def counts_sentences(
+    rows: Mapping[str, Any], counts: Mapping[str, int], verdicts: Mapping[str, str], *, workers: bool, terminal: bool = True
+) -> list[str]:
     """``5 scenarios checked (5 trained, 0 from the disk cache).`` and ``4 held, 1 failed.``: how
     each worker got its runs (with ``workers``, the runs loaded from another xdist worker too).
     On the ``terminal``, failures point up at pytest's failure reports."""
@@ -280,8 +287,10 @@ def counts_sentences(rows: Mapping[str, Any], counts: Mapping[str, int], verdict
     shown = [key for key in SOURCES if key != "worker" or workers]
     sources = ", ".join(f"{counts.get(key, 0)} {SOURCES[key]}" for key in shown)
     held, failed = list(verdicts.values()).count("pass"), list(verdicts.values()).count("FAIL")
-    return [f"{n} scenario{'s' if n != 1 else ''} checked ({sources}).",
-            f"{held} held, {failed} failed{' (see the failures above)' if failed and terminal else ''}."]
+    return [
+        f"{n} scenario{'s' if n != 1 else ''} checked ({sources}).",
+        f"{held} held, {failed} failed{' (see the failures above)' if failed and terminal else ''}.",
+    ]
 
 
 #: Names in a report folder that are the report's own files, never a scenario's folder.
@@ -306,8 +315,6 @@ def href(name: str, *parts: str) -> str:
     return "/".join(quote(p) for p in (folder_name(name), *parts))
 
 
-
-
 def index_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str]) -> str:
     """``index.md`` of a report folder: the table (each name linking to its diagnosis), then each
     scenario's panels and files."""
@@ -318,12 +325,18 @@ def index_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str,
         lines.append(f"| [{first}]({href(name, 'diagnosis.md')}) | " + " | ".join(rest) + " |")
     lines.append("")
     for name in sorted(rows):
-        lines += [f"## {markdown_text(name)}", "", f"![loss]({href(name, 'loss.png')})", "",
-                  f"![grad norm]({href(name, 'grad_norm.png')})", "",
-                  *([f"![attention logits]({href(name, 'logits.png')})", ""] if rows[name].get("max_attn_logit") is not None
-                    else []),
-                  f"[diagnosis]({href(name, 'diagnosis.md')}) · [metrics]({href(name, 'run', 'metrics.jsonl')}) · "
-                  f"[summary]({href(name, 'summary.json')})", ""]
+        lines += [
+            f"## {markdown_text(name)}",
+            "",
+            f"![loss]({href(name, 'loss.png')})",
+            "",
+            f"![grad norm]({href(name, 'grad_norm.png')})",
+            "",
+            *([f"![attention logits]({href(name, 'logits.png')})", ""] if rows[name].get("max_attn_logit") is not None else []),
+            f"[diagnosis]({href(name, 'diagnosis.md')}) · [metrics]({href(name, 'run', 'metrics.jsonl')}) · "
+            f"[summary]({href(name, 'summary.json')})",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -350,8 +363,12 @@ def tests_markdown(tests: Iterable[Mapping[str, Any]]) -> str:
     return table(["test", "scenario", "verdict", "assertions"], rows, markdown=True)
 
 
-def job_summary_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mapping[str, str],
-                         sentences: Iterable[str], tests: Iterable[Mapping[str, Any]] = ()) -> str:
+def job_summary_markdown(
+    rows: Mapping[str, Mapping[str, Any]],
+    verdicts: Mapping[str, str],
+    sentences: Iterable[str],
+    tests: Iterable[Mapping[str, Any]] = (),
+) -> str:
     """The Markdown a GitHub Actions job summary (``$GITHUB_STEP_SUMMARY``) gets: the counts, the
     table (failures first), the tests with their assertions' verdicts, and a ``<details>`` block
     per failed test (its headline is the failed assertion's reason; the diagnosis is at the step
@@ -373,15 +390,31 @@ def job_summary_markdown(rows: Mapping[str, Mapping[str, Any]], verdicts: Mappin
         explained.update(t["scenarios"])
         diagnosis = (v or {}).get("diagnosis") or row.get("diagnosis")
         about = f" ({markdown_text(', '.join(t['scenarios']))})" if t["scenarios"] else ""
-        out += [f"<details><summary><b>{markdown_text(t['nodeid'])}</b>{about}: FAIL; {markdown_text(test_headline(t))}"
-                f"</summary>", "", markdown_text(row.get("description", "")), "", diagnosis_markdown(diagnosis),
-                f"Reproduce: <code>{markdown_text(t['reproduce'])}</code>", "", "</details>", ""]
+        out += [
+            f"<details><summary><b>{markdown_text(t['nodeid'])}</b>{about}: FAIL; {markdown_text(test_headline(t))}</summary>",
+            "",
+            markdown_text(row.get("description", "")),
+            "",
+            diagnosis_markdown(diagnosis),
+            f"Reproduce: <code>{markdown_text(t['reproduce'])}</code>",
+            "",
+            "</details>",
+            "",
+        ]
     for name in names:
         if verdicts.get(name) != "FAIL" or name in explained:
             continue
         row = rows[name]
         verdict = (row.get("diagnosis") or {}).get("verdict") or "no spike found"
-        out += [f"<details><summary><b>{markdown_text(name)}</b>: FAIL; {markdown_text(verdict)}</summary>", "",
-                markdown_text(row.get("description", "")), "", diagnosis_markdown(row.get("diagnosis")),
-                f"Reproduce: <code>{markdown_text(row.get('reproduce', ''))}</code>", "", "</details>", ""]
+        out += [
+            f"<details><summary><b>{markdown_text(name)}</b>: FAIL; {markdown_text(verdict)}</summary>",
+            "",
+            markdown_text(row.get("description", "")),
+            "",
+            diagnosis_markdown(row.get("diagnosis")),
+            f"Reproduce: <code>{markdown_text(row.get('reproduce', ''))}</code>",
+            "",
+            "</details>",
+            "",
+        ]
     return "\n".join(out)

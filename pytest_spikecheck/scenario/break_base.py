@@ -63,8 +63,11 @@ class Break:
     def label(self) -> str:
         """Short, unique text for derived scenario names: the YAML name and the parameters that
         differ from their defaults, e.g. ``skip_spikes(ratio=3.0)``."""
-        changed = [f"{f.name}={fmt_value(getattr(self, f.name))}" for f in fields(self)
-                   if f.default is dataclasses.MISSING or getattr(self, f.name) != f.default]
+        changed = [
+            f"{f.name}={fmt_value(getattr(self, f.name))}"
+            for f in fields(self)
+            if f.default is dataclasses.MISSING or getattr(self, f.name) != f.default
+        ]
         return self.config_name + (f"({','.join(changed)})" if changed else "")
 
     def describe(self) -> str:
@@ -93,7 +96,9 @@ def break_from_config(raw: Any, *, where: str = "config") -> Break:
     allowed = [f.name for f in fields(cls)]
     unknown = sorted(set(params) - set(allowed), key=str)
     if unknown:
-        raise ConfigError(f"{where}: unknown parameter {unknown[0]!r} for break {name!r}; expected {', '.join(allowed) or 'none'}")
+        raise ConfigError(
+            f"{where}: unknown parameter {unknown[0]!r} for break {name!r}; expected {', '.join(allowed) or 'none'}"
+        )
     values = {k: tuple(v) if isinstance(v, list) else v for k, v in params.items()}
     try:
         return cls(**values)

@@ -14,9 +14,16 @@ from typing import ClassVar
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario.break_base import Break
 from pytest_spikecheck.scenario.sections import (
-    BASE_SOURCES, BURST_CONTENTS, CLIP_KINDS, NEW_SOURCES, BurstSpec, MixtureSpec, check_max_norm,
+    BASE_SOURCES,
+    BURST_CONTENTS,
+    CLIP_KINDS,
+    NEW_SOURCES,
+    BurstSpec,
+    MixtureSpec,
+    check_max_norm,
 )
 from pytest_spikecheck.scenario.spec import Scenario
+
 
 @dataclass(frozen=True)
 class NoClip(Break):
@@ -42,8 +49,10 @@ class ClipAt(Break):
             raise ConfigError(f"ClipAt(max_norm=...) must be finite, was {self.max_norm!r} (for no clipping use NoClip())")
         fixed = [k for k in CLIP_KINDS if k not in ("none", "adaptive")]
         if self.mode not in fixed:
-            raise ConfigError(f"ClipAt(mode=...) must be one of {', '.join(fixed)}, was {self.mode!r}"
-                              + (" (use AdaptiveClip)" if self.mode == "adaptive" else ""))
+            raise ConfigError(
+                f"ClipAt(mode=...) must be one of {', '.join(fixed)}, was {self.mode!r}"
+                + (" (use AdaptiveClip)" if self.mode == "adaptive" else "")
+            )
 
     def label(self) -> str:
         return f"clip({self.max_norm:g}" + ("" if self.mode == "global" else f",{self.mode}") + ")"
@@ -119,14 +128,19 @@ class MixtureShift(Break):
         if not all(isinstance(n, int) and not isinstance(n, bool) for n in self.phase_lengths):
             raise ConfigError(f"MixtureShift phase_lengths must be positive integers, was {self.phase_lengths!r}")
         if self.new_source is not None and self.new_source not in BASE_SOURCES + NEW_SOURCES:
-            raise ConfigError(f"MixtureShift new_source must be one of {', '.join(BASE_SOURCES + NEW_SOURCES)}, "
-                              f"was {self.new_source!r}")
+            raise ConfigError(
+                f"MixtureShift new_source must be one of {', '.join(BASE_SOURCES + NEW_SOURCES)}, was {self.new_source!r}"
+            )
         if not self.phase_lengths or any(n < 1 for n in self.phase_lengths):
             raise ConfigError(f"MixtureShift phase_lengths must be positive integers, was {self.phase_lengths!r}")
 
     def apply(self, scenario: Scenario) -> Scenario:
-        mixture = MixtureSpec(phase_lengths=tuple(self.phase_lengths), concentration=self.concentration,
-                              new_source=self.new_source, new_source_at=self.new_source_at)
+        mixture = MixtureSpec(
+            phase_lengths=tuple(self.phase_lengths),
+            concentration=self.concentration,
+            new_source=self.new_source,
+            new_source_at=self.new_source_at,
+        )
         return scenario.replace(data__corpus="mixture", sampler__kind="mixture", sampler__mixture=mixture)
 
 
@@ -248,8 +262,9 @@ class AdaptiveClip(Break):
             raise ConfigError(f"AdaptiveClip needs z > 0 and alpha in (0, 1), was z={self.z!r}, alpha={self.alpha!r}")
 
     def apply(self, scenario: Scenario) -> Scenario:
-        return scenario.replace(optimizer__clip_kind="adaptive", optimizer__adaptive_z=float(self.z),
-                                optimizer__adaptive_alpha=float(self.alpha))
+        return scenario.replace(
+            optimizer__clip_kind="adaptive", optimizer__adaptive_z=float(self.z), optimizer__adaptive_alpha=float(self.alpha)
+        )
 
 
 @dataclass(frozen=True)
@@ -416,8 +431,9 @@ class QKClip(Break):
         return f"qk_clip({self.tau:g}" + ("" if self.per_head else ",per-layer") + ")"
 
     def apply(self, scenario: Scenario) -> Scenario:
-        return scenario.replace(optimizer__qk_clip=float(self.tau), optimizer__qk_clip_alpha=self.alpha,
-                                optimizer__qk_clip_per_head=self.per_head)
+        return scenario.replace(
+            optimizer__qk_clip=float(self.tau), optimizer__qk_clip_alpha=self.alpha, optimizer__qk_clip_per_head=self.per_head
+        )
 
 
 @dataclass(frozen=True)

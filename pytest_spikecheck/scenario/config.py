@@ -111,8 +111,7 @@ def scenario_from_yaml(cls: type[Scenario], path: str | Path) -> Scenario:
         raise ConfigError(f"no such config file or experiment directory: {path}")
     raw = read_yaml(path)
     if raw is None or raw == {}:
-        raise ConfigError(f"{path} is empty (or only comments): a config needs at least a preset, "
-                          f"e.g. 'preset: phase-19'")
+        raise ConfigError(f"{path} is empty (or only comments): a config needs at least a preset, e.g. 'preset: phase-19'")
     scenario = cls.from_dict(raw, where=str(path))
     if "name" not in raw:
         scenario = replace(scenario, name=path.parent.name if path.name == "config.yaml" else path.stem)
@@ -176,12 +175,12 @@ def _unique_key_loader() -> type:
                 key = scenario.construct_object(key_node, deep=deep)
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
-                        None, None, f"duplicate key {key!r} (the second one would silently win)", key_node.start_mark)
+                        None, None, f"duplicate key {key!r} (the second one would silently win)", key_node.start_mark
+                    )
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
     return UniqueKeyLoader
-
 
 
 #: The most values (scalars, lists, mappings) a YAML document may expand to through its aliases.
@@ -205,14 +204,20 @@ def _check_expanded_size(root: Any) -> None:
             if id(node) in visiting:
                 raise yaml.YAMLError("an alias refers to a value that holds it (a recursive document)")
             visiting.add(id(node))
-        children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
-                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        children = (
+            [c for pair in node.value for c in pair]
+            if isinstance(node, yaml.MappingNode)
+            else list(node.value)
+            if isinstance(node, yaml.SequenceNode)
+            else []
+        )
         if done:
             visiting.discard(id(node))
             sizes[id(node)] = total = 1 + sum(sizes.get(id(c), 0) for c in children)
             if total > MAX_YAML_VALUES:
-                raise yaml.YAMLError(f"its aliases expand it to more than {MAX_YAML_VALUES:,} values "
-                                     f"(an alias bomb?): write the values out")
+                raise yaml.YAMLError(
+                    f"its aliases expand it to more than {MAX_YAML_VALUES:,} values (an alias bomb?): write the values out"
+                )
             continue
         stack.append((node, True))
         stack.extend((c, False) for c in children if id(c) not in sizes)
@@ -229,7 +234,6 @@ def _plain(value: Any) -> Any:
     return value
 
 
-
 def _number(value: Any, label: str, expected: str) -> float:
     """A float from a YAML number, or from a string YAML did not read as one (PyYAML reads
     ``1e-2`` as a string: accepted); anything else (a bool included) is one line."""
@@ -241,6 +245,7 @@ def _number(value: Any, label: str, expected: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{label} must be {expected}, was {shown(value)}")
     return float(value)
+
 
 def _coerce(section: str, name: str, current: Any, value: Any, where: str) -> Any:
     """Convert a YAML value to the type of the field's current value, with a clear error."""
@@ -329,8 +334,9 @@ def _section_from_dict(section: str, spec_type: type, base: Any, raw: Any, where
     if unknown:
         raise ConfigError(f"{where}: unknown key {section}.{unknown[0]}; expected one of {', '.join(names)}")
     if base is None:  # a fresh item (a burst): required fields must be present
-        required = [f.name for f in fields(spec_type)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        required = [
+            f.name for f in fields(spec_type) if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         missing = [n for n in required if n not in raw]
         if missing:
             raise ConfigError(f"{where}: {section} needs {missing[0]}")
@@ -345,4 +351,3 @@ def _section_from_dict(section: str, spec_type: type, base: Any, raw: Any, where
         return replace(base, **values)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
-

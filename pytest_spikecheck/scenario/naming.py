@@ -68,8 +68,9 @@ def derived_name(scenario: Scenario) -> str:
         preset = next((n for n, c in MODEL_PRESETS.items() if c == scenario.model), None)
         if preset is not None:
             parts.append(f"model={preset}")
-    ambiguous = {n for a in SECTIONS.values() for b in SECTIONS.values() if a is not b
-                 for n in _field_names_in(a) & _field_names_in(b)}
+    ambiguous = {
+        n for a in SECTIONS.values() for b in SECTIONS.values() if a is not b for n in _field_names_in(a) & _field_names_in(b)
+    }
     for section in SECTIONS:
         mine, theirs = getattr(scenario, section), getattr(base, section)
         if mine == theirs or (section == "model" and preset is not None):
@@ -85,7 +86,6 @@ def derived_name(scenario: Scenario) -> str:
         keep = (MAX_NAME_LENGTH - 10) // 2
         name = f"{name[:keep]}…{name[-keep:]}~{scenario.content_hash()[:8]}"
     return name
-
 
 
 #: The default-constructed scenario of each scenario type (the base of a name with no preset).

@@ -20,9 +20,11 @@ _PRESET_BASES: dict[str, Scenario] = {}
 
 def register_preset(name: str) -> Callable[[Callable[[], Scenario]], Callable[[], Scenario]]:
     """Decorator: make ``Scenario.preset(name)`` build a scenario with the decorated function."""
+
     def register(factory: Callable[[], Scenario]) -> Callable[[], Scenario]:
         _PRESETS[name] = factory
         return factory
+
     return register
 
 

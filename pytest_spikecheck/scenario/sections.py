@@ -68,8 +68,7 @@ class BurstSpec:
     def __post_init__(self) -> None:
         check(is_int(self.at_step) and self.at_step >= 1, f"burst at_step must be an integer >= 1, was {self.at_step!r}")
         check(is_int(self.count) and self.count >= 1, f"burst count must be an integer >= 1, was {self.count!r}")
-        check(self.content in BURST_CONTENTS,
-              f"burst content must be one of {', '.join(BURST_CONTENTS)}, was {self.content!r}")
+        check(self.content in BURST_CONTENTS, f"burst content must be one of {', '.join(BURST_CONTENTS)}, was {self.content!r}")
 
 
 #: ClipSpec.kind: what the limit applies to and how it is set. ``none``: no clip; ``global``: the
@@ -88,9 +87,14 @@ CLIP_KINDS = ("none", "global", "per_tensor", "shard_local", "adaptive")
 CLIP_WHENS = ("after_unscale", "before_unscale", "per_microbatch", "muon_update", "inf_to_log")
 #: The YAML spelling before ClipSpec (``optimizer.clip_mode``), still read: each old value as
 #: (clip_kind, clip_when). Documented in docs/run-format.md.
-CLIP_MODE_ALIAS = {"global": ("global", "after_unscale"), "per_tensor": ("per_tensor", "after_unscale"),
-                   "adaptive": ("adaptive", "after_unscale"), "shard_local": ("shard_local", "after_unscale"),
-                   "before_unscale": ("global", "before_unscale"), "each_microbatch": ("global", "per_microbatch")}
+CLIP_MODE_ALIAS = {
+    "global": ("global", "after_unscale"),
+    "per_tensor": ("per_tensor", "after_unscale"),
+    "adaptive": ("adaptive", "after_unscale"),
+    "shard_local": ("shard_local", "after_unscale"),
+    "before_unscale": ("global", "before_unscale"),
+    "each_microbatch": ("global", "per_microbatch"),
+}
 
 
 #: What a max norm of 0 means, by the caller's convention (:func:`check_max_norm`'s ``zero``).
@@ -112,8 +116,10 @@ def check_max_norm(value: Any, label: str = "max_norm", *, zero: str = "refused"
     of no clip, ``TrainingArguments(max_grad_norm=0)``, Lightning's ``gradient_clip_val=0``)."""
     check(zero in MAX_NORM_ZERO, f"check_max_norm zero= must be one of {', '.join(MAX_NORM_ZERO)}, was {zero!r}")
     # numbers.Real: a numpy scalar is a number (torch's clip takes one); a bool or a string is not
-    check(value is None or isinstance(value, numbers.Real) and not isinstance(value, bool),
-          f"{label} must be a number, inf or None (no clipping), was {value!r}")
+    check(
+        value is None or isinstance(value, numbers.Real) and not isinstance(value, bool),
+        f"{label} must be a number, inf or None (no clipping), was {value!r}",
+    )
     if value is None or math.isinf(value) and value > 0:
         return None
     check(not math.isnan(value), f"{label} must be a number, inf or None, was nan")
@@ -122,8 +128,11 @@ def check_max_norm(value: Any, label: str = "max_norm", *, zero: str = "refused"
     if zero == "clips":  # torch's rule: any limit >= 0
         check(value >= 0, f"{label} must be >= 0 (inf or None for no clipping), was {value!r}")
         return float(value)
-    check(value > 0, f"{label} must be > 0, was {value!r} (0 would zero every update; to clip as hard as "
-                     f"possible use a tiny max_norm such as 1e-3, for no clipping use None or inf)")
+    check(
+        value > 0,
+        f"{label} must be > 0, was {value!r} (0 would zero every update; to clip as hard as "
+        f"possible use a tiny max_norm such as 1e-3, for no clipping use None or inf)",
+    )
     return float(value)
 
 
@@ -144,13 +153,19 @@ class ClipSpec:
         check(self.kind in CLIP_KINDS, f"clip kind must be one of {', '.join(CLIP_KINDS)}, was {self.kind!r}")
         check(self.when in CLIP_WHENS, f"clip when must be one of {', '.join(CLIP_WHENS)}, was {self.when!r}")
         object.__setattr__(self, "max_norm", check_max_norm(self.max_norm, "clip max_norm"))
-        check(self.kind != "none" or self.max_norm is None, f"clip kind none with max_norm {self.max_norm!r}: "
-                                                            f"a limit needs a kind (global, per_tensor, ...)")
-        check(self.kind in ("none", "adaptive") or self.max_norm is not None,
-              f"clip kind {self.kind} needs a max_norm (for no clipping use kind none)")
+        check(
+            self.kind != "none" or self.max_norm is None,
+            f"clip kind none with max_norm {self.max_norm!r}: a limit needs a kind (global, per_tensor, ...)",
+        )
+        check(
+            self.kind in ("none", "adaptive") or self.max_norm is not None,
+            f"clip kind {self.kind} needs a max_norm (for no clipping use kind none)",
+        )
         if self.kind == "adaptive":
-            check(is_number(self.z) and self.z > 0 and is_number(self.alpha) and 0 < self.alpha < 1,
-                  f"an adaptive clip needs z > 0 and alpha in (0, 1), was z={self.z!r}, alpha={self.alpha!r}")
+            check(
+                is_number(self.z) and self.z > 0 and is_number(self.alpha) and 0 < self.alpha < 1,
+                f"an adaptive clip needs z > 0 and alpha in (0, 1), was z={self.z!r}, alpha={self.alpha!r}",
+            )
 
     @property
     def limit(self) -> float:
@@ -166,8 +181,11 @@ class ClipSpec:
     def describe(self) -> str:
         if self.kind == "none":
             return "no clip"
-        what = (f"adaptive (z {self.z:g}, alpha {self.alpha:g}" + (f", {self.max_norm:g} until warm)" if self.max_norm else ")")
-                if self.kind == "adaptive" else f"{self.max_norm:g} ({self.kind})")
+        what = (
+            f"adaptive (z {self.z:g}, alpha {self.alpha:g}" + (f", {self.max_norm:g} until warm)" if self.max_norm else ")")
+            if self.kind == "adaptive"
+            else f"{self.max_norm:g} ({self.kind})"
+        )
         return f"clip {what}" + ("" if self.when == "after_unscale" else f" {self.when.replace('_', ' ')}")
 
 
@@ -243,8 +261,12 @@ class OptimizerSpec:
     momentum: float = 0.95  # muon, sgd: momentum coefficient
     nesterov: bool = True  # muon, sgd: Nesterov momentum
     adjust_lr_fn: str = "original"  # muon: lr * sqrt(max(1, rows/cols)) (Keller Jordan) | match_rms_adamw: lr * 0.2 * sqrt(max(rows, cols)) (Moonlight)
-    adamw_lr: float = 1e-2  # muon: the peak lr of its AdamW part (embeddings, output head, norms, biases); the schedule scales it as lr
-    muon_params: str = ""  # muon: a regular expression (re.fullmatch on parameter names) choosing Muon's matrices; "" = by role (README)
+    adamw_lr: float = (
+        1e-2  # muon: the peak lr of its AdamW part (embeddings, output head, norms, biases); the schedule scales it as lr
+    )
+    muon_params: str = (
+        ""  # muon: a regular expression (re.fullmatch on parameter names) choosing Muon's matrices; "" = by role (README)
+    )
     # QK-Clip (Kimi K2), set by the QKClip break: after each update, each head whose largest
     # attention logit in that step's forward exceeded qk_clip has W_q, W_k scaled back to it.
     qk_clip: float | None = None  # tau; None = off
@@ -262,14 +284,21 @@ class OptimizerSpec:
     def clip(self) -> ClipSpec:
         """The clip these fields declare, as one value (what every reader of the scenario uses)."""
         kind = self.clip_kind
-        check(kind in CLIP_KINDS and kind != "none",
-              f"optimizer.clip_kind must be one of {', '.join(k for k in CLIP_KINDS if k != 'none')}, was {kind!r} "
-              f"(for no clipping set grad_clip null)")
+        check(
+            kind in CLIP_KINDS and kind != "none",
+            f"optimizer.clip_kind must be one of {', '.join(k for k in CLIP_KINDS if k != 'none')}, was {kind!r} "
+            f"(for no clipping set grad_clip null)",
+        )
         if kind != "adaptive" and self.grad_clip is None:
             kind = "none"
         adaptive = kind == "adaptive"
-        return ClipSpec(kind=kind, max_norm=self.grad_clip, when=self.clip_when,
-                        z=self.adaptive_z if adaptive else None, alpha=self.adaptive_alpha if adaptive else None)
+        return ClipSpec(
+            kind=kind,
+            max_norm=self.grad_clip,
+            when=self.clip_when,
+            z=self.adaptive_z if adaptive else None,
+            alpha=self.adaptive_alpha if adaptive else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -306,7 +335,6 @@ class AmpSpec:
     loss_scale: str | float | None = None  # None | "dynamic" | a number > 0 (static)
 
 
-
 SECTIONS: dict[str, type] = {
     "model": GPTConfig,
     "data": DataSpec,
@@ -320,8 +348,13 @@ SECTIONS: dict[str, type] = {
 SCALARS = ("name", "steps", "seed")
 
 #: Section fields that may be None (YAML null) besides their type.
-NULLABLE = {("optimizer", "grad_clip"), ("optimizer", "skip_spike_ratio"), ("optimizer", "qk_clip"),
-            ("sampler.mixture", "new_source"), ("amp", "loss_scale")}
+NULLABLE = {
+    ("optimizer", "grad_clip"),
+    ("optimizer", "skip_spike_ratio"),
+    ("optimizer", "qk_clip"),
+    ("sampler.mixture", "new_source"),
+    ("amp", "loss_scale"),
+}
 
 
 def check_types(section: str, spec: Any) -> None:
@@ -334,8 +367,10 @@ def check_types(section: str, spec: Any) -> None:
         if value is None and (section, f.name) in NULLABLE:
             continue
         if (section, f.name) == ("amp", "loss_scale"):  # a word or a number
-            check(value == "dynamic" or is_number(value),
-                  f"{label} must be 'dynamic', a number or None (no loss scaling), was {value!r}")
+            check(
+                value == "dynamic" or is_number(value),
+                f"{label} must be 'dynamic', a number or None (no loss scaling), was {value!r}",
+            )
             continue
         if dataclasses.is_dataclass(default):
             check(isinstance(value, type(default)), f"{label} must be a {type(default).__name__}, was {value!r}")
@@ -355,8 +390,10 @@ def check_types(section: str, spec: Any) -> None:
 def check_section_types(scenario: Scenario) -> None:
     """Each section is its spec type and each field has its default's type (one line otherwise)."""
     for section, spec_type in SECTIONS.items():
-        check(isinstance(getattr(scenario, section), spec_type),
-              f"{section} must be a {spec_type.__name__}, was {getattr(scenario, section)!r}")
+        check(
+            isinstance(getattr(scenario, section), spec_type),
+            f"{section} must be a {spec_type.__name__}, was {getattr(scenario, section)!r}",
+        )
         check_types(section, getattr(scenario, section))
 
 
@@ -364,84 +401,126 @@ def check_section_values(scenario: Scenario) -> None:
     """Every section value in range, and the sections agree with each other and with the
     scenario's steps (a burst after the last step, a mixture sampler without the mixture corpus)."""
     s, o, sch = scenario.sampler, scenario.optimizer, scenario.schedule
-    check(s.kind in ("shuffle", "stratified", "mixture"),
-          f"sampler.kind must be shuffle, stratified or mixture, was {s.kind!r}")
-    check((s.kind == "mixture") == (scenario.data.corpus == "mixture"),
-          f"sampler.kind mixture goes with data.corpus mixture (was {s.kind!r} with {scenario.data.corpus!r})")
+    check(s.kind in ("shuffle", "stratified", "mixture"), f"sampler.kind must be shuffle, stratified or mixture, was {s.kind!r}")
+    check(
+        (s.kind == "mixture") == (scenario.data.corpus == "mixture"),
+        f"sampler.kind mixture goes with data.corpus mixture (was {s.kind!r} with {scenario.data.corpus!r})",
+    )
     m = s.mixture
-    check(all(isinstance(n, int) and n >= 1 for n in m.phase_lengths),
-          f"sampler.mixture.phase_lengths must be positive integers, was {m.phase_lengths!r}")
+    check(
+        all(isinstance(n, int) and n >= 1 for n in m.phase_lengths),
+        f"sampler.mixture.phase_lengths must be positive integers, was {m.phase_lengths!r}",
+    )
     check(m.concentration > 0, f"sampler.mixture.concentration must be > 0, was {m.concentration}")
-    check(scenario.data.padding_side in ("right", "left"), f"data.padding_side must be right or left, was {scenario.data.padding_side!r}")
+    check(
+        scenario.data.padding_side in ("right", "left"),
+        f"data.padding_side must be right or left, was {scenario.data.padding_side!r}",
+    )
     check(s.batch_size >= 1, f"sampler.batch_size must be >= 1, was {s.batch_size}")
     check(s.rare_cap >= 0, f"sampler.rare_cap must be >= 0, was {s.rare_cap}")
     for b in s.bursts:
-        check(b.content != "written" or scenario.data.corpus == "phase19",
-              f"a 'written' burst needs the phase19 corpus (its rare sentences), not {scenario.data.corpus!r}")
+        check(
+            b.content != "written" or scenario.data.corpus == "phase19",
+            f"a 'written' burst needs the phase19 corpus (its rare sentences), not {scenario.data.corpus!r}",
+        )
         check(b.count >= 1, f"burst count must be >= 1, was {b.count}")
         check(b.count <= s.batch_size, f"burst count {b.count} exceeds the batch size {s.batch_size}")
         check(1 <= b.at_step, f"burst at_step must be >= 1, was {b.at_step}")
-        check(b.at_step <= scenario.steps, f"a burst at step {b.at_step} is after the last step ({scenario.steps} steps): "
-                                           f"move it to a step <= {scenario.steps} or train more steps")
+        check(
+            b.at_step <= scenario.steps,
+            f"a burst at step {b.at_step} is after the last step ({scenario.steps} steps): "
+            f"move it to a step <= {scenario.steps} or train more steps",
+        )
     k = s.accumulation
     check(k >= 1, f"sampler.accumulation must be >= 1, was {k}")
-    check(s.batch_size % k == 0, f"sampler.batch_size {s.batch_size} is not a multiple of sampler.accumulation {k}: "
-                                 f"each micro-batch holds batch_size / accumulation samples")
+    check(
+        s.batch_size % k == 0,
+        f"sampler.batch_size {s.batch_size} is not a multiple of sampler.accumulation {k}: "
+        f"each micro-batch holds batch_size / accumulation samples",
+    )
     check(s.accumulate in ACCUMULATES, f"sampler.accumulate must be mean or sum, was {s.accumulate!r}")
-    check(s.accumulate == "mean" or k >= 2, "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2: "
-                                            "over one micro-batch the sum is the mean")
-    check(o.clip_when != "per_microbatch" or k >= 2,
-          "optimizer.clip_when per_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2: "
-          "with one micro-batch it is the ordinary clip")
+    check(
+        s.accumulate == "mean" or k >= 2,
+        "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2: over one micro-batch the sum is the mean",
+    )
+    check(
+        o.clip_when != "per_microbatch" or k >= 2,
+        "optimizer.clip_when per_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2: "
+        "with one micro-batch it is the ordinary clip",
+    )
     check_amp(scenario)
     check(o.name in OPTIMIZERS, f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, was {o.name!r}")
     check(0 < o.lr < math.inf, f"optimizer.lr must be a finite number > 0, was {o.lr}")
     check(0 < o.adamw_lr < math.inf, f"optimizer.adamw_lr must be a finite number > 0, was {o.adamw_lr}")
     check(0 <= o.momentum < 1, f"optimizer.momentum must be in [0, 1), was {o.momentum}")
-    check(o.adjust_lr_fn in ADJUST_LR_FNS,
-          f"optimizer.adjust_lr_fn must be one of {', '.join(ADJUST_LR_FNS)}, was {o.adjust_lr_fn!r}")
+    check(
+        o.adjust_lr_fn in ADJUST_LR_FNS,
+        f"optimizer.adjust_lr_fn must be one of {', '.join(ADJUST_LR_FNS)}, was {o.adjust_lr_fn!r}",
+    )
     try:
         re.compile(o.muon_params)
     except re.error as exc:
         raise ConfigError(f"optimizer.muon_params {o.muon_params!r} is not a regular expression ({exc})") from None
-    check(o.qk_clip is None or 0 < o.qk_clip < math.inf,
-          f"optimizer.qk_clip (QK-Clip's tau) must be a finite number > 0 or null, was {o.qk_clip!r}")
+    check(
+        o.qk_clip is None or 0 < o.qk_clip < math.inf,
+        f"optimizer.qk_clip (QK-Clip's tau) must be a finite number > 0 or null, was {o.qk_clip!r}",
+    )
     check(0 <= o.qk_clip_alpha <= 1, f"optimizer.qk_clip_alpha must be in [0, 1], was {o.qk_clip_alpha!r}")
-    check(o.qk_clip is None or not scenario.model.qk_layernorm,
-          "QKClip with QKLayerNorm: the norm undoes any scale of W_q and W_k, so every step would clip again and "
-          "shrink them geometrically; use one of the two")
-    check(all(0 <= b < 1 for b in o.betas) and len(o.betas) == 2, f"optimizer.betas must be two numbers in [0, 1), was {o.betas!r}")
+    check(
+        o.qk_clip is None or not scenario.model.qk_layernorm,
+        "QKClip with QKLayerNorm: the norm undoes any scale of W_q and W_k, so every step would clip again and "
+        "shrink them geometrically; use one of the two",
+    )
+    check(
+        all(0 <= b < 1 for b in o.betas) and len(o.betas) == 2, f"optimizer.betas must be two numbers in [0, 1), was {o.betas!r}"
+    )
     check(o.eps >= 0, f"optimizer.eps must be >= 0, was {o.eps}")
     check(o.weight_decay >= 0, f"optimizer.weight_decay must be >= 0, was {o.weight_decay}")
-    check(o.adaptive_z > 0 and 0 < o.adaptive_alpha < 1,
-          f"optimizer.adaptive_z must be > 0 and adaptive_alpha in (0, 1), was {o.adaptive_z}, {o.adaptive_alpha}")
+    check(
+        o.adaptive_z > 0 and 0 < o.adaptive_alpha < 1,
+        f"optimizer.adaptive_z must be > 0 and adaptive_alpha in (0, 1), was {o.adaptive_z}, {o.adaptive_alpha}",
+    )
     check(o.clip_when in CLIP_WHENS, f"optimizer.clip_when must be one of {', '.join(CLIP_WHENS)}, was {o.clip_when!r}")
-    check(o.clip_when != "muon_update" or (o.name == "muon" and o.grad_clip is not None and o.clip_kind == "global"),
-          "optimizer.clip_when muon_update (ClipMuonUpdate) needs optimizer.name muon and a global clip "
-          f"(grad_clip a number, clip_kind global), was name {o.name!r}, grad_clip {o.grad_clip!r}, clip_kind {o.clip_kind!r}")
-    check(o.clip_when != "inf_to_log" or o.grad_clip is None,
-          "optimizer.clip_when inf_to_log (ClipInfToLog) is the logging call of a run that does not clip: "
-          f"grad_clip must be null, was {o.grad_clip!r}")
+    check(
+        o.clip_when != "muon_update" or (o.name == "muon" and o.grad_clip is not None and o.clip_kind == "global"),
+        "optimizer.clip_when muon_update (ClipMuonUpdate) needs optimizer.name muon and a global clip "
+        f"(grad_clip a number, clip_kind global), was name {o.name!r}, grad_clip {o.grad_clip!r}, clip_kind {o.clip_kind!r}",
+    )
+    check(
+        o.clip_when != "inf_to_log" or o.grad_clip is None,
+        "optimizer.clip_when inf_to_log (ClipInfToLog) is the logging call of a run that does not clip: "
+        f"grad_clip must be null, was {o.grad_clip!r}",
+    )
     check(o.step_counter in ("advance", "frozen"), f"optimizer.step_counter must be advance or frozen, was {o.step_counter!r}")
-    check(o.step_counter == "advance" or o.name == "adamw",
-          f"optimizer.step_counter frozen (SkipStepCounter) is AdamW's counter; optimizer.name was {o.name!r}")
+    check(
+        o.step_counter == "advance" or o.name == "adamw",
+        f"optimizer.step_counter frozen (SkipStepCounter) is AdamW's counter; optimizer.name was {o.name!r}",
+    )
     o.clip  # noqa: B018 (the kind's check, one line naming the known kinds)
-    check(o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
-          f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}")
+    check(
+        o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
+        f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}",
+    )
     check(sch.name in SCHEDULES, f"schedule.name must be cosine or constant, was {sch.name!r}")
     check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
     check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
     check(scenario.data.corpus in CORPORA, f"data.corpus must be one of {', '.join(CORPORA)}, was {scenario.data.corpus!r}")
     if scenario.data.corpus == "induction":
-        check(scenario.data.n_sentences >= s.batch_size,
-              f"data.n_sentences ({scenario.data.n_sentences} induction sequences) must be >= the batch size {s.batch_size}")
-        check(scenario.model.block_size >= 5,
-              f"the induction corpus needs model.block_size >= 5 (two halves of >= 2 symbols), was {scenario.model.block_size}")
+        check(
+            scenario.data.n_sentences >= s.batch_size,
+            f"data.n_sentences ({scenario.data.n_sentences} induction sequences) must be >= the batch size {s.batch_size}",
+        )
+        check(
+            scenario.model.block_size >= 5,
+            f"the induction corpus needs model.block_size >= 5 (two halves of >= 2 symbols), was {scenario.model.block_size}",
+        )
     if scenario.data.corpus == "texts":
         n_train = len(scenario.data.texts) - scenario.data.eval_sentences
-        check(n_train >= s.batch_size and scenario.data.eval_sentences >= 1,
-              f"data.texts needs more than eval_sentences + batch_size texts ({scenario.data.eval_sentences} + "
-              f"{s.batch_size}), had {len(scenario.data.texts)}")
+        check(
+            n_train >= s.batch_size and scenario.data.eval_sentences >= 1,
+            f"data.texts needs more than eval_sentences + batch_size texts ({scenario.data.eval_sentences} + "
+            f"{s.batch_size}), had {len(scenario.data.texts)}",
+        )
         check(all(isinstance(t, str) for t in scenario.data.texts), "data.texts must be strings")
 
 
@@ -450,18 +529,28 @@ def check_amp(scenario: Scenario) -> None:
     a, o = scenario.amp, scenario.optimizer
     check(a.dtype in AMP_DTYPES, f"amp.dtype must be one of {', '.join(AMP_DTYPES)}, was {a.dtype!r}")
     if is_number(a.loss_scale):
-        check(math.isfinite(a.loss_scale) and a.loss_scale > 0,
-              f"amp.loss_scale must be 'dynamic' or a finite number > 0, was {a.loss_scale!r}")
-    check(a.loss_scale is None or a.dtype != "float32",
-          "amp.loss_scale needs amp.dtype float16 (or bfloat16): without autocast nothing underflows to scale against")
-    check(a.dtype == "float32" or scenario.model.dtype == "float32",
-          f"amp keeps float32 master weights: model.dtype must be float32 with amp.dtype {a.dtype}, was "
-          f"{scenario.model.dtype} (HalfPrecision is pure fp16 without autocast; declare one or the other)")
-    check(o.clip_when != "before_unscale" or a.loss_scale is not None,
-          "optimizer.clip_when before_unscale (ClipBeforeUnscale) needs a loss scale (amp.loss_scale): "
-          "without one there is nothing to unscale")
-    check(o.clip_when != "per_microbatch" or a.loss_scale is None,
-          "optimizer.clip_when per_microbatch (ClipEachMicrobatch) is declared without loss scaling")
+        check(
+            math.isfinite(a.loss_scale) and a.loss_scale > 0,
+            f"amp.loss_scale must be 'dynamic' or a finite number > 0, was {a.loss_scale!r}",
+        )
+    check(
+        a.loss_scale is None or a.dtype != "float32",
+        "amp.loss_scale needs amp.dtype float16 (or bfloat16): without autocast nothing underflows to scale against",
+    )
+    check(
+        a.dtype == "float32" or scenario.model.dtype == "float32",
+        f"amp keeps float32 master weights: model.dtype must be float32 with amp.dtype {a.dtype}, was "
+        f"{scenario.model.dtype} (HalfPrecision is pure fp16 without autocast; declare one or the other)",
+    )
+    check(
+        o.clip_when != "before_unscale" or a.loss_scale is not None,
+        "optimizer.clip_when before_unscale (ClipBeforeUnscale) needs a loss scale (amp.loss_scale): "
+        "without one there is nothing to unscale",
+    )
+    check(
+        o.clip_when != "per_microbatch" or a.loss_scale is None,
+        "optimizer.clip_when per_microbatch (ClipEachMicrobatch) is declared without loss scaling",
+    )
 
 
 # -- ranges and limits: every numeric field, checked at load (docs/limits.md) -----------------
@@ -494,12 +583,16 @@ class Range:
     high_open: bool = False
 
     def holds(self, value: float) -> bool:
-        return (math.isfinite(value) and (value > self.low if self.low_open else value >= self.low)
-                and (value < self.high if self.high_open else value <= self.high))
+        return (
+            math.isfinite(value)
+            and (value > self.low if self.low_open else value >= self.low)
+            and (value < self.high if self.high_open else value <= self.high)
+        )
 
     def text(self) -> str:
         def number(x: float) -> str:
             return str(x) if isinstance(x, int) else f"{x:g}"
+
         return f"{'(' if self.low_open else '['}{number(self.low)}, {number(self.high)}{')' if self.high_open else ']'}"
 
 
@@ -507,25 +600,46 @@ class Range:
 #: their own spec (grad_clip, the adaptive clip, skip_spike_ratio: CLIP_FIELDS). A field added to
 #: a section without a range here fails tests/test_limits.py.
 RANGES: dict[str, Range] = {
-    "steps": Range(1, MAX_STEPS), "seed": Range(0, MAX_SEED),
-    "model.n_layer": Range(1, MAX_LAYERS), "model.n_head": Range(1, MAX_HEADS), "model.n_embd": Range(1, MAX_WIDTH),
-    "model.block_size": Range(1, MAX_CONTEXT), "model.vocab_size": Range(0, MAX_VOCAB),
-    "model.n_kv_head": Range(0, MAX_HEADS), "model.layernorm_eps": Range(0, 1), "model.init_std": Range(0, 10, low_open=True),
-    "model.pad_token_id": Range(-1, MAX_VOCAB), "model.z_loss": Range(0, 1e6), "model.logit_softcap": Range(0, 1e6),
-    "data.n_sentences": Range(1, MAX_SENTENCES), "data.eval_sentences": Range(1, MAX_SENTENCES),
-    "data.vocab_size": Range(258, MAX_VOCAB), "data.corpus_seed": Range(0, MAX_SEED),
-    "sampler.batch_size": Range(1, MAX_BATCH), "sampler.rare_cap": Range(0, MAX_BATCH),
-    "sampler.rare_doc_freq": Range(0, MAX_SENTENCES), "sampler.accumulation": Range(1, MAX_BATCH),
-    "sampler.mixture.phase_lengths": Range(1, MAX_STEPS), "sampler.mixture.concentration": Range(0, 1e6, low_open=True),
+    "steps": Range(1, MAX_STEPS),
+    "seed": Range(0, MAX_SEED),
+    "model.n_layer": Range(1, MAX_LAYERS),
+    "model.n_head": Range(1, MAX_HEADS),
+    "model.n_embd": Range(1, MAX_WIDTH),
+    "model.block_size": Range(1, MAX_CONTEXT),
+    "model.vocab_size": Range(0, MAX_VOCAB),
+    "model.n_kv_head": Range(0, MAX_HEADS),
+    "model.layernorm_eps": Range(0, 1),
+    "model.init_std": Range(0, 10, low_open=True),
+    "model.pad_token_id": Range(-1, MAX_VOCAB),
+    "model.z_loss": Range(0, 1e6),
+    "model.logit_softcap": Range(0, 1e6),
+    "data.n_sentences": Range(1, MAX_SENTENCES),
+    "data.eval_sentences": Range(1, MAX_SENTENCES),
+    "data.vocab_size": Range(258, MAX_VOCAB),
+    "data.corpus_seed": Range(0, MAX_SEED),
+    "sampler.batch_size": Range(1, MAX_BATCH),
+    "sampler.rare_cap": Range(0, MAX_BATCH),
+    "sampler.rare_doc_freq": Range(0, MAX_SENTENCES),
+    "sampler.accumulation": Range(1, MAX_BATCH),
+    "sampler.mixture.phase_lengths": Range(1, MAX_STEPS),
+    "sampler.mixture.concentration": Range(0, 1e6, low_open=True),
     "sampler.mixture.new_source_at": Range(0, MAX_STEPS),
-    "optimizer.lr": Range(0, 1e6, low_open=True), "optimizer.betas": Range(0, 1, high_open=True),
-    "optimizer.eps": Range(0, 1), "optimizer.weight_decay": Range(0, 1e6), "optimizer.momentum": Range(0, 1, high_open=True),
-    "optimizer.adamw_lr": Range(0, 1e6, low_open=True), "optimizer.qk_clip": Range(0, 1e30, low_open=True),
+    "optimizer.lr": Range(0, 1e6, low_open=True),
+    "optimizer.betas": Range(0, 1, high_open=True),
+    "optimizer.eps": Range(0, 1),
+    "optimizer.weight_decay": Range(0, 1e6),
+    "optimizer.momentum": Range(0, 1, high_open=True),
+    "optimizer.adamw_lr": Range(0, 1e6, low_open=True),
+    "optimizer.qk_clip": Range(0, 1e30, low_open=True),
     "optimizer.qk_clip_alpha": Range(0, 1),
-    "schedule.warmup_steps": Range(0, MAX_STEPS), "schedule.min_lr_ratio": Range(0, 1),
-    "record.eval_every": Range(1, MAX_STEPS), "record.dense_before": Range(0, MAX_STEPS),
-    "record.dense_after": Range(0, MAX_STEPS), "record.spike_ratio": Range(1, 1e30, low_open=True),
-    "record.spike_window": Range(1, MAX_STEPS), "record.top_tokens": Range(0, MAX_VOCAB),
+    "schedule.warmup_steps": Range(0, MAX_STEPS),
+    "schedule.min_lr_ratio": Range(0, 1),
+    "record.eval_every": Range(1, MAX_STEPS),
+    "record.dense_before": Range(0, MAX_STEPS),
+    "record.dense_after": Range(0, MAX_STEPS),
+    "record.spike_ratio": Range(1, 1e30, low_open=True),
+    "record.spike_window": Range(1, MAX_STEPS),
+    "record.top_tokens": Range(0, MAX_VOCAB),
     "amp.loss_scale": Range(0, 1e30, low_open=True),
 }
 #: The clip's numeric fields, whose checks are the clip spec's own (OptimizerSpec, check_section_values).
@@ -550,7 +664,12 @@ def check_ranges(scenario: Scenario) -> None:
         for v in value if isinstance(value, tuple) else (value,):
             if v is None or isinstance(v, str):  # null where allowed; a word (loss_scale dynamic) is checked by its spec
                 continue
-            check(is_number(v) and allowed.holds(v),
-                  f"{path} must be {'each ' if isinstance(value, tuple) else ''}in {allowed.text()}, was {shown(v)}" + (" (see docs/limits.md)" if is_number(v) and math.isfinite(v) else ""))
-    check(scenario.model.n_kv_head <= scenario.model.n_head,
-          f"model.n_kv_head ({scenario.model.n_kv_head}) must be <= model.n_head ({scenario.model.n_head})")
+            check(
+                is_number(v) and allowed.holds(v),
+                f"{path} must be {'each ' if isinstance(value, tuple) else ''}in {allowed.text()}, was {shown(v)}"
+                + (" (see docs/limits.md)" if is_number(v) and math.isfinite(v) else ""),
+            )
+    check(
+        scenario.model.n_kv_head <= scenario.model.n_head,
+        f"model.n_kv_head ({scenario.model.n_kv_head}) must be <= model.n_head ({scenario.model.n_head})",
+    )

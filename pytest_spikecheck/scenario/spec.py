@@ -87,21 +87,30 @@ class Scenario:
         check(is_int(self.steps) and self.steps >= 1, f"steps must be a positive integer, was {self.steps!r}")
         check(is_int(self.seed), f"seed must be an integer, was {self.seed!r}")
         check_section_types(self)
-        check(isinstance(self.breaks, tuple) and all(isinstance(b, Break) for b in self.breaks),
-              f"breaks must be a tuple of Break instances (NoClip(), RareTokenBurst(...)), was {self.breaks!r}")
+        check(
+            isinstance(self.breaks, tuple) and all(isinstance(b, Break) for b in self.breaks),
+            f"breaks must be a tuple of Break instances (NoClip(), RareTokenBurst(...)), was {self.breaks!r}",
+        )
         f = self.model_factory
-        check(f is None or callable(f) or (isinstance(f, str) and bool(IMPORT_PATH.match(f))),
-              f"model_factory must be a callable or an import path 'package.module:function', was {f!r}")
-        check(isinstance(self.model_kwargs, Mapping) and all(isinstance(k, str) for k in self.model_kwargs),
-              f"model_kwargs must be a mapping of keyword arguments, was {self.model_kwargs!r}")
+        check(
+            f is None or callable(f) or (isinstance(f, str) and bool(IMPORT_PATH.match(f))),
+            f"model_factory must be a callable or an import path 'package.module:function', was {f!r}",
+        )
+        check(
+            isinstance(self.model_kwargs, Mapping) and all(isinstance(k, str) for k in self.model_kwargs),
+            f"model_kwargs must be a mapping of keyword arguments, was {self.model_kwargs!r}",
+        )
         check(f is not None or not self.model_kwargs, "model_kwargs needs a model_factory (they are its keyword arguments)")
         # Frozen and hashable: the keyword arguments as a sorted tuple of pairs behind a mapping view.
         object.__setattr__(self, "model_kwargs", _FrozenKwargs(self.model_kwargs))
         for b in self.breaks:
             at = getattr(b, "at_step", None)
             if at is not None:
-                check(at <= self.steps, f"{type(b).__name__} at step {at} is after the last step ({self.steps} steps): "
-                                        f"move it to a step <= {self.steps} or train more steps")
+                check(
+                    at <= self.steps,
+                    f"{type(b).__name__} at step {at} is after the last step ({self.steps} steps): "
+                    f"move it to a step <= {self.steps} or train more steps",
+                )
         check_ranges(self)
         check_section_values(self)
         if isinstance(self.name, DerivedName):
@@ -155,8 +164,10 @@ class Scenario:
             top[section] = replace(top.get(section, getattr(self, section)), **attrs)
         unknown = sorted(set(top) - {f.name for f in fields(Scenario)})
         if unknown:
-            raise ConfigError(f"unknown scenario field {unknown[0]!r}; expected one of "
-                              f"{', '.join(f.name for f in fields(Scenario))} or section__field")
+            raise ConfigError(
+                f"unknown scenario field {unknown[0]!r}; expected one of "
+                f"{', '.join(f.name for f in fields(Scenario))} or section__field"
+            )
         return replace(self, **top)
 
     def resolved(self) -> Scenario:
@@ -208,11 +219,20 @@ class Scenario:
         clip = r.optimizer.clip.describe()
         bursts = ", ".join(f"{b.count}×{b.content}@{b.at_step}" for b in r.sampler.bursts) or "no bursts"
         k = r.sampler.accumulation
-        batches = (f"{r.sampler.kind} batches" if k == 1 else
-                   f"{r.sampler.kind} batches of {r.sampler.batch_size} in {k} micro-batches ({r.sampler.accumulate})")
+        batches = (
+            f"{r.sampler.kind} batches"
+            if k == 1
+            else f"{r.sampler.kind} batches of {r.sampler.batch_size} in {k} micro-batches ({r.sampler.accumulate})"
+        )
         scale = r.amp.loss_scale
-        amp = "" if r.amp.dtype == "float32" else (f", {r.amp.dtype} autocast" + (
-            "" if scale is None else f" + loss scale {scale if scale == 'dynamic' else format(scale, 'g')}"))
+        amp = (
+            ""
+            if r.amp.dtype == "float32"
+            else (
+                f", {r.amp.dtype} autocast"
+                + ("" if scale is None else f" + loss scale {scale if scale == 'dynamic' else format(scale, 'g')}")
+            )
+        )
         return f"{r.steps} steps, seed {r.seed}, {clip}, {batches}{amp}, {bursts}"
 
 
@@ -239,4 +259,3 @@ class _FrozenKwargs(Mapping):
 
     def __repr__(self) -> str:
         return repr(dict(self._items))
-

@@ -20,5 +20,15 @@ from pytest_spikecheck.sweep.result import SweepResult
 from pytest_spikecheck.sweep.spec import Point, Sweep, load_sweep
 from pytest_spikecheck.sweep.summary import recovery_spread, spread
 
-__all__ = ["Point", "Sweep", "SweepInterrupted", "SweepResult", "load_sweep", "lr_sweep", "make_executor",
-           "recovery_spread", "spread", "sweep"]
+__all__ = [
+    "Point",
+    "Sweep",
+    "SweepInterrupted",
+    "SweepResult",
+    "load_sweep",
+    "lr_sweep",
+    "make_executor",
+    "recovery_spread",
+    "spread",
+    "sweep",
+]

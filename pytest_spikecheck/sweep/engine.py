@@ -42,8 +42,14 @@ class SweepInterrupted(KeyboardInterrupt):
         self.result = result
 
 
-def make_executor(executor: Any, *, jobs: int | None = None, address: str | None = None, max_retries: int = 3,
-                  runtime_env: Mapping[str, Any] | None = None) -> Any:
+def make_executor(
+    executor: Any,
+    *,
+    jobs: int | None = None,
+    address: str | None = None,
+    max_retries: int = 3,
+    runtime_env: Mapping[str, Any] | None = None,
+) -> Any:
     """An executor by name (``local``, ``ray``), or an executor object passed through."""
     if not isinstance(executor, str):
         return executor
@@ -62,12 +68,25 @@ def make_executor(executor: Any, *, jobs: int | None = None, address: str | None
     raise ConfigError(f"unknown executor {executor!r}; choose one of {', '.join(EXECUTORS)}")
 
 
-def sweep(base: Scenario | Sweep, grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None = None, *,
-          recipes: Mapping[str, Sequence[Any]] | None = None, executor: Any = "local", jobs: int | None = None,
-          address: str | None = None, out: str | Path | None = None, fresh: bool = False,
-          store: str | Path | None = None, progress: bool | str | Progress = True, max_retries: int = 3,
-          runtime_env: Mapping[str, Any] | None = None, backend: str = "auto", device: str = "cpu",
-          threads: int = 1, name: str | None = None) -> SweepResult:
+def sweep(
+    base: Scenario | Sweep,
+    grid: Mapping[str, Sequence[Any]] | Sequence[Mapping[str, Any]] | None = None,
+    *,
+    recipes: Mapping[str, Sequence[Any]] | None = None,
+    executor: Any = "local",
+    jobs: int | None = None,
+    address: str | None = None,
+    out: str | Path | None = None,
+    fresh: bool = False,
+    store: str | Path | None = None,
+    progress: bool | str | Progress = True,
+    max_retries: int = 3,
+    runtime_env: Mapping[str, Any] | None = None,
+    backend: str = "auto",
+    device: str = "cpu",
+    threads: int = 1,
+    name: str | None = None,
+) -> SweepResult:
     """Train every point of a sweep and return its :class:`SweepResult`.
 
     ``base`` is a :class:`Sweep`, or a scenario with ``grid`` (a mapping of dotted field paths to
@@ -85,8 +104,10 @@ def sweep(base: Scenario | Sweep, grid: Mapping[str, Sequence[Any]] | Sequence[M
     ``progress``: True (a bar on a terminal, a line per point otherwise), False, a mode
     (``bar``, ``lines``, ``quiet``) or a :class:`~pytest_spikecheck.progress.Progress`."""
     if isinstance(base, Sweep) and (grid is not None or recipes is not None):
-        raise ConfigError("sweep(): a Sweep carries its own grid and recipes; give grid= and recipes= with a base "
-                          "Scenario, or put them in the Sweep")
+        raise ConfigError(
+            "sweep(): a Sweep carries its own grid and recipes; give grid= and recipes= with a base "
+            "Scenario, or put them in the Sweep"
+        )
     plan = base if isinstance(base, Sweep) else _plan(base, grid, recipes, name)
     points = plan.expand()  # every point checked before anything trains (once: load_sweep's are reused)
     if name is not None:
@@ -100,11 +121,22 @@ def sweep(base: Scenario | Sweep, grid: Mapping[str, Sequence[Any]] | Sequence[M
     out = Path(out) if out is not None else None
     if out is not None and out.exists() and not out.is_dir():
         raise ConfigError(f"out {out} is an existing file; a sweep writes a folder: give a folder path")
-    runs_store = (RunStore(store if store is not None else out / STORE_DIR, session=uuid.uuid4().hex, writer="sweep")
-                  if (store is not None or out is not None) else None)
+    runs_store = (
+        RunStore(store if store is not None else out / STORE_DIR, session=uuid.uuid4().hex, writer="sweep")
+        if (store is not None or out is not None)
+        else None
+    )
     keys = [run_key(p.scenario, backend=backend, device=device, threads=threads) for p in points]
-    books = _Books(plan.name or plan.base.name, plan.axes, points, out, runs_store, keys,
-                   _progress(progress), getattr(runner, "describe", lambda: str(runner))())
+    books = _Books(
+        plan.name or plan.base.name,
+        plan.axes,
+        points,
+        out,
+        runs_store,
+        keys,
+        _progress(progress),
+        getattr(runner, "describe", lambda: str(runner))(),
+    )
     started = time.perf_counter()
     todo: list[PointJob] = []
     elsewhere: list[Point] = []  # claimed by another sweep on this store: wait for its run
@@ -142,8 +174,9 @@ def _job(point: Point, key: Any, backend: str, device: str, threads: int) -> Poi
     return PointJob(point.index, point.scenario, backend, device, threads, key.tag, key.shareable)
 
 
-def _collect(elsewhere: list[Point], store: Any, keys: list, books: _Books, backend: str, device: str,
-             threads: int) -> list[PointJob]:
+def _collect(
+    elsewhere: list[Point], store: Any, keys: list, books: _Books, backend: str, device: str, threads: int
+) -> list[PointJob]:
     """Wait for the points another sweep on the same store claimed: each is ``cached`` once its
     claim is released with the run stored; one whose claim was dropped without a run (that sweep
     failed or stopped) is claimed here and returned, to train. Empties ``elsewhere``."""
@@ -165,8 +198,10 @@ def _collect(elsewhere: list[Point], store: Any, keys: list, books: _Books, back
             break
         if elsewhere:
             if time.monotonic() - waited > store.lock_timeout:
-                raise ConfigError(f"waited {store.lock_timeout:g} s for another sweep on {store.root} to train "
-                                  f"{len(elsewhere)} of this sweep's points")
+                raise ConfigError(
+                    f"waited {store.lock_timeout:g} s for another sweep on {store.root} to train "
+                    f"{len(elsewhere)} of this sweep's points"
+                )
             time.sleep(0.2)
     return todo
 
@@ -194,8 +229,17 @@ def _progress(progress: bool | str | Progress) -> Progress:
 class _Books:
     """The driver's record of a sweep as outcomes arrive: runs, rows, store, files, progress."""
 
-    def __init__(self, name: str, axes: tuple[str, ...], points: list[Point], out: Path | None,
-                 store: RunStore | None, keys: list, progress: Progress, executor: str) -> None:
+    def __init__(
+        self,
+        name: str,
+        axes: tuple[str, ...],
+        points: list[Point],
+        out: Path | None,
+        store: RunStore | None,
+        keys: list,
+        progress: Progress,
+        executor: str,
+    ) -> None:
         self.name, self.axes, self.points, self.out, self.store, self.keys = name, axes, points, out, store, keys
         self.executor = executor
         self.runs: list[Any] = [None] * len(points)
@@ -220,9 +264,11 @@ class _Books:
                     run.save(folder)
             self.rows[point.index] = dataclasses.replace(self.rows[point.index], run=f"runs/{folder.name}")
         self.task.update(outcome=status)
-        self.task.line(f"[{self.task.done}/{len(self.points)}] {point.name}: {status}"
-                       + (f" in {measured.seconds:.1f} s" if status == "done" else "")
-                       + f", final eval loss {measured.final_eval_loss:.3f}")
+        self.task.line(
+            f"[{self.task.done}/{len(self.points)}] {point.name}: {status}"
+            + (f" in {measured.seconds:.1f} s" if status == "done" else "")
+            + f", final eval loss {measured.final_eval_loss:.3f}"
+        )
 
     def deliver(self, outcome: Outcome) -> None:
         point = self.points[outcome.index]
@@ -235,8 +281,7 @@ class _Books:
             return
         if self.store is not None and self.keys[point.index].shareable:
             self.store.release(self.keys[point.index])
-        self.rows[point.index] = row_for(point, "failed", seconds=outcome.seconds, error=outcome.error,
-                                         where=outcome.where)
+        self.rows[point.index] = row_for(point, "failed", seconds=outcome.seconds, error=outcome.error, where=outcome.where)
         self.task.update(outcome="failed")
         self.task.line(f"[{self.task.done}/{len(self.points)}] {point.name}: failed: {outcome.error}")
 
@@ -245,8 +290,16 @@ class _Books:
         # every row names every axis: explicit points may set different ones; an axis a point does
         # not set holds its scenario's value (the base's), so rows sort and group on every axis
         rows = [r.with_axes(self.axes, lambda a, p=p: axis_value(p.scenario, a)) for p, r in zip(self.points, rows)]
-        result = SweepResult(self.name, self.axes, self.points, rows, list(self.runs), executor=self.executor,
-                             wall_seconds=wall_seconds, interrupted=interrupted)
+        result = SweepResult(
+            self.name,
+            self.axes,
+            self.points,
+            rows,
+            list(self.runs),
+            executor=self.executor,
+            wall_seconds=wall_seconds,
+            interrupted=interrupted,
+        )
         if self.out is not None:
             result.write(self.out)
         return result

@@ -63,8 +63,7 @@ def _main_module() -> str:
 class LocalExecutor:
     name = "local"
 
-    def __init__(self, jobs: int | None = None, max_retries: int = 3,
-                 work: Callable[[PointJob], Outcome] = run_point) -> None:
+    def __init__(self, jobs: int | None = None, max_retries: int = 3, work: Callable[[PointJob], Outcome] = run_point) -> None:
         """``work`` is what a worker does with each job: :func:`run_point` (a test gives a stand-in
         that needs no torch, to lose a worker cheaply)."""
         if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
@@ -94,8 +93,7 @@ class LocalExecutor:
         lost: Counter[int] = Counter()
         while pending:
             workers = min(self.jobs, len(pending))
-            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started,
-                                       initargs=(started, os.getpid()))
+            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_started, initargs=(started, os.getpid()))
             in_flight: dict[Future, PointJob] = {}
             stopped = False
             try:
@@ -119,16 +117,22 @@ class LocalExecutor:
                     raise WorkersCouldNotStart(
                         f"the local executor's worker processes exited before they could start: each spawned worker "
                         f"re-imports the main module ({_main_module()}), so a script that starts a sweep (sweep(), "
-                        f"lr_sweep()) must do so under `if __name__ == \"__main__\":`, or train in this process with "
-                        f"jobs=1") from None
+                        f'lr_sweep()) must do so under `if __name__ == "__main__":`, or train in this process with '
+                        f"jobs=1"
+                    ) from None
                 # A worker died mid-point (killed, out of memory): the pool is gone with every point in
                 # flight; train them again on a new pool.
                 for job in in_flight.values():
                     lost[job.index] += 1
                     if lost[job.index] > self.max_retries:
                         times = "once" if lost[job.index] == 1 else f"{lost[job.index]} times"
-                        deliver(Outcome(job.index, error=f"the local worker pool broke {times} while this point trained "
-                                                         f"(a worker killed, or out of memory?)"))
+                        deliver(
+                            Outcome(
+                                job.index,
+                                error=f"the local worker pool broke {times} while this point trained "
+                                f"(a worker killed, or out of memory?)",
+                            )
+                        )
                     else:
                         pending.appendleft(job)
             except BaseException:  # Ctrl-C, or deliver raised: stop the workers, keep what finished

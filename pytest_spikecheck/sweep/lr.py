@@ -12,8 +12,9 @@ from pytest_spikecheck.sweep.engine import sweep
 from pytest_spikecheck.sweep.spec import Sweep
 
 
-def lr_sweep(scenario: Scenario, lrs: Sequence[float], *, processes: int = 2, threads: int = 1,
-             name: str | None = None) -> LRSweep:
+def lr_sweep(
+    scenario: Scenario, lrs: Sequence[float], *, processes: int = 2, threads: int = 1, name: str | None = None
+) -> LRSweep:
     """Train ``scenario`` once per learning rate in ``lrs`` (its ``optimizer.lr`` replaced, breaks
     and everything else kept) with the local executor, ``processes`` spawned workers of
     ``threads`` threads each (1: in this process), and return the

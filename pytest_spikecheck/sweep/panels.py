@@ -75,8 +75,9 @@ def plot_final_loss_vs_lr(result: SweepResult, path: Path) -> Path:
         panels = [((), _ran(result.rows))]
     columns = min(len(panels), 4)
     rows_n = math.ceil(len(panels) / columns)
-    fig, grid = plt.subplots(rows_n, columns, figsize=(max(6.5, 4.2 * columns), 3.6 * rows_n + 0.6), dpi=110,
-                             squeeze=False, sharey=True)
+    fig, grid = plt.subplots(
+        rows_n, columns, figsize=(max(6.5, 4.2 * columns), 3.6 * rows_n + 0.6), dpi=110, squeeze=False, sharey=True
+    )
     swept = sorted({r[LR] for r in _ran(result.rows)})
     for ax, (panel_values, members) in zip(grid.flat, panels):
         initial = median(r["initial_loss"] for r in members)
@@ -93,13 +94,19 @@ def plot_final_loss_vs_lr(result: SweepResult, path: Path) -> Path:
         ax.get_xaxis().set_minor_formatter(_no_ticks())
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    for ax in list(grid.flat)[len(panels):]:
+    for ax in list(grid.flat)[len(panels) :]:
         ax.set_visible(False)
     for ax in grid[:, 0]:
         ax.set_ylabel("final eval loss (nats)")
     seeds = len({r.get(SEED) for r in result.rows})
-    fig.suptitle(fit_title(f"{result.name}\nfinal eval loss vs peak LR (median over {seeds} seed{'s' if seeds != 1 else ''}, "
-                           "min–max shaded; a diverged run at its initial loss)", fig), fontsize=10)
+    fig.suptitle(
+        fit_title(
+            f"{result.name}\nfinal eval loss vs peak LR (median over {seeds} seed{'s' if seeds != 1 else ''}, "
+            "min–max shaded; a diverged run at its initial loss)",
+            fig,
+        ),
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

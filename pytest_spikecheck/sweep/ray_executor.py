@@ -42,8 +42,13 @@ def ray_point(job: PointJob) -> Outcome:
 class RayExecutor:
     name = "ray"
 
-    def __init__(self, address: str | None = None, jobs: int | None = None, max_retries: int = 3,
-                 runtime_env: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        address: str | None = None,
+        jobs: int | None = None,
+        max_retries: int = 3,
+        runtime_env: Mapping[str, Any] | None = None,
+    ) -> None:
         if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
             raise ConfigError(f"jobs must be a positive integer, was {jobs!r}")
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
@@ -74,8 +79,10 @@ class RayExecutor:
             with _without_token_notice(local=self.address is None):
                 ray.init(address=self.address, **options)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ConfigError(f"could not start or join Ray at {self.address or 'a local Ray'}: {one_line(exc)} "
-                              f"(a cluster is started with `ray start --head`)") from None
+            raise ConfigError(
+                f"could not start or join Ray at {self.address or 'a local Ray'}: {one_line(exc)} "
+                f"(a cluster is started with `ray start --head`)"
+            ) from None
         return True
 
     def run(self, jobs: Sequence[PointJob], deliver: Callable[[Outcome], None]) -> None:

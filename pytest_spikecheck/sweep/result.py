@@ -23,8 +23,12 @@ from pytest_spikecheck.sweep.summary import LR, MEASURES, lr_sensitivities, summ
 #: reached before the sweep was stopped.
 STATUSES = ("done", "cached", "failed", "not run")
 #: Column headings of the point table (the CSV and JSON keep the field names).
-_HEADINGS = {**{key: COLUMNS[key].heading for key in ("final_eval_loss", "max_attn_logit", "largest_spike_ratio")},
-             "recovery": "recovery", "status": "status", "seconds": "seconds"}
+_HEADINGS = {
+    **{key: COLUMNS[key].heading for key in ("final_eval_loss", "max_attn_logit", "largest_spike_ratio")},
+    "recovery": "recovery",
+    "status": "status",
+    "seconds": "seconds",
+}
 
 
 @dataclass
@@ -70,9 +74,14 @@ class SweepResult:
         errors = any(row["error"] for row in self.rows)
         rows = []
         for row in self.rows:
-            cells = [row["point"], *(_cell(row.get(a)) for a in self.axes),
-                     *(COLUMNS[key].text(row) for key in ("final_eval_loss", "max_attn_logit", "largest_spike_ratio")),
-                     _recovery(row), row["status"], fmt(row["seconds"], ".1f")]
+            cells = [
+                row["point"],
+                *(_cell(row.get(a)) for a in self.axes),
+                *(COLUMNS[key].text(row) for key in ("final_eval_loss", "max_attn_logit", "largest_spike_ratio")),
+                _recovery(row),
+                row["status"],
+                fmt(row["seconds"], ".1f"),
+            ]
             rows.append(cells + ([row["error"] or ""] if errors else []))
         return table(headers + (["error"] if errors else []), rows, markdown=markdown)
 
@@ -80,10 +89,29 @@ class SweepResult:
         """Each combination of the axes but ``seed``: the measures as median [min–max] over seeds."""
         found = self.summaries()
         keep = [a for a in self.axes if a != "seed"]
-        headers = [*keep, "points", "failed", "final eval loss", "max attention logit", "largest spike ratio",
-                   "recovery", "diverged"]
-        rows = [[*(_cell(s[a]) for a in keep), str(s["points"]), str(s["failed"]), s["final_eval_loss"],
-                 s["max_attn_logit"], s["largest_spike_ratio"], s["recovery"], s["diverged"]] for s in found]
+        headers = [
+            *keep,
+            "points",
+            "failed",
+            "final eval loss",
+            "max attention logit",
+            "largest spike ratio",
+            "recovery",
+            "diverged",
+        ]
+        rows = [
+            [
+                *(_cell(s[a]) for a in keep),
+                str(s["points"]),
+                str(s["failed"]),
+                s["final_eval_loss"],
+                s["max_attn_logit"],
+                s["largest_spike_ratio"],
+                s["recovery"],
+                s["diverged"],
+            ]
+            for s in found
+        ]
         return table(headers, rows, markdown=markdown)
 
     def lr_sensitivity_table(self, markdown: bool = False) -> str:
@@ -92,32 +120,60 @@ class SweepResult:
             return ""
         keep = [a for a in self.axes if a not in ("seed", LR)]
         headers = [*keep, "seeds", "LR sensitivity (nats)", "best final eval loss"]
-        rows = [[*(_cell(s[a]) for a in keep), str(s["seeds"]) + (f" ({s['incomplete']} incomplete)" if s["incomplete"] else ""),
-                 s["lr_sensitivity"], s["best_final_eval_loss"]] for s in found]
+        rows = [
+            [
+                *(_cell(s[a]) for a in keep),
+                str(s["seeds"]) + (f" ({s['incomplete']} incomplete)" if s["incomplete"] else ""),
+                s["lr_sensitivity"],
+                s["best_final_eval_loss"],
+            ]
+            for s in found
+        ]
         return table(headers, rows, markdown=markdown)
 
     def markdown(self, panels: Sequence[str] = ()) -> str:
         lrs = self.lr_sensitivity_table(markdown=True)
-        parts = [f"# Sweep {self.name}", "",
-                 f"{len(self.rows)} points ({self.counts_text()}); executor {self.executor}; wall time "
-                 f"{fmt(self.wall_seconds, '.0f')} s" + (" (interrupted: the points not run are marked)" if self.interrupted else "") + ".",
-                 "", "## Summary over seeds (median [min–max])", "", self.summary_table(markdown=True)]
+        parts = [
+            f"# Sweep {self.name}",
+            "",
+            f"{len(self.rows)} points ({self.counts_text()}); executor {self.executor}; wall time "
+            f"{fmt(self.wall_seconds, '.0f')} s"
+            + (" (interrupted: the points not run are marked)" if self.interrupted else "")
+            + ".",
+            "",
+            "## Summary over seeds (median [min–max])",
+            "",
+            self.summary_table(markdown=True),
+        ]
         if lrs:
-            parts += ["", "## LR sensitivity (Wortsman et al. 2023), median [min–max] over seeds", "",
-                      "The mean over the sweep's learning rates of min(final loss, initial loss) minus the best final "
-                      "loss, per seed.", "", lrs]
+            parts += [
+                "",
+                "## LR sensitivity (Wortsman et al. 2023), median [min–max] over seeds",
+                "",
+                "The mean over the sweep's learning rates of min(final loss, initial loss) minus the best final loss, per seed.",
+                "",
+                lrs,
+            ]
         parts += [""] + [f"![{Path(p).stem}]({Path(p).name})" for p in panels]
         parts += ["", "## Points", "", self.table(markdown=True), ""]
         return "\n".join(parts)
 
     # -- files --------------------------------------------------------------------------------
     def json_data(self) -> dict[str, Any]:
-        return {"name": self.name, "executor": self.executor, "wall_seconds": _json(self.wall_seconds),
-                "interrupted": self.interrupted, "axes": list(self.axes), "counts": dict(self.counts),
-                "rows": [{k: _json(v) for k, v in row.items()} for row in self.rows],
-                "summaries": self.summaries(),
-                "lr_sensitivity": [{k: _json(v) if not isinstance(v, list) else [_json(x) for x in v] for k, v in s.items()}
-                                   for s in self.lr_sensitivities()]}
+        return {
+            "name": self.name,
+            "executor": self.executor,
+            "wall_seconds": _json(self.wall_seconds),
+            "interrupted": self.interrupted,
+            "axes": list(self.axes),
+            "counts": dict(self.counts),
+            "rows": [{k: _json(v) for k, v in row.items()} for row in self.rows],
+            "summaries": self.summaries(),
+            "lr_sensitivity": [
+                {k: _json(v) if not isinstance(v, list) else [_json(x) for x in v] for k, v in s.items()}
+                for s in self.lr_sensitivities()
+            ],
+        }
 
     def write(self, out: str | Path) -> list[Path]:
         """Write sweep.csv, sweep.json, the panels and sweep.md into ``out``; return the paths."""
@@ -189,8 +245,9 @@ class PointRow(Mapping[str, Any]):
         row = {"point": self.point, **dict(self.axis_values), **{m: measured.get(m) for m in MEASURES}}
         if self.seconds is not None:
             row["seconds"] = self.seconds
-        row.update({"status": self.status, "error": self.error, "content_hash": self.content_hash,
-                    "where": self.where, "run": self.run})
+        row.update(
+            {"status": self.status, "error": self.error, "content_hash": self.content_hash, "where": self.where, "run": self.run}
+        )
         return row
 
     def __getitem__(self, key: str) -> Any:
@@ -221,17 +278,38 @@ class PointRow(Mapping[str, Any]):
         known = {"point", *MEASURES, *_TAIL}
         measured = raw["status"] in ("done", "cached")
         measures = Measures(**{f.name: raw.get(f.name) for f in fields(Measures)}) if measured else None
-        return cls(point=str(raw["point"]), axis_values=tuple((k, v) for k, v in raw.items() if k not in known),
-                   status=str(raw["status"]), measures=measures,
-                   seconds=None if measured else raw.get("seconds"), error=raw.get("error"),
-                   content_hash=str(raw.get("content_hash") or ""), where=str(raw.get("where") or ""),
-                   run=raw.get("run"))
+        return cls(
+            point=str(raw["point"]),
+            axis_values=tuple((k, v) for k, v in raw.items() if k not in known),
+            status=str(raw["status"]),
+            measures=measures,
+            seconds=None if measured else raw.get("seconds"),
+            error=raw.get("error"),
+            content_hash=str(raw.get("content_hash") or ""),
+            where=str(raw.get("where") or ""),
+            run=raw.get("run"),
+        )
 
 
-def row_for(point: Point, status: str, measured: Measures | None = None, error: str | None = None,
-            where: str = "", *, seconds: float | None = None) -> PointRow:
+def row_for(
+    point: Point,
+    status: str,
+    measured: Measures | None = None,
+    error: str | None = None,
+    where: str = "",
+    *,
+    seconds: float | None = None,
+) -> PointRow:
     """A point's typed row: its name, recipe and axis values, its status and measures (None where
     not measured: a failed point has only its ``seconds``)."""
     values = ((("recipe", point.recipe),) if point.recipe is not None else ()) + tuple(point.values)
-    return PointRow(point.name, values, status, measured, seconds=seconds, error=error,
-                    content_hash=point.scenario.content_hash(), where=where)
+    return PointRow(
+        point.name,
+        values,
+        status,
+        measured,
+        seconds=seconds,
+        error=error,
+        content_hash=point.scenario.content_hash(),
+        where=where,
+    )

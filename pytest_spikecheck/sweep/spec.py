@@ -62,7 +62,7 @@ class Point:
         if resolved.model_factory is not None:
             width, layers = factory_size(resolved.model_kwargs, width, layers)
         tokens = resolved.sampler.batch_size * model.block_size
-        return float(resolved.steps) * tokens * layers * width ** 2
+        return float(resolved.steps) * tokens * layers * width**2
 
 
 def factory_size(kwargs: Mapping[str, Any], width: int, layers: int) -> tuple[int, int]:
@@ -71,8 +71,10 @@ def factory_size(kwargs: Mapping[str, Any], width: int, layers: int) -> tuple[in
     or ``n_embd`` / ``n_layer`` (our presets' names); ``width`` and ``layers`` where they name
     neither."""
     config = kwargs.get("config")
-    for source, w, n in ((config if isinstance(config, Mapping) else {}, "hidden_size", "num_hidden_layers"),
-                         (kwargs, "n_embd", "n_layer")):
+    for source, w, n in (
+        (config if isinstance(config, Mapping) else {}, "hidden_size", "num_hidden_layers"),
+        (kwargs, "n_embd", "n_layer"),
+    ):
         if isinstance(source.get(w), int):
             width = source[w]
         if isinstance(source.get(n), int):
@@ -127,14 +129,20 @@ class Sweep:
                     raise ConfigError(f"{w}: a recipe's name must be a non-empty string, was {name!r}")
                 if isinstance(breaks, (str, bytes, Mapping)) or not isinstance(breaks, Sequence):
                     raise ConfigError(f"{w}: recipes.{name} must be a list of breaks ([] for none), was {breaks!r}")
-                recipes[name] = tuple(b if isinstance(b, Break) else break_from_config(b, where=f"{w}: recipes.{name}")
-                                      for b in breaks)
+                recipes[name] = tuple(
+                    b if isinstance(b, Break) else break_from_config(b, where=f"{w}: recipes.{name}") for b in breaks
+                )
             self.recipes = recipes
-        size = (len(self.recipes) if self.recipes is not None else 1) * max(len(self.points), 1) * math.prod(
-            len(values) for values in self.grid.values())
+        size = (
+            (len(self.recipes) if self.recipes is not None else 1)
+            * max(len(self.points), 1)
+            * math.prod(len(values) for values in self.grid.values())
+        )
         if size > MAX_POINTS:
-            raise ConfigError(f"{w}: {size:,} points (recipes x points x grid), more than the {MAX_POINTS:,} a sweep may "
-                              f"have (docs/limits.md): split it into several sweeps")
+            raise ConfigError(
+                f"{w}: {size:,} points (recipes x points x grid), more than the {MAX_POINTS:,} a sweep may "
+                f"have (docs/limits.md): split it into several sweeps"
+            )
 
     @property
     def axes(self) -> tuple[str, ...]:
@@ -156,7 +164,8 @@ class Sweep:
         explicit = list(self.points) or [{}]
         combos = [dict(zip(self.grid, values)) for values in itertools.product(*self.grid.values())]
         recipes: Iterable[tuple[str | None, tuple[Break, ...]]] = (
-            self.recipes.items() if self.recipes is not None else [(None, ())])
+            self.recipes.items() if self.recipes is not None else [(None, ())]
+        )
         out: list[Point] = []
         seen: dict[str, Point] = {}
         for recipe, breaks in recipes:
@@ -179,8 +188,10 @@ class Sweep:
                     point = Point(len(out), recipe, held, scenario)
                     digest = scenario.content_hash()
                     if digest in seen:
-                        raise ConfigError(f"{w}: two points are the same scenario ({_describe(seen[digest])} and "
-                                          f"{_describe(point)}, content hash {digest}): drop one")
+                        raise ConfigError(
+                            f"{w}: two points are the same scenario ({_describe(seen[digest])} and "
+                            f"{_describe(point)}, content hash {digest}): drop one"
+                        )
                     seen[digest] = point
                     out.append(point)
         return out
@@ -194,8 +205,11 @@ def _named_by_every_axis(scenario: Scenario, values: tuple[tuple[str, Any], ...]
     name = str(scenario.name)
     if "…" in name:  # already cut to its ends and its content hash: unique, and an axis may be in the cut
         return scenario
-    missing = [f"{_labels(path)[-1]}={fmt_value(value)}" for path, value in values
-               if not any(part.split("=", 1)[0] in _labels(path) for part in name.split("+")[1:])]
+    missing = [
+        f"{_labels(path)[-1]}={fmt_value(value)}"
+        for path, value in values
+        if not any(part.split("=", 1)[0] in _labels(path) for part in name.split("+")[1:])
+    ]
     if not missing:
         return scenario
     name = "+".join([name, *missing])
@@ -274,8 +288,10 @@ def _check_not_overridden(scenario: Scenario, values: Mapping[str, Any], recipe:
         declared, trained = _read(scenario, path, given), _read(resolved, path, given)
         if declared != trained and not (_is_nan(declared) and _is_nan(trained)):
             by = f"recipe {recipe}'s breaks" if recipe is not None else "the base's breaks"
-            raise ConfigError(f"{label}: {path}={declared!r} is overridden by {by} (the run would train "
-                              f"{path}={trained!r}): sweep the break's parameter instead, or drop the break")
+            raise ConfigError(
+                f"{label}: {path}={declared!r} is overridden by {by} (the run would train "
+                f"{path}={trained!r}): sweep the break's parameter instead, or drop the break"
+            )
 
 
 def _is_nan(value: Any) -> bool:
@@ -317,11 +333,15 @@ def load_sweep(path: str | Path) -> Sweep:
     known = set(SWEEP_KEYS) | set(CONFIG_KEYS)
     unknown = sorted(set(raw) - known, key=str)
     if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(SWEEP_KEYS)} or a config "
-                          f"key of the base ({', '.join(sorted(CONFIG_KEYS - {'name'}))})")
+        raise ConfigError(
+            f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(SWEEP_KEYS)} or a config "
+            f"key of the base ({', '.join(sorted(CONFIG_KEYS - {'name'}))})"
+        )
     if "base" not in raw:
-        raise ConfigError(f"{where}: no base: give a config path (base: experiments/19-control) or an inline "
-                          f"scenario mapping (base: {{preset: phase-19}})")
+        raise ConfigError(
+            f"{where}: no base: give a config path (base: experiments/19-control) or an inline "
+            f"scenario mapping (base: {{preset: phase-19}})"
+        )
     if not any(k in raw for k in ("grid", "points", "recipes")):
         raise ConfigError(f"{where}: nothing to sweep: give a grid, points or recipes")
     base = _base(raw["base"], path)
@@ -353,5 +373,4 @@ def _base(raw: Any, sweep_file: Path) -> Scenario:
     for candidate in tried:
         if candidate.is_dir() and (candidate / "config.yaml").is_file() or candidate.is_file():
             return Scenario.from_yaml(candidate)
-    raise ConfigError(f"{where}: no config file or experiment directory {raw} (looked in "
-                      f"{' and '.join(str(t) for t in tried)})")
+    raise ConfigError(f"{where}: no config file or experiment directory {raw} (looked in {' and '.join(str(t) for t in tried)})")

@@ -14,8 +14,19 @@ from pytest_spikecheck.report.columns import logit  # noqa: F401  (the sweep tab
 from pytest_spikecheck.report.summary import measure  # noqa: F401  (the plugin's rows and the sweep's points: one measure
 
 #: The measured columns of a row, after the point's name and axis values.
-MEASURES = ("status", "final_eval_loss", "initial_loss", "max_attn_logit", "largest_spike_ratio", "spike_step",
-            "is_spike", "recovery", "diverged", "seconds", "error")
+MEASURES = (
+    "status",
+    "final_eval_loss",
+    "initial_loss",
+    "max_attn_logit",
+    "largest_spike_ratio",
+    "spike_step",
+    "is_spike",
+    "recovery",
+    "diverged",
+    "seconds",
+    "error",
+)
 #: The axis that summaries gather over, and the one an LR sensitivity is measured along.
 SEED, LR = "seed", "optimizer.lr"
 
@@ -54,8 +65,12 @@ def _recovery(ran: Sequence[Mapping[str, Any]]) -> str:
         return "no spike"
     back = [v for v in spiked if v is not None]
     missing = len(spiked) - len(back)
-    return ((spread(back, ".0f") if back else "not back") + f" ({len(spiked)}/{len(ran)} spiked"
-            + (f", {missing} not back within {RECOVERY_HORIZON}" if missing and back else "") + ")")
+    return (
+        (spread(back, ".0f") if back else "not back")
+        + f" ({len(spiked)}/{len(ran)} spiked"
+        + (f", {missing} not back within {RECOVERY_HORIZON}" if missing and back else "")
+        + ")"
+    )
 
 
 def median(values: Iterable[Any]) -> float:
@@ -83,12 +98,18 @@ def summaries(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> list[di
     out = []
     for values, members in group(rows, axes, (SEED,)):
         ran = [r for r in members if r["status"] in ("done", "cached")]
-        out.append({**dict(zip(keep, values)), "points": len(members), "failed": sum(r["status"] == "failed" for r in members),
-                    "final_eval_loss": spread((r["final_eval_loss"] for r in ran), ".3f"),
-                    "max_attn_logit": spread((r["max_attn_logit"] for r in ran), logit),
-                    "largest_spike_ratio": spread((r["largest_spike_ratio"] for r in ran), ".1f"),
-                    "recovery": _recovery(ran),
-                    "diverged": f"{sum(bool(r['diverged']) for r in ran)}/{len(ran)}"})
+        out.append(
+            {
+                **dict(zip(keep, values)),
+                "points": len(members),
+                "failed": sum(r["status"] == "failed" for r in members),
+                "final_eval_loss": spread((r["final_eval_loss"] for r in ran), ".3f"),
+                "max_attn_logit": spread((r["max_attn_logit"] for r in ran), logit),
+                "largest_spike_ratio": spread((r["largest_spike_ratio"] for r in ran), ".1f"),
+                "recovery": _recovery(ran),
+                "diverged": f"{sum(bool(r['diverged']) for r in ran)}/{len(ran)}",
+            }
+        )
     return out
 
 
@@ -107,11 +128,21 @@ def lr_sensitivities(rows: Sequence[Mapping[str, Any]], axes: Sequence[str]) -> 
                 incomplete += 1
                 continue
             seed_rows = sorted(seed_rows, key=lambda r: r[LR])
-            sweep = LRSweep("", tuple(r[LR] for r in seed_rows), tuple(r["final_eval_loss"] for r in seed_rows),
-                            initial=median(r["initial_loss"] for r in seed_rows))
+            sweep = LRSweep(
+                "",
+                tuple(r[LR] for r in seed_rows),
+                tuple(r["final_eval_loss"] for r in seed_rows),
+                initial=median(r["initial_loss"] for r in seed_rows),
+            )
             per_seed.append((lr_sensitivity(sweep), sweep.best))
-        out.append({**dict(zip(keep, values)), "seeds": len(per_seed), "incomplete": incomplete,
-                    "lr_sensitivity": spread((s for s, _ in per_seed), ".3f"),
-                    "best_final_eval_loss": spread((b for _, b in per_seed), ".3f"),
-                    "lr_sensitivity_values": [s for s, _ in per_seed]})
+        out.append(
+            {
+                **dict(zip(keep, values)),
+                "seeds": len(per_seed),
+                "incomplete": incomplete,
+                "lr_sensitivity": spread((s for s, _ in per_seed), ".3f"),
+                "best_final_eval_loss": spread((b for _, b in per_seed), ".3f"),
+                "lr_sensitivity_values": [s for s, _ in per_seed],
+            }
+        )
     return out

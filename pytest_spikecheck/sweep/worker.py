@@ -62,10 +62,15 @@ def run_point(job: PointJob) -> Outcome:
         if job.key_shareable:
             mine = run_key(job.scenario, backend=job.backend, device=job.device, threads=job.threads).tag
             if mine != job.key:
-                return Outcome(job.index, error=(
-                    f"this worker's code differs from the driver's (run key {mine} here, {job.key} there): install "
-                    f"the same pytest-spikecheck and torch on every worker, or ship the package with Ray's runtime_env"),
-                    seconds=time.perf_counter() - started, where=where)
+                return Outcome(
+                    job.index,
+                    error=(
+                        f"this worker's code differs from the driver's (run key {mine} here, {job.key} there): install "
+                        f"the same pytest-spikecheck and torch on every worker, or ship the package with Ray's runtime_env"
+                    ),
+                    seconds=time.perf_counter() - started,
+                    where=where,
+                )
         from pytest_spikecheck.training.launch import train
 
         run = train(job.scenario, backend=job.backend, device=job.device, threads=job.threads)

@@ -85,36 +85,45 @@ class DistributedError(RuntimeError):
 def check_distributed_scenario(resolved: Scenario, nproc: int) -> None:
     """Raise ConfigError if ``resolved`` cannot train on ``nproc`` ranks with flat shards."""
     if resolved.optimizer.clip.kind == "per_tensor":
-        raise ConfigError("per-tensor clipping is not defined on flat shards (a shard holds parts of tensors); "
-                          "clip globally with nproc > 1")
+        raise ConfigError(
+            "per-tensor clipping is not defined on flat shards (a shard holds parts of tensors); clip globally with nproc > 1"
+        )
     if resolved.model.z_loss > 0:
-        raise ConfigError("z-loss (model.z_loss) is not supported with nproc > 1 yet: each rank's z-loss term "
-                          "covers its own rows only, so the loss column could not be told apart from it")
+        raise ConfigError(
+            "z-loss (model.z_loss) is not supported with nproc > 1 yet: each rank's z-loss term "
+            "covers its own rows only, so the loss column could not be told apart from it"
+        )
     if resolved.optimizer.qk_clip is not None:
-        raise ConfigError("QKClip is not supported with nproc > 1 yet: it needs the per-head attention logits of the "
-                          "whole batch, and each rank's forward sees its own rows (train with nproc=1)")
+        raise ConfigError(
+            "QKClip is not supported with nproc > 1 yet: it needs the per-head attention logits of the "
+            "whole batch, and each rank's forward sees its own rows (train with nproc=1)"
+        )
     if resolved.optimizer.clip.when == "per_microbatch":
-        raise ConfigError("ClipEachMicrobatch (clip_when per_microbatch) is declared on one process: train it "
-                          "with nproc 1")
+        raise ConfigError("ClipEachMicrobatch (clip_when per_microbatch) is declared on one process: train it with nproc 1")
     if resolved.optimizer.clip.when == "muon_update":
-        raise ConfigError("ClipMuonUpdate (clip_when muon_update) is declared on one process: its clip norm needs the "
-                          "whole AdamW part's gradients, and each rank holds a shard; train it with nproc 1")
+        raise ConfigError(
+            "ClipMuonUpdate (clip_when muon_update) is declared on one process: its clip norm needs the "
+            "whole AdamW part's gradients, and each rank holds a shard; train it with nproc 1"
+        )
     if resolved.optimizer.clip.when == "inf_to_log":
-        raise ConfigError("ClipInfToLog (clip_when inf_to_log) is declared on one process: torch's clip_grad_norm_ "
-                          "sees one rank's shard only; train it with nproc 1")
+        raise ConfigError(
+            "ClipInfToLog (clip_when inf_to_log) is declared on one process: torch's clip_grad_norm_ "
+            "sees one rank's shard only; train it with nproc 1"
+        )
     k = resolved.sampler.accumulation
     if resolved.sampler.batch_size < nproc * k:
         times = f" x accumulation {k}" if k > 1 else ""
-        raise ConfigError(f"nproc {nproc}{times} exceeds the batch size {resolved.sampler.batch_size}: "
-                          f"every rank needs at least one sample of each {'micro-' if k > 1 else ''}batch")
+        raise ConfigError(
+            f"nproc {nproc}{times} exceeds the batch size {resolved.sampler.batch_size}: "
+            f"every rank needs at least one sample of each {'micro-' if k > 1 else ''}batch"
+        )
 
 
 def process_group_backend(device: str, nproc: int) -> str:
     """``gloo`` for the CPU, ``nccl`` for CUDA (one GPU per rank); ConfigError when unusable."""
     if not device.startswith("cuda"):
         if not dist.is_available() or not dist.is_gloo_available():
-            raise ConfigError("training on several CPU processes needs torch.distributed with gloo; "
-                              "this torch has none")
+            raise ConfigError("training on several CPU processes needs torch.distributed with gloo; this torch has none")
         return "gloo"
     if device != "cuda":
         raise ConfigError(f"with nproc > 1 pass device 'cuda' (rank r trains on cuda:r), was {device!r}")
@@ -168,12 +177,15 @@ class FlatShard:
         # rank (a rank whose shard holds only the whole matrices has no AdamW state of its own to ask).
         self._adam, self._updates = kind.adam_moments, 0
         if not matrices and not shard_groups:
-            raise ConfigError(f"the model's {sum(p.numel() for p in ordered)} parameters are too few to give each of "
-                              f"{self.world_size} ranks a shard")
+            raise ConfigError(
+                f"the model's {sum(p.numel() for p in ordered)} parameters are too few to give each of "
+                f"{self.world_size} ranks a shard"
+            )
         if not matrices:
             return build_optimizer(model, scenario, shard_groups)
-        return build_muon(self._whole_matrix_views(matrices, lo), shard_groups, scenario,
-                          parents=[piece for piece, _ in self._muon_pieces])
+        return build_muon(
+            self._whole_matrix_views(matrices, lo), shard_groups, scenario, parents=[piece for piece, _ in self._muon_pieces]
+        )
 
     def _flatten(self, model: torch.nn.Module, ordered: list[torch.Tensor]) -> None:
         """Every trainable parameter (in ``ordered``) becomes a view of one flat buffer, and its
@@ -253,8 +265,9 @@ class FlatShard:
         return tensors
 
     # -- one step -------------------------------------------------------------------------
-    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                         rows_backward: RowsBackward) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    def forward_backward(
+        self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rows_backward: RowsBackward
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         rows = slice(x.shape[0] * self.rank // self.world_size, x.shape[0] * (self.rank + 1) // self.world_size)
         batch_tokens = int((y != IGNORE_INDEX).sum())
         self.flat_grads.zero_()
@@ -279,10 +292,11 @@ class FlatShard:
         # Measured before the clip, every step: this rank's part of each parameter's squared
         # norm (the event record adds them over the ranks; never recovered from a scale).
         grads = [part.grad for part in self._clip_parts]
-        self._pre_clip_squares = (torch.stack(torch._foreach_norm(grads)).double().square() if grads
-                                  else torch.zeros(0, dtype=torch.float64))
+        self._pre_clip_squares = (
+            torch.stack(torch._foreach_norm(grads)).double().square() if grads else torch.zeros(0, dtype=torch.float64)
+        )
         if grad_scale != 1.0:  # ClipBeforeUnscale: measured on scaled gradients
-            self._pre_clip_squares = self._pre_clip_squares / grad_scale ** 2
+            self._pre_clip_squares = self._pre_clip_squares / grad_scale**2
             result = clip_grads_(self._clip_parts, max_norm, backend=backend, mode=mode, process_group=self.group)
             return ClipResult(result.total_norm / grad_scale, result.scale, result.nonfinite)
         if mode != "shard_local":
@@ -314,21 +328,31 @@ class FlatShard:
             lo = self.rank * self.shard_numel
             hi = min(lo + self.shard_numel, self._muon_numel)
             if lo < hi:
-                self.shard_params[:hi - lo].copy_(self.flat_params[lo:hi])
+                self.shard_params[: hi - lo].copy_(self.flat_params[lo:hi])
         _all_gather(self.flat_params, self.shard_params, group=self.group)
 
     def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:
         state = optimizer.state  # AdamW's moments; SGD keeps none (its sum is 0 on every rank)
         moments = [state[piece]["exp_avg_sq"] for piece, _ in self._pieces if "exp_avg_sq" in state.get(piece, ())]
         # float64: the shards' sums are added across ranks (one process sums in float32, ~1e-7 apart)
-        local = (torch.cat([v.view(-1) for v in moments]).double().sum() if moments
-                 else torch.zeros((), dtype=torch.float64, device=self.flat_params.device))
+        local = (
+            torch.cat([v.view(-1) for v in moments]).double().sum()
+            if moments
+            else torch.zeros((), dtype=torch.float64, device=self.flat_params.device)
+        )
         dist.all_reduce(local, op=dist.ReduceOp.SUM, group=self.group)
         return float(local)
 
     # -- recording ------------------------------------------------------------------------
-    def event_view(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-                   y: torch.Tensor, logits: torch.Tensor, clip: ClipResult) -> EventView:
+    def event_view(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        logits: torch.Tensor,
+        clip: ClipResult,
+    ) -> EventView:
         """The whole model's gradients and Adam moments, gathered from the shards (every rank
         takes part; only event steps pay for it)."""
         grads = torch.empty_like(self.flat_grads)
@@ -343,7 +367,7 @@ class FlatShard:
         if self._adam and self._updates:
             shard_moments = torch.zeros_like(self.shard_params)
             for (piece, _), start in zip(self._pieces, self._piece_starts):
-                shard_moments[start:start + piece.numel()] = optimizer.state[piece]["exp_avg_sq"]
+                shard_moments[start : start + piece.numel()] = optimizer.state[piece]["exp_avg_sq"]
             moments = torch.empty_like(self.flat_params)
             _all_gather(moments, shard_moments, group=self.group)
 
@@ -356,8 +380,12 @@ class FlatShard:
             logits=full_logits,
             grads=[grads[s].view_as(p) for s, p in zip(per_param, self.params)],
             pre_clip_norms=pre_clip_squares.sqrt().to(torch.float32),
-            states=[{} if moments is None or id(p) in self._muon_params  # Muon's matrices keep no Adam moments
-                    else {"exp_avg_sq": moments[s].view_as(p), "step": step} for s, p in zip(per_param, self.params)],
+            states=[
+                {}
+                if moments is None or id(p) in self._muon_params  # Muon's matrices keep no Adam moments
+                else {"exp_avg_sq": moments[s].view_as(p), "step": step}
+                for s, p in zip(per_param, self.params)
+            ],
         )
 
     def describe(self) -> dict[str, Any]:
@@ -365,19 +393,23 @@ class FlatShard:
             "world_size": self.world_size,
             "process_group": dist.get_backend(self.group),
             "sharding": f"flat: gradients and AdamW state in {self.world_size} shards of {self.shard_numel} elements",
-            "clip_norm": ("shard-local (ShardLocalNorm: each rank clips to its own shard's norm; the recorded "
-                          "norms are the whole gradient's)" if self._shard_local else "global (all-reduced)"),
+            "clip_norm": (
+                "shard-local (ShardLocalNorm: each rank clips to its own shard's norm; the recorded "
+                "norms are the whole gradient's)"
+                if self._shard_local
+                else "global (all-reduced)"
+            ),
         }
 
 
-def train_in_process_group(scenario: Scenario, *, backend: str = "auto", device: str = "cpu", threads: int = 1,
-                           group: Any = None) -> Run | None:
+def train_in_process_group(
+    scenario: Scenario, *, backend: str = "auto", device: str = "cpu", threads: int = 1, group: Any = None
+) -> Run | None:
     """Train ``scenario`` on the ranks of an initialized process group (every rank calls it, e.g.
     under ``torchrun``); return the run on rank 0, None on the others. ``device="cuda"`` means
     each rank's current CUDA device (``torch.cuda.set_device`` it first)."""
     if not dist.is_initialized():
-        raise ConfigError("train_in_process_group needs an initialized process group "
-                          "(torch.distributed.init_process_group)")
+        raise ConfigError("train_in_process_group needs an initialized process group (torch.distributed.init_process_group)")
     if device == "cuda":
         device = f"cuda:{torch.cuda.current_device()}"
     sharding = FlatShard(group)
@@ -385,21 +417,35 @@ def train_in_process_group(scenario: Scenario, *, backend: str = "auto", device:
     return run if sharding.is_recorder else None
 
 
-def train_distributed(scenario: Scenario, *, nproc: int, backend: str = "auto", device: str = "cpu",
-                      threads: int = 1, callbacks: Iterable[Any] = (),
-                      timeout_s: float = DEFAULT_TIMEOUT_S) -> Run:
+def train_distributed(
+    scenario: Scenario,
+    *,
+    nproc: int,
+    backend: str = "auto",
+    device: str = "cpu",
+    threads: int = 1,
+    callbacks: Iterable[Any] = (),
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> Run:
     """``train(scenario, nproc=N)``: spawn N ranks, train, return rank 0's run."""
     nproc = validate_nproc(nproc)
     if list(callbacks):
-        raise ConfigError("callbacks cannot be used with nproc > 1: they would run in the rank processes, where the "
-                          "optimizer holds one shard of the model (train with nproc=1 to use them)")
+        raise ConfigError(
+            "callbacks cannot be used with nproc > 1: they would run in the rank processes, where the "
+            "optimizer holds one shard of the model (train with nproc=1 to use them)"
+        )
     check_distributed_scenario(scenario.resolved(), nproc)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.perf_counter()
-    run = run_on_ranks(train_in_process_group, nproc, args=(scenario,),
-                       kwargs={"backend": backend, "device": device, "threads": threads},
-                       device=device, timeout_s=timeout_s)[0]
+    run = run_on_ranks(
+        train_in_process_group,
+        nproc,
+        args=(scenario,),
+        kwargs={"backend": backend, "device": device, "threads": threads},
+        device=device,
+        timeout_s=timeout_s,
+    )[0]
     # Wall time from the launch to the result: spawning the ranks (each imports torch) included.
     run.meta["distributed"]["launch_seconds"] = time.perf_counter() - started
     return run
@@ -409,8 +455,15 @@ def train_distributed(scenario: Scenario, *, nproc: int, backend: str = "auto", 
 # The launcher
 
 
-def run_on_ranks(fn: Callable[..., Any], nproc: int, *, args: Sequence[Any] = (), kwargs: dict[str, Any] | None = None,
-                 device: str = "cpu", timeout_s: float = DEFAULT_TIMEOUT_S) -> list[Any]:
+def run_on_ranks(
+    fn: Callable[..., Any],
+    nproc: int,
+    *,
+    args: Sequence[Any] = (),
+    kwargs: dict[str, Any] | None = None,
+    device: str = "cpu",
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> list[Any]:
     """Call ``fn(*args, **kwargs)`` on ``nproc`` spawned processes, each a rank of one initialized
     default process group (gloo; NCCL with ``cuda:rank`` set when ``device`` is CUDA), and return
     their results in rank order.
@@ -426,14 +479,26 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, *, args: Sequence[Any] = ()
     try:
         pickle.dumps(payload)
     except (pickle.PicklingError, AttributeError, TypeError) as exc:
-        raise ConfigError(f"what the ranks run must be picklable (importable functions, e.g. a module-level "
-                          f"model_factory): {exc}") from None
-    store = dist.TCPStore(_HOST, 0, world_size=nproc + 1, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
+        raise ConfigError(
+            f"what the ranks run must be picklable (importable functions, e.g. a module-level model_factory): {exc}"
+        ) from None
+    store = dist.TCPStore(
+        _HOST,
+        0,
+        world_size=nproc + 1,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S),
+    )
     with tempfile.TemporaryDirectory(prefix="spikecheck-ranks-") as tmp:
         results = Path(tmp)
-        context = mp.start_processes(_rank_main, args=(payload, nproc, store.port, pg_backend, timeout_s, str(results)),
-                                     nprocs=nproc, join=False, start_method="spawn")
+        context = mp.start_processes(
+            _rank_main,
+            args=(payload, nproc, store.port, pg_backend, timeout_s, str(results)),
+            nprocs=nproc,
+            join=False,
+            start_method="spawn",
+        )
         try:
             while not context.join():
                 pass
@@ -443,8 +508,7 @@ def run_on_ranks(fn: Callable[..., Any], nproc: int, *, args: Sequence[Any] = ()
         return [pickle.loads((results / f"rank{rank}.pickle").read_bytes()) for rank in range(nproc)]
 
 
-def _rank_main(rank: int, payload: tuple, nproc: int, port: int, pg_backend: str, timeout_s: float,
-               results: str) -> None:
+def _rank_main(rank: int, payload: tuple, nproc: int, port: int, pg_backend: str, timeout_s: float, results: str) -> None:
     """A spawned rank: join the group, run, leave the result (or the error) in ``results``."""
     fn, args, kwargs = payload
     out = Path(results)
@@ -454,8 +518,9 @@ def _rank_main(rank: int, payload: tuple, nproc: int, port: int, pg_backend: str
         store = dist.TCPStore(_HOST, port, is_master=False, timeout=datetime.timedelta(seconds=STARTUP_TIMEOUT_S))
         _wait_for_every_rank(store, nproc)
         try:
-            dist.init_process_group(pg_backend, store=store, rank=rank, world_size=nproc,
-                                    timeout=datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(
+                pg_backend, store=store, rank=rank, world_size=nproc, timeout=datetime.timedelta(seconds=timeout_s)
+            )
         except Exception as exc:
             raise DistributedError(f"could not start the {pg_backend} process group: {_one_line(exc)}") from exc
         try:
@@ -507,18 +572,23 @@ def _first_failure(results: Path, exc: Exception, exit_codes: list[int | None], 
     reports = {r["rank"]: r for r in (json.loads(p.read_text()) for p in results.glob("rank*.error.json"))}
     first_seen = getattr(exc, "error_index", None)
     launcher_kills = (-signal.SIGTERM, -signal.SIGKILL)
-    silent = [rank for rank, code in enumerate(exit_codes)
-              if code not in (0, None) and rank not in reports and (rank == first_seen or code not in launcher_kills)]
+    silent = [
+        rank
+        for rank, code in enumerate(exit_codes)
+        if code not in (0, None) and rank not in reports and (rank == first_seen or code not in launcher_kills)
+    ]
     if silent:
         rank = first_seen if first_seen in silent else silent[0]
         code = exit_codes[rank]
         if code is not None and code < 0:
-            return DistributedError(f"rank {rank} of {nproc} was killed by {signal.Signals(-code).name} "
-                                    f"without reporting an error (out of memory?)")
+            return DistributedError(
+                f"rank {rank} of {nproc} was killed by {signal.Signals(-code).name} without reporting an error (out of memory?)"
+            )
         return DistributedError(
             f"rank {rank} of {nproc} exited with code {code} without reporting an error (its stderr says why; "
             f"if it failed while importing, a script that trains with nproc > 1 needs "
-            f"`if __name__ == \"__main__\":` around its code, as every spawning launcher does)")
+            f'`if __name__ == "__main__":` around its code, as every spawning launcher does)'
+        )
     if not reports:
         return DistributedError(f"a rank of {nproc} failed without a report: {_one_line(exc)}")
     first = min(reports.values(), key=lambda r: r["time"])

@@ -87,8 +87,15 @@ def validate_nproc(nproc: Any) -> int:
     return nproc
 
 
-def train_with_sharding(scenario: Scenario, sharding: Sharding, *, backend: str = "auto", device: str = "cpu",
-                        threads: int = 1, callbacks: Iterable[StepCallback] = ()) -> Run:
+def train_with_sharding(
+    scenario: Scenario,
+    sharding: Sharding,
+    *,
+    backend: str = "auto",
+    device: str = "cpu",
+    threads: int = 1,
+    callbacks: Iterable[StepCallback] = (),
+) -> Run:
     """:func:`train` with an explicit :class:`Sharding` (every rank of a process group calls it)."""
     resolved = scenario.resolved()
     sharding.check(resolved)
@@ -140,19 +147,42 @@ class _Training:
         burst_ids = {i for members in dataset.burst_members.values() for i in members}
         to_device = lambda a: torch.from_numpy(a).to(device)  # noqa: E731
         return cls(
-            dataset, plan, declared, model, named, optimizer,
-            trainer=TrainingStep(model, optimizer, sharding, backend=backend, clip=resolved.optimizer.clip,
-                                 accumulation=resolved.sampler.accumulation, accumulate=resolved.sampler.accumulate,
-                                 precision=precision),
-            watch=SpikeWatch(resolved.record.spike_ratio, resolved.record.spike_window,
-                             resolved.optimizer.skip_spike_ratio, declared),
-            inputs=to_device(dataset.train.inputs), targets=to_device(dataset.train.targets),
-            metrics=MetricsRecorder(), compositions=CompositionRecorder(dataset, burst_ids, mixture),
+            dataset,
+            plan,
+            declared,
+            model,
+            named,
+            optimizer,
+            trainer=TrainingStep(
+                model,
+                optimizer,
+                sharding,
+                backend=backend,
+                clip=resolved.optimizer.clip,
+                accumulation=resolved.sampler.accumulation,
+                accumulate=resolved.sampler.accumulate,
+                precision=precision,
+            ),
+            watch=SpikeWatch(
+                resolved.record.spike_ratio, resolved.record.spike_window, resolved.optimizer.skip_spike_ratio, declared
+            ),
+            inputs=to_device(dataset.train.inputs),
+            targets=to_device(dataset.train.targets),
+            metrics=MetricsRecorder(),
+            compositions=CompositionRecorder(dataset, burst_ids, mixture),
             events=EventRecorder(resolved, dataset, plan, model, optimizer, sharding, named),
-            evals=EvalRecorder(resolved, declared, model, to_device(dataset.eval.inputs),
-                               to_device(dataset.eval.targets), active=sharding.is_recorder,
-                               repeat_mask=None if dataset.eval_repeat is None else to_device(dataset.eval_repeat)),
-            attention=AttentionRecorder(), updates=UpdateRecorder(resolved, optimizer, named))
+            evals=EvalRecorder(
+                resolved,
+                declared,
+                model,
+                to_device(dataset.eval.inputs),
+                to_device(dataset.eval.targets),
+                active=sharding.is_recorder,
+                repeat_mask=None if dataset.eval_repeat is None else to_device(dataset.eval_repeat),
+            ),
+            attention=AttentionRecorder(),
+            updates=UpdateRecorder(resolved, optimizer, named),
+        )
 
 
 def _batches(resolved: Scenario) -> tuple[Dataset, list[list[int]], Any, dict[int, str]]:
@@ -160,15 +190,26 @@ def _batches(resolved: Scenario) -> tuple[Dataset, list[list[int]], Any, dict[in
     mixture's source weights (None without one) and the events declared before training."""
     dataset = build_dataset(resolved)
     sources = [s.source for s in dataset.pool]
-    plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=dataset.n_corpus,
-                        burst_members=dataset.burst_members, is_rare=dataset.is_rare, sources=sources)
-    mixture = (mixture_weights(resolved.sampler.mixture, sources[: dataset.n_corpus], steps=resolved.steps,
-                               seed=resolved.seed) if resolved.sampler.kind == "mixture" else None)
+    plan = plan_batches(
+        resolved.sampler,
+        steps=resolved.steps,
+        seed=resolved.seed,
+        n_corpus=dataset.n_corpus,
+        burst_members=dataset.burst_members,
+        is_rare=dataset.is_rare,
+        sources=sources,
+    )
+    mixture = (
+        mixture_weights(resolved.sampler.mixture, sources[: dataset.n_corpus], steps=resolved.steps, seed=resolved.seed)
+        if resolved.sampler.kind == "mixture"
+        else None
+    )
     return dataset, plan, mixture, _declared_events(resolved, plan, sources, mixture is not None)
 
 
-def _model(resolved: Scenario, dataset: Dataset, device: torch.device,
-           sharding: Sharding) -> tuple[torch.nn.Module, list[tuple[str, torch.nn.Parameter]]]:
+def _model(
+    resolved: Scenario, dataset: Dataset, device: torch.device, sharding: Sharding
+) -> tuple[torch.nn.Module, list[tuple[str, torch.nn.Parameter]]]:
     """The model in training mode on ``device``, and its trainable parameters by name."""
     model = build_model(resolved, dataset.tokenizer.vocab_size, pad_token_id=dataset.tokenizer.pad_id)
     model = model.to(device=device, dtype=DTYPES[resolved.model.dtype])
@@ -183,8 +224,15 @@ def _model(resolved: Scenario, dataset: Dataset, device: torch.device,
     return model, named
 
 
-def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.device, threads: int,
-           callbacks: list[StepCallback], sharding: Sharding) -> Run:
+def _train(
+    resolved: Scenario,
+    original: Scenario,
+    backend: str,
+    device: torch.device,
+    threads: int,
+    callbacks: list[StepCallback],
+    sharding: Sharding,
+) -> Run:
     started = time.perf_counter()
     t = _Training.build(resolved, device, sharding, backend)
     groups = observed_groups(t.optimizer)  # before the first step: each group's peak lr
@@ -198,37 +246,77 @@ def _train(resolved: Scenario, original: Scenario, backend: str, device: torch.d
         train_seconds += time.perf_counter() - t0
         if row is None:  # a non-finite step: recorded, not stepped; the run stops here
             break
-        if callbacks and _stop_requested(callbacks, StepContext(step, row, t.plan[step - 1], resolved, t.model,
-                                                                t.optimizer, t.dataset, precision=t.trainer.precision)):
+        if callbacks and _stop_requested(
+            callbacks,
+            StepContext(step, row, t.plan[step - 1], resolved, t.model, t.optimizer, t.dataset, precision=t.trainer.precision),
+        ):
             stop["stopped_by"] = "callback"
             break
-    meta = _meta(t, original, backend, device, threads, sharding, stop, sorted(skipped),
-                 seconds=time.perf_counter() - started, train_seconds=train_seconds)
-    facts = facts_from_scenario(resolved, parameters=meta["parameters"], vocab_size=meta["vocab_size"],
-                                world_size=getattr(sharding, "world_size", 1), groups=groups, versions=meta)
-    return Run(scenario=resolved.replace(name=original.name), metrics=t.metrics.arrays(),
-               batches=t.compositions.batches, events=t.events.events, meta=meta, skipped=skipped, facts=facts)
+    meta = _meta(
+        t,
+        original,
+        backend,
+        device,
+        threads,
+        sharding,
+        stop,
+        sorted(skipped),
+        seconds=time.perf_counter() - started,
+        train_seconds=train_seconds,
+    )
+    facts = facts_from_scenario(
+        resolved,
+        parameters=meta["parameters"],
+        vocab_size=meta["vocab_size"],
+        world_size=getattr(sharding, "world_size", 1),
+        groups=groups,
+        versions=meta,
+    )
+    return Run(
+        scenario=resolved.replace(name=original.name),
+        metrics=t.metrics.arrays(),
+        batches=t.compositions.batches,
+        events=t.events.events,
+        meta=meta,
+        skipped=skipped,
+        facts=facts,
+    )
 
 
-def _one_step(t: _Training, step: int, resolved: Scenario, policy: Any, device: torch.device, sharding: Sharding,
-              stop: dict[str, Any], skipped: dict[int, str]) -> dict[str, Any] | None:
+def _one_step(
+    t: _Training,
+    step: int,
+    resolved: Scenario,
+    policy: Any,
+    device: torch.device,
+    sharding: Sharding,
+    stop: dict[str, Any],
+    skipped: dict[int, str],
+) -> dict[str, Any] | None:
     """Step ``step`` of the loop, up to the clip and the spike verdict (the update:
     :func:`_update`); its metrics row, or None for a non-finite step (recorded in ``stop``, not
     stepped)."""
     lr = lr_at(step, base_lr=resolved.optimizer.lr, total_steps=resolved.steps, spec=resolved.schedule)
     index = torch.tensor(t.plan[step - 1], device=device)
-    s = t.trainer.forward_backward_clip(step, t.plan[step - 1], t.inputs[index], t.targets[index],
-                                        lr=lr, max_norm=policy.limit())
+    s = t.trainer.forward_backward_clip(step, t.plan[step - 1], t.inputs[index], t.targets[index], lr=lr, max_norm=policy.limit())
     policy.observe(s.grad_norm_pre)
     t.compositions.add(s)
     verdict = t.watch.judge(s)
     if t.events.after_clip(s, verdict) is not None and verdict.is_spike:
         t.evals.spike_at(step)
     if verdict.nonfinite:
-        stop.update(first_nonfinite={"step": step, **locate_nonfinite(t.model, s.x, s.y, t.named)},
-                    stop_reason="non-finite loss" if not math.isfinite(s.loss) else "non-finite gradient norm")
-        t.metrics.add(s, clip_factor=float(s.clip.scale), grad_norm_post=s.grad_norm_post,
-                      eval_loss=math.nan, adam_v_norm=math.nan, clip_limit=s.max_norm)
+        stop.update(
+            first_nonfinite={"step": step, **locate_nonfinite(t.model, s.x, s.y, t.named)},
+            stop_reason="non-finite loss" if not math.isfinite(s.loss) else "non-finite gradient norm",
+        )
+        t.metrics.add(
+            s,
+            clip_factor=float(s.clip.scale),
+            grad_norm_post=s.grad_norm_post,
+            eval_loss=math.nan,
+            adam_v_norm=math.nan,
+            clip_limit=s.max_norm,
+        )
         return None
     return _update(t, step, s, verdict, sharding, skipped)
 
@@ -246,10 +334,16 @@ def _update(t: _Training, step: int, s: Any, verdict: Any, sharding: Sharding, s
     v_sum = sharding.adam_v_sum(t.optimizer)
     t.watch.observe(s)
     # clip_limit: the limit this step's clip applied (inf: none), fixed or adaptive
-    row = t.metrics.add(s, clip_factor=0.0 if why_skipped else float(s.clip.scale),
-                        grad_norm_post=0.0 if why_skipped else s.grad_norm_post,  # a skipped step hands the optimizer nothing
-                        eval_loss=t.evals.after_update(step), adam_v_norm=math.sqrt(v_sum), clip_limit=s.max_norm,
-                        **t.evals.optional_columns(), **update_report)
+    row = t.metrics.add(
+        s,
+        clip_factor=0.0 if why_skipped else float(s.clip.scale),
+        grad_norm_post=0.0 if why_skipped else s.grad_norm_post,  # a skipped step hands the optimizer nothing
+        eval_loss=t.evals.after_update(step),
+        adam_v_norm=math.sqrt(v_sum),
+        clip_limit=s.max_norm,
+        **t.evals.optional_columns(),
+        **update_report,
+    )
     t.attention.add(s)
     return row
 
@@ -260,24 +354,51 @@ def _stop_requested(callbacks: list[StepCallback], ctx: StepContext) -> bool:
     return ctx.stop_requested
 
 
-def _meta(t: _Training, original: Scenario, backend: str, device: torch.device, threads: int, sharding: Sharding,
-          stop: dict[str, Any], skipped_steps: list[int], *, seconds: float, train_seconds: float) -> dict[str, Any]:
+def _meta(
+    t: _Training,
+    original: Scenario,
+    backend: str,
+    device: torch.device,
+    threads: int,
+    sharding: Sharding,
+    stop: dict[str, Any],
+    skipped_steps: list[int],
+    *,
+    seconds: float,
+    train_seconds: float,
+) -> dict[str, Any]:
     first_nonfinite = stop["first_nonfinite"]
     stopped_at = first_nonfinite["step"] if first_nonfinite else None
     return {
-        "package_version": __version__, "torch_version": torch.__version__, "python": platform.python_version(),
-        "backend": backend, "device": str(device), "threads": threads, "distributed": sharding.describe(),
-        "name": original.name, "description": original.describe_setup(),
-        "content_hash": original.content_hash(), "breaks": [b.describe() for b in original.breaks],
-        "parameters": sum(p.numel() for _, p in t.named), "vocab_size": t.dataset.tokenizer.vocab_size,
-        "seconds": seconds, "train_seconds": train_seconds,
-        "stopped_at": stopped_at, "stop_reason": stop["stop_reason"], "stopped_by": stop["stopped_by"],
-        "declared_events": sorted(t.declared), "first_nonfinite": first_nonfinite,
+        "package_version": __version__,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "backend": backend,
+        "device": str(device),
+        "threads": threads,
+        "distributed": sharding.describe(),
+        "name": original.name,
+        "description": original.describe_setup(),
+        "content_hash": original.content_hash(),
+        "breaks": [b.describe() for b in original.breaks],
+        "parameters": sum(p.numel() for _, p in t.named),
+        "vocab_size": t.dataset.tokenizer.vocab_size,
+        "seconds": seconds,
+        "train_seconds": train_seconds,
+        "stopped_at": stopped_at,
+        "stop_reason": stop["stop_reason"],
+        "stopped_by": stop["stopped_by"],
+        "declared_events": sorted(t.declared),
+        "first_nonfinite": first_nonfinite,
         "largest_attn_logit": t.attention.largest(),
-        "first_step_update": t.events.first_step_update, "skipped_steps": skipped_steps,
+        "first_step_update": t.events.first_step_update,
+        "skipped_steps": skipped_steps,
         "qk_weight_norm": qk_weight_norm(t.model),
-        "lockin": (lockin_stats(t.model, t.dataset, device)
-                   if sharding.is_recorder and stopped_at is None and hasattr(t.model, "config") else None),
+        "lockin": (
+            lockin_stats(t.model, t.dataset, device)
+            if sharding.is_recorder and stopped_at is None and hasattr(t.model, "config")
+            else None
+        ),
     }
 
 

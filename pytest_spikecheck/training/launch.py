@@ -36,10 +36,8 @@ def train(
     if validate_nproc(nproc) == 1 or device in ("cpu", "auto", "cuda"):  # cuda:N on ranks: distributed says why not
         check_device_and_backend(device, backend)
     if nproc > 1:
-        return train_distributed(scenario, nproc=nproc, backend=backend, device=device, threads=threads,
-                                 callbacks=callbacks)
-    return train_with_sharding(scenario, SingleProcess(), backend=backend, device=device, threads=threads,
-                               callbacks=callbacks)
+        return train_distributed(scenario, nproc=nproc, backend=backend, device=device, threads=threads, callbacks=callbacks)
+    return train_with_sharding(scenario, SingleProcess(), backend=backend, device=device, threads=threads, callbacks=callbacks)
 
 
 def check_device_and_backend(device: str, backend: str) -> None:
@@ -57,8 +55,9 @@ def check_device_and_backend(device: str, backend: str) -> None:
         if dev.type == "cuda":
             if not torch.cuda.is_available():
                 build = "a CPU-only torch build" if torch.version.cuda is None else f"torch {torch.__version__}"
-                raise ConfigError(f"device {device!r} needs a CUDA device, and there is none usable here "
-                                  f"({build}); train on cpu or auto")
+                raise ConfigError(
+                    f"device {device!r} needs a CUDA device, and there is none usable here ({build}); train on cpu or auto"
+                )
             if dev.index is not None and dev.index >= torch.cuda.device_count():
                 raise ConfigError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     if backend != "auto":

@@ -36,8 +36,16 @@ from pytest_spikecheck.scenario import Scenario
 #: The method a custom model implements to take model-level breaks.
 CONFIGURE_HOOK = "spikecheck_configure"
 #: GPTConfig fields that model-level breaks change (the rest of ``model`` describes the built-in GPT).
-MODEL_LEVEL_FIELDS = ("layernorm_eps", "pos_embedding", "pad_embedding", "mask_padding", "qk_layernorm", "z_loss",
-                      "logit_softcap", "attn_gate")
+MODEL_LEVEL_FIELDS = (
+    "layernorm_eps",
+    "pos_embedding",
+    "pad_embedding",
+    "mask_padding",
+    "qk_layernorm",
+    "z_loss",
+    "logit_softcap",
+    "attn_gate",
+)
 #: GPTConfig fields that pick a built-in model: meaningless with your own.
 BUILT_IN_FIELDS = ("arch", "n_kv_head")
 
@@ -50,8 +58,10 @@ def resolve_factory(factory: Callable[..., Any] | str) -> Callable[..., Any]:
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"model factory {factory!r}: cannot import {module_name!r} ({exc}); is its folder on "
-                          f"sys.path (installed, or next to the conftest.py / run from that folder)?") from None
+        raise ConfigError(
+            f"model factory {factory!r}: cannot import {module_name!r} ({exc}); is its folder on "
+            f"sys.path (installed, or next to the conftest.py / run from that folder)?"
+        ) from None
     for part in attribute.split("."):
         if not hasattr(obj, part):
             raise ConfigError(f"model factory {factory!r}: module {module_name!r} has no attribute {attribute!r}")
@@ -59,25 +69,35 @@ def resolve_factory(factory: Callable[..., Any] | str) -> Callable[..., Any]:
     if not callable(obj):
         raise ConfigError(f"model factory {factory!r} is not callable (a {type(obj).__name__})")
     if inspect.isbuiltin(obj):  # os:_exit, builtins:exec ...: a config file is code, and this is no model factory
-        raise ConfigError(f"model factory {factory!r} is a built-in function, not a model factory (a function or "
-                          f"class returning an nn.Module); model.factory is imported and called: a config file is "
-                          f"code (docs/limits.md)")
+        raise ConfigError(
+            f"model factory {factory!r} is a built-in function, not a model factory (a function or "
+            f"class returning an nn.Module); model.factory is imported and called: a config file is "
+            f"code (docs/limits.md)"
+        )
     return obj
 
 
 def model_level_settings(scenario: Scenario) -> dict[str, Any]:
     """The model-level settings the (resolved) scenario changes from the defaults."""
     defaults = GPTConfig()
-    return {name: getattr(scenario.model, name) for name in MODEL_LEVEL_FIELDS
-            if getattr(scenario.model, name) != getattr(defaults, name)}
+    return {
+        name: getattr(scenario.model, name)
+        for name in MODEL_LEVEL_FIELDS
+        if getattr(scenario.model, name) != getattr(defaults, name)
+    }
 
 
 #: The custom model's hooks the wrapper hands through to the engine, where the model has them: the
 #: stats hook (``record_stats``, ``spikecheck_stats``), QK-Clip's (``spikecheck_qk_projections``)
 #: Muon's stacked matrices (``spikecheck_fused_projections``) and per-parameter lr factors
 #: (``spikecheck_lr_scales``, the optimizer's parameter groups).
-FORWARDED_HOOKS = ("record_stats", "spikecheck_stats", "spikecheck_qk_projections", "spikecheck_fused_projections",
-                   "spikecheck_lr_scales")
+FORWARDED_HOOKS = (
+    "record_stats",
+    "spikecheck_stats",
+    "spikecheck_qk_projections",
+    "spikecheck_fused_projections",
+    "spikecheck_lr_scales",
+)
 
 
 class ContractModel(torch.nn.Module):
@@ -117,11 +137,12 @@ class ContractModel(torch.nn.Module):
         elif isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[0], torch.Tensor):
             logits, loss = out
         else:
-            raise ConfigError(f"model {self.label}: forward must return logits or (logits, loss), "
-                              f"returned {type(out).__name__}" + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else ""))
+            raise ConfigError(
+                f"model {self.label}: forward must return logits or (logits, loss), "
+                f"returned {type(out).__name__}" + (f" of length {len(out)}" if isinstance(out, (tuple, list)) else "")
+            )
         if targets is not None and loss is None:
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
-                                   ignore_index=IGNORE_INDEX)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX)
         return logits, loss
 
 
@@ -141,15 +162,18 @@ def build_custom_model(scenario: Scenario, vocab_size: int, pad_token_id: int) -
     defaults = GPTConfig()
     for name in BUILT_IN_FIELDS:
         if getattr(scenario.model, name) != getattr(defaults, name):
-            raise ConfigError(f"model.{name} {getattr(scenario.model, name)!r} picks a built-in model, and the scenario "
-                              f"trains your own ({label}): drop it (your factory decides the architecture)")
+            raise ConfigError(
+                f"model.{name} {getattr(scenario.model, name)!r} picks a built-in model, and the scenario "
+                f"trains your own ({label}): drop it (your factory decides the architecture)"
+            )
     factory = resolve_factory(scenario.model_factory)
     kwargs = dict(scenario.model_kwargs)
     try:
         inspect.signature(factory).bind(vocab_size, **kwargs)
     except TypeError as exc:
-        raise ConfigError(f"model factory {label} is called as factory(vocab_size, **model_kwargs) with "
-                          f"model_kwargs {kwargs}: {exc}") from None
+        raise ConfigError(
+            f"model factory {label} is called as factory(vocab_size, **model_kwargs) with model_kwargs {kwargs}: {exc}"
+        ) from None
     except ValueError:  # no signature (a builtin): let the call say
         pass
     model = factory(vocab_size, **kwargs)
@@ -160,9 +184,11 @@ def build_custom_model(scenario: Scenario, vocab_size: int, pad_token_id: int) -
         hook = getattr(model, CONFIGURE_HOOK, None)
         if not callable(hook):
             changed = ", ".join(f"{k}={v!r}" for k, v in settings.items())
-            raise ConfigError(f"the scenario's breaks change the model ({changed}), but the custom model from {label} "
-                              f"has no {CONFIGURE_HOOK}(**settings) method to apply them: implement it (README, "
-                              f"'Your own model') or drop the model-level break")
+            raise ConfigError(
+                f"the scenario's breaks change the model ({changed}), but the custom model from {label} "
+                f"has no {CONFIGURE_HOOK}(**settings) method to apply them: implement it (README, "
+                f"'Your own model') or drop the model-level break"
+            )
         hook(**settings, pad_token_id=pad_token_id)
     wrapped = ContractModel(model, _takes_targets(model), label, vocab_size)
     _dry_run(wrapped, vocab_size, scenario.model.block_size, label)
@@ -183,16 +209,21 @@ def _dry_run(model: ContractModel, vocab_size: int, block_size: int, label: str)
     except ConfigError:
         raise
     except IndexError as exc:
-        raise ConfigError(f"model {label} failed on targets holding IGNORE_INDEX ({IGNORE_INDEX}, padding): compute the "
-                          f"loss with ignore_index=pytest_spikecheck.IGNORE_INDEX (torch's default), or return only "
-                          f"logits and let the engine compute it ({type(exc).__name__}: {exc})") from None
+        raise ConfigError(
+            f"model {label} failed on targets holding IGNORE_INDEX ({IGNORE_INDEX}, padding): compute the "
+            f"loss with ignore_index=pytest_spikecheck.IGNORE_INDEX (torch's default), or return only "
+            f"logits and let the engine compute it ({type(exc).__name__}: {exc})"
+        ) from None
     except Exception as exc:
-        raise ConfigError(f"model {label} failed a forward pass on a (2, {time_steps}) batch of token ids: "
-                          f"{type(exc).__name__}: {exc}") from None
+        raise ConfigError(
+            f"model {label} failed a forward pass on a (2, {time_steps}) batch of token ids: {type(exc).__name__}: {exc}"
+        ) from None
     finally:
         model.train(was_training)
     if tuple(logits.shape) != (2, time_steps, vocab_size):
-        raise ConfigError(f"model {label}: logits must have shape (batch, time, vocab_size) = (2, {time_steps}, "
-                          f"{vocab_size}), had {tuple(logits.shape)}")
+        raise ConfigError(
+            f"model {label}: logits must have shape (batch, time, vocab_size) = (2, {time_steps}, "
+            f"{vocab_size}), had {tuple(logits.shape)}"
+        )
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise ConfigError(f"model {label}: the loss must be a scalar tensor, was {loss!r:.80}")

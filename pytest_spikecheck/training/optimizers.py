@@ -43,8 +43,9 @@ from pytest_spikecheck.training.qk_clip import QKClipHook
 LR_SCALES_HOOK = "spikecheck_lr_scales"
 
 
-def parameter_groups(model: torch.nn.Module, scenario: Scenario,
-                     params: Sequence[torch.nn.Parameter] | None = None) -> list[dict[str, Any]]:
+def parameter_groups(
+    model: torch.nn.Module, scenario: Scenario, params: Sequence[torch.nn.Parameter] | None = None
+) -> list[dict[str, Any]]:
     """AdamW's (and SGD's) parameter groups over ``params`` (default: every trainable parameter).
     nanoGPT's rule: decay every matrix (embeddings included), never biases or norm gains. A model
     with the :data:`LR_SCALES_HOOK` gets each group split by its parameters' factors, a factor
@@ -52,8 +53,7 @@ def parameter_groups(model: torch.nn.Module, scenario: Scenario,
     params = [p for p in model.parameters() if p.requires_grad] if params is None else list(params)
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": scenario.optimizer.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": scenario.optimizer.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     hook = getattr(model, LR_SCALES_HOOK, None)
     scales = dict(hook()) if callable(hook) else {}
     if not scales:  # every model without the hook: the groups exactly as they always were
@@ -118,19 +118,25 @@ def muon_matrices(model: torch.nn.Module, scenario: Scenario) -> list[MuonMatrix
         chosen = [(n, p) for n, p in named if re.fullmatch(pattern, n)]
         for n, p in chosen:
             if p.dim() != 2:
-                raise ConfigError(f"optimizer.muon_params {pattern!r} matches {n} of shape {tuple(p.shape)}: Muon "
-                                  f"takes 2-D matrices only (norms and biases go to AdamW)")
+                raise ConfigError(
+                    f"optimizer.muon_params {pattern!r} matches {n} of shape {tuple(p.shape)}: Muon "
+                    f"takes 2-D matrices only (norms and biases go to AdamW)"
+                )
         if not chosen:
-            raise ConfigError(f"optimizer.muon_params {pattern!r} matches no trainable parameter; the model has "
-                              f"{', '.join(n for n, _ in named[:6])}{', ...' if len(named) > 6 else ''}")
+            raise ConfigError(
+                f"optimizer.muon_params {pattern!r} matches no trainable parameter; the model has "
+                f"{', '.join(n for n, _ in named[:6])}{', ...' if len(named) > 6 else ''}"
+            )
     else:
         embedded = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
         outside = {p.data_ptr() for _, p in named if id(p) in embedded} | _output_head(model, named)
         chosen = [(n, p) for n, p in named if p.dim() == 2 and p.data_ptr() not in outside]
         if not chosen:
-            raise ConfigError(f"optimizer.name muon: the role rule found no hidden 2-D matrix in "
-                              f"{type(getattr(model, 'inner', model)).__name__} (embeddings, the output head, norms "
-                              f"and biases go to AdamW); name Muon's matrices with optimizer.muon_params")
+            raise ConfigError(
+                f"optimizer.name muon: the role rule found no hidden 2-D matrix in "
+                f"{type(getattr(model, 'inner', model)).__name__} (embeddings, the output head, norms "
+                f"and biases go to AdamW); name Muon's matrices with optimizer.muon_params"
+            )
     fused = dict(getattr(model, "spikecheck_fused_projections", None) or {})
     out = []
     for n, p in chosen:
@@ -159,19 +165,29 @@ def muon_tensors(matrices: Sequence[MuonMatrix]) -> list[MuonTensor]:
     return out
 
 
-def build_muon(tensors: Sequence[MuonTensor], adamw_groups: list[dict[str, Any]], scenario: Scenario, *,
-               parents: Sequence[torch.Tensor] = (), after_step: Callable[[], dict[str, float]] | None = None
-               ) -> OptimizerSet:
+def build_muon(
+    tensors: Sequence[MuonTensor],
+    adamw_groups: list[dict[str, Any]],
+    scenario: Scenario,
+    *,
+    parents: Sequence[torch.Tensor] = (),
+    after_step: Callable[[], dict[str, float]] | None = None,
+) -> OptimizerSet:
     """Muon over ``tensors`` and AdamW (at ``adamw_lr``, following the schedule) over ``adamw_groups``."""
     o = scenario.optimizer
-    muon = torch.optim.Muon([t for t, _ in tensors], lr=o.lr, weight_decay=o.weight_decay, momentum=o.momentum,
-                            nesterov=o.nesterov, adjust_lr_fn=o.adjust_lr_fn)
+    muon = torch.optim.Muon(
+        [t for t, _ in tensors],
+        lr=o.lr,
+        weight_decay=o.weight_decay,
+        momentum=o.momentum,
+        nesterov=o.nesterov,
+        adjust_lr_fn=o.adjust_lr_fn,
+    )
     groups = [{**g, "lr": o.adamw_lr, "lr_scale": o.adamw_lr / o.lr} for g in adamw_groups if g["params"]]
     parts: dict[str, torch.optim.Optimizer] = {"muon": muon}
     if groups:
         parts["adamw"] = torch.optim.AdamW(groups, lr=o.adamw_lr, betas=o.betas, eps=o.eps, foreach=True)
-    return OptimizerSet(parts, views=[(t, g) for t, g in tensors if g is not None], parents=parents,
-                        after_step=after_step)
+    return OptimizerSet(parts, views=[(t, g) for t, g in tensors if g is not None], parents=parents, after_step=after_step)
 
 
 class FrozenStepAdamW(torch.optim.AdamW):
@@ -238,12 +254,23 @@ class OptimizerKind:
 
 #: One per optimizer.name (scenario.sections.OPTIMIZERS, in its order).
 OPTIMIZER_KINDS: dict[str, OptimizerKind] = {
-    "adamw": OptimizerKind("adamw", lambda groups, o: (FrozenStepAdamW if o.step_counter == "frozen" else torch.optim.AdamW)(
-        groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True), None, adam_moments=True),
+    "adamw": OptimizerKind(
+        "adamw",
+        lambda groups, o: (FrozenStepAdamW if o.step_counter == "frozen" else torch.optim.AdamW)(
+            groups, lr=o.lr, betas=o.betas, eps=o.eps, foreach=True
+        ),
+        None,
+        adam_moments=True,
+    ),
     "muon": OptimizerKind("muon", None, lambda model, scenario: muon_matrices(model, scenario), adam_moments=True),
-    "sgd": OptimizerKind("sgd", lambda groups, o: torch.optim.SGD(groups, lr=o.lr, momentum=o.momentum,
-                                                                   nesterov=o.nesterov and o.momentum > 0, foreach=True),
-                         None, adam_moments=False),
+    "sgd": OptimizerKind(
+        "sgd",
+        lambda groups, o: torch.optim.SGD(
+            groups, lr=o.lr, momentum=o.momentum, nesterov=o.nesterov and o.momentum > 0, foreach=True
+        ),
+        None,
+        adam_moments=False,
+    ),
 }
 
 
@@ -254,8 +281,7 @@ def optimizer_kind(name: str) -> OptimizerKind:
     return OPTIMIZER_KINDS[name]
 
 
-def build_optimizer(model: torch.nn.Module, scenario: Scenario,
-                    groups: list[dict[str, Any]] | None = None) -> Any:
+def build_optimizer(model: torch.nn.Module, scenario: Scenario, groups: list[dict[str, Any]] | None = None) -> Any:
     """The scenario's optimizer for ``model``: a torch optimizer, or an :class:`OptimizerSet` when
     it has several parts or QK-Clip. ``groups`` (an elementwise optimizer only) replaces
     :func:`parameter_groups` (the N-rank path passes its shards)."""
@@ -268,8 +294,13 @@ def build_optimizer(model: torch.nn.Module, scenario: Scenario,
         matrices = kind.whole_matrices(model, scenario)
         taken = {id(m.param) for m in matrices}
         rest = [p for p in model.parameters() if p.requires_grad and id(p) not in taken]
-        return build_muon(muon_tensors(matrices), parameter_groups(model, scenario, rest), scenario,
-                          parents=[m.param for m in matrices if m.blocks > 1], after_step=after_step)
+        return build_muon(
+            muon_tensors(matrices),
+            parameter_groups(model, scenario, rest),
+            scenario,
+            parents=[m.param for m in matrices if m.blocks > 1],
+            after_step=after_step,
+        )
     optimizer = kind.elementwise(parameter_groups(model, scenario) if groups is None else groups, o)
     if after_step is None:
         return optimizer
@@ -308,8 +339,14 @@ class OptimizerSet:
     ``qk_clipped_heads``). ``zero_grad`` drops every part's gradients and the views' and parents'.
     """
 
-    def __init__(self, parts: Mapping[str, torch.optim.Optimizer], *, views: Sequence[MuonTensor] = (),
-                 parents: Sequence[torch.Tensor] = (), after_step: Callable[[], dict[str, float]] | None = None) -> None:
+    def __init__(
+        self,
+        parts: Mapping[str, torch.optim.Optimizer],
+        *,
+        views: Sequence[MuonTensor] = (),
+        parents: Sequence[torch.Tensor] = (),
+        after_step: Callable[[], dict[str, float]] | None = None,
+    ) -> None:
         self.parts = dict(parts)
         self._views, self._parents, self.after_step = list(views), list(parents), after_step
         self._parents_group = {"params": self._parents, "lr": 0.0, "stacked": True}  # never stepped
@@ -323,7 +360,8 @@ class OptimizerSet:
         """The keys :attr:`last_report` holds (0 at a skipped step): the hook's (QK-Clip's
         ``qk_clipped_heads``), and under ClipMuonUpdate the norm its clip divided by (``update_clip_norm``)."""
         return (("qk_clipped_heads",) if self.after_step is not None else ()) + (
-            ("update_clip_norm",) if self.clip_update is not None else ())
+            ("update_clip_norm",) if self.clip_update is not None else ()
+        )
 
     @property
     def param_groups(self) -> list[dict[str, Any]]:
@@ -350,8 +388,9 @@ class OptimizerSet:
             view.grad = source() if callable(source) else source
         report: dict[str, float] = {}
         if self.clip_update is not None and "muon" in self.parts:
-            report["update_clip_norm"] = clip_muon_update_(self.parts["muon"], [p for n, p in self.parts.items()
-                                                                                if n != "muon"], self.clip_update)
+            report["update_clip_norm"] = clip_muon_update_(
+                self.parts["muon"], [p for n, p in self.parts.items() if n != "muon"], self.clip_update
+            )
         else:
             for part in self.parts.values():
                 part.step()
@@ -404,9 +443,14 @@ def observed_groups(optimizer: Any) -> tuple[OptimizerGroup, ...] | None:
     out = []
     for group in optimizer.param_groups:
         betas = group.get("betas")
-        out.append(OptimizerGroup(
-            name=name, lr=number(group.get("initial_lr", group.get("lr"))),
-            betas=(float(betas[0]), float(betas[1])) if isinstance(betas, (tuple, list)) and len(betas) == 2 else None,
-            momentum=number(group.get("momentum")), weight_decay=number(group.get("weight_decay")),
-            tensors=len(group["params"])))
+        out.append(
+            OptimizerGroup(
+                name=name,
+                lr=number(group.get("initial_lr", group.get("lr"))),
+                betas=(float(betas[0]), float(betas[1])) if isinstance(betas, (tuple, list)) and len(betas) == 2 else None,
+                momentum=number(group.get("momentum")),
+                weight_decay=number(group.get("weight_decay")),
+                tensors=len(group["params"]),
+            )
+        )
     return tuple(out)

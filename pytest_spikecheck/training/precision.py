@@ -33,8 +33,9 @@ AUTOCAST_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 class Precision:
     """The autocast dtype (None: float32) and the loss scaler (None: no loss scaling) of a run."""
 
-    def __init__(self, dtype: torch.dtype | None = None, scaler: Any = None, static_scale: float | None = None,
-                 device_type: str = "cpu") -> None:
+    def __init__(
+        self, dtype: torch.dtype | None = None, scaler: Any = None, static_scale: float | None = None, device_type: str = "cpu"
+    ) -> None:
         self.dtype, self.scaler, self.static_scale, self.device_type = dtype, scaler, static_scale, device_type
 
     @classmethod

@@ -58,11 +58,14 @@ def _check_probe(resolved: Scenario, at_step: int) -> None:
     # Both decide step S from the run's history (an EMA, the last 50 norms) that lives
     # inside the engine's loop; a probe that guessed it would not be step S.
     if resolved.optimizer.clip.kind == "adaptive":
-        raise ConfigError("the probe cannot replay an adaptive clip (its limit is the run's EMA state); "
-                          "probe the scenario with a fixed grad_clip")
+        raise ConfigError(
+            "the probe cannot replay an adaptive clip (its limit is the run's EMA state); "
+            "probe the scenario with a fixed grad_clip"
+        )
     if resolved.optimizer.skip_spike_ratio is not None:
-        raise ConfigError("the probe cannot replay SkipSpikes (its verdict depends on the run's last 50 norms); "
-                          "probe the scenario without it")
+        raise ConfigError(
+            "the probe cannot replay SkipSpikes (its verdict depends on the run's last 50 norms); probe the scenario without it"
+        )
 
 
 @dataclass(frozen=True)
@@ -130,8 +133,7 @@ class Probe:
     step S started from, so a model with dropout is probed reproducibly).
     """
 
-    def __init__(self, scenario: Scenario, at_step: int, *, backend: str = "auto", device: str = "cpu",
-                 threads: int = 1) -> None:
+    def __init__(self, scenario: Scenario, at_step: int, *, backend: str = "auto", device: str = "cpu", threads: int = 1) -> None:
         resolved = scenario.resolved()
         _check_probe(resolved, at_step)
         device = _resolve_device(device)
@@ -146,9 +148,16 @@ class Probe:
         self.dataset: Dataset = captured["dataset"]
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self._precision = captured["precision"]
-        self._trainer = TrainingStep(self.model, self.optimizer, SingleProcess(self.params), backend=self.backend,
-                                     clip=resolved.optimizer.clip, accumulation=resolved.sampler.accumulation,
-                                     accumulate=resolved.sampler.accumulate, precision=self._precision)
+        self._trainer = TrainingStep(
+            self.model,
+            self.optimizer,
+            SingleProcess(self.params),
+            backend=self.backend,
+            clip=resolved.optimizer.clip,
+            accumulation=resolved.sampler.accumulation,
+            accumulate=resolved.sampler.accumulate,
+            precision=self._precision,
+        )
         self._save_checkpoint()
         self._cpu_rng, self._cuda_rng = captured["cpu_rng"], captured["cuda_rng"]
         self._inputs = torch.from_numpy(self.dataset.train.inputs).to(self.device)
@@ -169,18 +178,24 @@ class Probe:
 
         def stop_before_step_s(ctx) -> None:
             if ctx.step == at_step - 1:
-                captured.update(model=ctx.model, optimizer=ctx.optimizer, dataset=ctx.dataset, precision=ctx.precision,
-                                cpu_rng=torch.get_rng_state(),
-                                cuda_rng=torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None)
+                captured.update(
+                    model=ctx.model,
+                    optimizer=ctx.optimizer,
+                    dataset=ctx.dataset,
+                    precision=ctx.precision,
+                    cpu_rng=torch.get_rng_state(),
+                    cuda_rng=torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+                )
                 ctx.stop()
 
         started = time.perf_counter()
-        self.history = train(scenario, backend=self.backend, device=device, threads=self.threads,
-                             callbacks=[stop_before_step_s])
+        self.history = train(scenario, backend=self.backend, device=device, threads=self.threads, callbacks=[stop_before_step_s])
         self.checkpoint_seconds = time.perf_counter() - started
         if not captured:
-            raise ValueError(f"{scenario.name} stopped at step {self.history.meta.get('stopped_at')} "
-                             f"({self.history.meta.get('stop_reason')}) before reaching step {at_step - 1}")
+            raise ValueError(
+                f"{scenario.name} stopped at step {self.history.meta.get('stopped_at')} "
+                f"({self.history.meta.get('stop_reason')}) before reaching step {at_step - 1}"
+            )
         return captured
 
     def _save_checkpoint(self) -> None:
@@ -189,16 +204,24 @@ class Probe:
         self._saved_scaler = self._precision.state_dict() if self._precision is not None else None
         self._saved_params = [p.detach().clone() for p in self.params]
         # Every tensor the optimizer keeps state for: the parameters, and Muon's views of stacked matrices.
-        self._saved_state = [(self.optimizer.state[key], {k: v.clone() for k, v in self.optimizer.state[key].items()
-                                                          if torch.is_tensor(v)}) for key in self.optimizer.state]
+        self._saved_state = [
+            (self.optimizer.state[key], {k: v.clone() for k, v in self.optimizer.state[key].items() if torch.is_tensor(v)})
+            for key in self.optimizer.state
+        ]
         self._buffers = list(self.model.buffers())
         self._saved_buffers = [b.clone() for b in self._buffers]
 
     def _batch_served_at(self, step: int) -> tuple[int, ...]:
         resolved = self.scenario
-        plan = plan_batches(resolved.sampler, steps=resolved.steps, seed=resolved.seed, n_corpus=self.dataset.n_corpus,
-                            burst_members=self.dataset.burst_members, is_rare=self.dataset.is_rare,
-                            sources=[sample.source for sample in self.dataset.pool])
+        plan = plan_batches(
+            resolved.sampler,
+            steps=resolved.steps,
+            seed=resolved.seed,
+            n_corpus=self.dataset.n_corpus,
+            burst_members=self.dataset.burst_members,
+            is_rare=self.dataset.is_rare,
+            sources=[sample.source for sample in self.dataset.pool],
+        )
         return tuple(plan[step - 1])
 
     @property
@@ -231,8 +254,9 @@ class Probe:
         # Step S as the engine runs it: the one TrainingStep (lr, forward, backward, clip, measure, update).
         index = torch.tensor(indices, device=self.device)
         self.model.train()
-        s = self._trainer.forward_backward_clip(self.at_step, list(indices), self._inputs[index],
-                                                self._targets[index], lr=self.lr, max_norm=max_norm)
+        s = self._trainer.forward_backward_clip(
+            self.at_step, list(indices), self._inputs[index], self._targets[index], lr=self.lr, max_norm=max_norm
+        )
         if s.nonfinite or s.overflow:  # the engine stops or skips here without stepping; so does the probe
             update_max_abs = update_norm = 0.0
             self._trainer.update(skip=True)
@@ -258,13 +282,21 @@ class Probe:
         )
 
     def _token_losses(self, logits: torch.Tensor, targets: torch.Tensor, indices: tuple[int, ...]) -> tuple[TokenLoss, ...]:
-        losses = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX,
-                                 reduction="none").view(targets.shape)
+        losses = F.cross_entropy(
+            logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+        ).view(targets.shape)
         rows, cols = torch.nonzero(targets != IGNORE_INDEX, as_tuple=True)
         tok, rare = self.dataset.tokenizer, self.dataset.rare_tokens
-        out = [TokenLoss(sample=indices[r], position=c, token=tok.token(int(targets[r, c])), loss=float(losses[r, c]),
-                         rare=int(targets[r, c]) in rare)
-               for r, c in zip(rows.tolist(), cols.tolist())]
+        out = [
+            TokenLoss(
+                sample=indices[r],
+                position=c,
+                token=tok.token(int(targets[r, c])),
+                loss=float(losses[r, c]),
+                rare=int(targets[r, c]) in rare,
+            )
+            for r, c in zip(rows.tolist(), cols.tolist())
+        ]
         return tuple(sorted(out, key=lambda t: -t.loss))
 
     def _restore(self) -> None:

@@ -52,21 +52,33 @@ def qk_projections(model: torch.nn.Module) -> list[QKProjection]:
     has no such hook or the shapes do not fit."""
     hook = getattr(model, QK_HOOK, None)
     if not callable(hook):
-        raise ConfigError(f"QKClip needs the model's per-layer query and key weights, and "
-                          f"{type(getattr(model, 'inner', model)).__name__} has no {QK_HOOK}() method: implement it "
-                          f"(README, 'Your own model') or drop the QKClip break")
+        raise ConfigError(
+            f"QKClip needs the model's per-layer query and key weights, and "
+            f"{type(getattr(model, 'inner', model)).__name__} has no {QK_HOOK}() method: implement it "
+            f"(README, 'Your own model') or drop the QKClip break"
+        )
     layers = []
     for i, entry in enumerate(hook()):
         if not isinstance(entry, (tuple, list)) or len(entry) not in (3, 5):
-            raise ConfigError(f"{QK_HOOK}() layer {i}: expected (W_q, W_k, n_heads) or (W_q, W_k, n_heads, b_q, b_k), "
-                              f"got {type(entry).__name__}" + (f" of length {len(entry)}" if isinstance(entry, (tuple, list)) else ""))
+            raise ConfigError(
+                f"{QK_HOOK}() layer {i}: expected (W_q, W_k, n_heads) or (W_q, W_k, n_heads, b_q, b_k), "
+                f"got {type(entry).__name__}" + (f" of length {len(entry)}" if isinstance(entry, (tuple, list)) else "")
+            )
         q, k, n_heads, *biases = entry
         layer = QKProjection(q, k, int(n_heads), *biases)
         rows_q, rows_k = q.shape[0], k.shape[0]
-        if q.dim() != 2 or k.dim() != 2 or n_heads < 1 or rows_q % n_heads or rows_k % (rows_q // n_heads) \
-                or n_heads % layer.n_kv_heads:
-            raise ConfigError(f"{QK_HOOK}() layer {i}: W_q {tuple(q.shape)} and W_k {tuple(k.shape)} do not split into "
-                              f"{n_heads} query heads and a divisor of that many key heads")
+        if (
+            q.dim() != 2
+            or k.dim() != 2
+            or n_heads < 1
+            or rows_q % n_heads
+            or rows_k % (rows_q // n_heads)
+            or n_heads % layer.n_kv_heads
+        ):
+            raise ConfigError(
+                f"{QK_HOOK}() layer {i}: W_q {tuple(q.shape)} and W_k {tuple(k.shape)} do not split into "
+                f"{n_heads} query heads and a divisor of that many key heads"
+            )
         layers.append(layer)
     if not layers:
         raise ConfigError(f"{QK_HOOK}() returned no layer: QKClip has nothing to clip")
@@ -128,9 +140,11 @@ class QKClipHook:
         if len(set(heads)) != 1:
             raise ConfigError(f"QKClip needs the same number of heads in every layer, the model has {heads}")
         if not hasattr(model, "record_stats"):
-            raise ConfigError(f"QKClip needs the model's attention logits of each step, and "
-                              f"{type(getattr(model, 'inner', model)).__name__} has no stats hook (record_stats, "
-                              f"spikecheck_stats with {HEAD_LOGITS_KEY!r}): implement it (README, 'Your own model')")
+            raise ConfigError(
+                f"QKClip needs the model's attention logits of each step, and "
+                f"{type(getattr(model, 'inner', model)).__name__} has no stats hook (record_stats, "
+                f"spikecheck_stats with {HEAD_LOGITS_KEY!r}): implement it (README, 'Your own model')"
+            )
 
     def observe(self, head_logits: torch.Tensor | None) -> None:
         """The step's per-head logits (over all its micro-batches), handed over by the training step."""
@@ -142,9 +156,11 @@ class QKClipHook:
             head_max = (getattr(self.model, "spikecheck_stats", None) or {}).get(HEAD_LOGITS_KEY)
         expected = (len(self.layers), self.layers[0].n_heads)
         if head_max is None or tuple(head_max.shape) != expected:
-            raise ConfigError(f"QKClip needs the per-head largest attention logits of the step's forward, a "
-                              f"{expected} tensor under {HEAD_LOGITS_KEY!r} in the model's spikecheck_stats; "
-                              f"found {None if head_max is None else tuple(head_max.shape)}")
+            raise ConfigError(
+                f"QKClip needs the per-head largest attention logits of the step's forward, a "
+                f"{expected} tensor under {HEAD_LOGITS_KEY!r} in the model's spikecheck_stats; "
+                f"found {None if head_max is None else tuple(head_max.shape)}"
+            )
         return head_max.detach().float()
 
     def __call__(self) -> dict[str, float]:

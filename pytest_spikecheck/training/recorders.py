@@ -47,14 +47,33 @@ class MetricsRecorder:
     def __init__(self) -> None:
         self.columns: dict[str, list[float]] = {k: [] for k in METRIC_KEYS + MODEL_STAT_KEYS + SETUP_KEYS}
 
-    def add(self, s: StepOutcome, *, clip_factor: float, grad_norm_post: float, eval_loss: float,
-            adam_v_norm: float, clip_limit: float | None = None, **setup: float) -> dict[str, float]:
+    def add(
+        self,
+        s: StepOutcome,
+        *,
+        clip_factor: float,
+        grad_norm_post: float,
+        eval_loss: float,
+        adam_v_norm: float,
+        clip_limit: float | None = None,
+        **setup: float,
+    ) -> dict[str, float]:
         """One step's row; ``setup`` holds the other :data:`~pytest_spikecheck.records.run.SETUP_KEYS`
         columns this run has (QK-Clip's count, the repeated half's eval loss)."""
-        return self.add_row(step=s.step, loss=s.loss, grad_norm_pre=s.grad_norm_pre, grad_norm_post=grad_norm_post,
-                            clip_factor=clip_factor, lr=s.lr, eval_loss=eval_loss, adam_v_norm=adam_v_norm,
-                            loss_scale=s.loss_scale, clip_limit=math.nan if clip_limit is None else clip_limit,
-                            **{k: s.stats[k] for k in MODEL_STAT_KEYS if k in s.stats}, **setup)
+        return self.add_row(
+            step=s.step,
+            loss=s.loss,
+            grad_norm_pre=s.grad_norm_pre,
+            grad_norm_post=grad_norm_post,
+            clip_factor=clip_factor,
+            lr=s.lr,
+            eval_loss=eval_loss,
+            adam_v_norm=adam_v_norm,
+            loss_scale=s.loss_scale,
+            clip_limit=math.nan if clip_limit is None else clip_limit,
+            **{k: s.stats[k] for k in MODEL_STAT_KEYS if k in s.stats},
+            **setup,
+        )
 
     def add_row(self, **row: float) -> dict[str, float]:
         """One row, every :data:`~pytest_spikecheck.records.run.METRIC_KEYS` column given by name;
@@ -70,8 +89,11 @@ class MetricsRecorder:
         """The columns; a model stat the model never reported, or a set-up column the run does not
         have (no loss scale, no adaptive limit, no QK-Clip, no induction corpus), is left out (not a
         column of NaN)."""
-        return {k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64) for k, v in self.columns.items()
-                if k in METRIC_KEYS or not all(math.isnan(x) for x in v)}
+        return {
+            k: np.asarray(v, dtype=np.int64 if k == "step" else np.float64)
+            for k, v in self.columns.items()
+            if k in METRIC_KEYS or not all(math.isnan(x) for x in v)
+        }
 
 
 class CompositionRecorder:
@@ -82,9 +104,13 @@ class CompositionRecorder:
         self.batches: list[dict[str, Any]] = []
 
     def add(self, s: StepOutcome) -> None:
-        composition = batch_composition(s.batch, pool=self.dataset.pool, rare_token_counts=self.dataset.rare_token_counts,
-                                        burst_ids=self.burst_ids,
-                                        weights=self.mixture[s.step - 1] if self.mixture is not None else None)
+        composition = batch_composition(
+            s.batch,
+            pool=self.dataset.pool,
+            rare_token_counts=self.dataset.rare_token_counts,
+            burst_ids=self.burst_ids,
+            weights=self.mixture[s.step - 1] if self.mixture is not None else None,
+        )
         self.batches.append({"step": s.step, **composition})
 
 
@@ -116,7 +142,7 @@ def _mean_loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> floa
     total, count = 0.0, 0
     with torch.no_grad():
         for start in range(0, x.size(0), EVAL_CHUNK):
-            xs, ys = x[start:start + EVAL_CHUNK], y[start:start + EVAL_CHUNK]
+            xs, ys = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK]
             n = int((ys != IGNORE_INDEX).sum())
             if n:
                 _, loss = model(xs, ys)
@@ -135,14 +161,23 @@ def _target_counts(dataset: Dataset, batches: list[list[int]]) -> np.ndarray:
     return counts
 
 
-def token_loss_table(logits: torch.Tensor, targets: torch.Tensor, *, sample_ids: list[str], rare_tokens: frozenset[int],
-                     token_str: Callable[[int], str], top: int, seen_before: np.ndarray) -> dict[str, Any]:
+def token_loss_table(
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    sample_ids: list[str],
+    rare_tokens: frozenset[int],
+    token_str: Callable[[int], str],
+    top: int,
+    seen_before: np.ndarray,
+) -> dict[str, Any]:
     """Per-token losses of one batch: the worst tokens with their strings, per-piece totals,
     and the share of the batch loss carried by rare tokens and by tokens never trained on
     before this step (``seen_before[t]`` counts earlier target occurrences of token t).
     ``sample_ids[r]`` names row r of the batch; ``token_str`` turns a token id into its string."""
-    losses = F.cross_entropy(logits.detach().view(-1, logits.size(-1)), targets.reshape(-1),
-                             ignore_index=IGNORE_INDEX, reduction="none").view(targets.shape)
+    losses = F.cross_entropy(
+        logits.detach().view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+    ).view(targets.shape)
     mask = targets != IGNORE_INDEX
     flat = losses[mask]
     flat_targets = targets[mask].cpu().numpy()
@@ -158,24 +193,31 @@ def token_loss_table(logits: torch.Tensor, targets: torch.Tensor, *, sample_ids:
     pieces = sorted(((p, len(v), sum(v)) for p, v in per_piece.items()), key=lambda t: -t[2])[:top]
     quantiles = torch.quantile(flat, torch.tensor([0.5, 0.9, 0.99], dtype=flat.dtype)).tolist()
     return {
-        "mean": float(flat.mean()), "p50": quantiles[0], "p90": quantiles[1], "p99": quantiles[2],
-        "max": float(flat.max()), "n_tokens": int(flat.numel()),
+        "mean": float(flat.mean()),
+        "p50": quantiles[0],
+        "p90": quantiles[1],
+        "p99": quantiles[2],
+        "max": float(flat.max()),
+        "n_tokens": int(flat.numel()),
         "rare_loss_share": float(flat_np[rare_mask].sum()) / total,
         "novel_loss_share": float(flat_np[novel_mask].sum()) / total,
         "novel_tokens": int(novel_mask.sum()),
         "worst": [
-            {"sample": sample_ids[int(rows[i])], "position": int(cols[i]),
-             "token": token_str(int(targets[rows[i], cols[i]])), "loss": float(flat[i]),
-             "rare": int(targets[rows[i], cols[i]]) in rare_tokens,
-             "novel": bool(seen_before[int(targets[rows[i], cols[i]])] == 0)}
+            {
+                "sample": sample_ids[int(rows[i])],
+                "position": int(cols[i]),
+                "token": token_str(int(targets[rows[i], cols[i]])),
+                "loss": float(flat[i]),
+                "rare": int(targets[rows[i], cols[i]]) in rare_tokens,
+                "novel": bool(seen_before[int(targets[rows[i], cols[i]])] == 0),
+            }
             for i in worst.tolist()
         ],
         "by_token": [{"token": p, "count": n, "total_loss": s, "mean_loss": s / n} for p, n, s in pieces],
     }
 
 
-def adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.Parameter]],
-                   view: EventView) -> dict[str, Any]:
+def adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.Parameter]], view: EventView) -> dict[str, Any]:
     """How far this step's (clipped) gradient exceeds Adam's memory of it: the share of weights
     with |g| / sqrt(v̂) > ADAM_SURPRISE_THRESHOLD, using v̂ from before this step."""
     total = surprised = 0
@@ -190,14 +232,17 @@ def adam_surprise(optimizer: torch.optim.AdamW, named: list[tuple[str, torch.nn.
             continue
         beta2 = adam["betas"][1]
         steps_so_far = float(state["step"])
-        v_hat = state["exp_avg_sq"] / (1 - beta2 ** steps_so_far)
+        v_hat = state["exp_avg_sq"] / (1 - beta2**steps_so_far)
         ratio = grad.abs() / (v_hat.sqrt() + adam["eps"])
         hit = int((ratio > ADAM_SURPRISE_THRESHOLD).sum())
         per_param[name] = hit / p.numel()
         surprised += hit
         total += p.numel()
-    return {"threshold": ADAM_SURPRISE_THRESHOLD, "share": surprised / total if total else 0.0,
-            "by_param": dict(sorted(per_param.items(), key=lambda kv: -kv[1])[:8])}
+    return {
+        "threshold": ADAM_SURPRISE_THRESHOLD,
+        "share": surprised / total if total else 0.0,
+        "by_param": dict(sorted(per_param.items(), key=lambda kv: -kv[1])[:8]),
+    }
 
 
 def _mean_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, part: torch.Tensor) -> tuple[float, float]:
@@ -207,11 +252,16 @@ def _mean_losses(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, part:
     count = count_within = 0
     with torch.no_grad():
         for start in range(0, x.size(0), EVAL_CHUNK):
-            xs, ys, ps = x[start:start + EVAL_CHUNK], y[start:start + EVAL_CHUNK], part[start:start + EVAL_CHUNK]
+            xs, ys, ps = x[start : start + EVAL_CHUNK], y[start : start + EVAL_CHUNK], part[start : start + EVAL_CHUNK]
             counted = ys != IGNORE_INDEX
             logits, _ = model(xs)
-            losses = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), ys.reshape(-1),
-                                     ignore_index=IGNORE_INDEX, reduction="none").view(ys.shape).double()
+            losses = (
+                F.cross_entropy(
+                    logits.float().reshape(-1, logits.size(-1)), ys.reshape(-1), ignore_index=IGNORE_INDEX, reduction="none"
+                )
+                .view(ys.shape)
+                .double()
+            )
             total, count = total + float(losses[counted].sum()), count + int(counted.sum())
             within, count_within = within + float(losses[ps & counted].sum()), count_within + int((ps & counted).sum())
     return (total / count if count else math.nan), (within / count_within if count_within else math.nan)
@@ -223,9 +273,17 @@ class EvalRecorder:
     ``repeat_mask`` (the induction corpus: the targets of each eval sequence's repeated half) the
     loss on those targets too, as the ``eval_loss_repeat`` column."""
 
-    def __init__(self, scenario: Scenario, declared_steps: Iterable[int], model: torch.nn.Module,
-                 eval_x: torch.Tensor, eval_y: torch.Tensor, *, active: bool,
-                 repeat_mask: torch.Tensor | None = None) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        declared_steps: Iterable[int],
+        model: torch.nn.Module,
+        eval_x: torch.Tensor,
+        eval_y: torch.Tensor,
+        *,
+        active: bool,
+        repeat_mask: torch.Tensor | None = None,
+    ) -> None:
         self.schedule = _EvalSchedule(scenario, declared_steps)
         self.model, self.eval_x, self.eval_y, self.active = model, eval_x, eval_y, active
         self.repeat_mask = repeat_mask
@@ -293,14 +351,17 @@ class UpdateRecorder:
         self.optimizer, self.named = optimizer, named
         parts = getattr(optimizer, "parts", {})
         self.muon = parts.get("muon") if isinstance(parts, dict) else None
-        self.steps = (o.skip_spike_ratio is not None or scenario.amp.loss_scale is not None or o.step_counter != "advance")
+        self.steps = o.skip_spike_ratio is not None or scenario.amp.loss_scale is not None or o.step_counter != "advance"
         self._muon_before: list[tuple[torch.Tensor, torch.Tensor, float]] = []
         self._before: list[torch.Tensor] = []
 
     def before_update(self) -> None:
         if self.muon is not None:
-            self._muon_before = [(p, p.detach().clone(), muon_expected_rms(g["lr"], g.get("adjust_lr_fn"), tuple(p.shape)))
-                                 for g in self.muon.param_groups for p in g["params"]]
+            self._muon_before = [
+                (p, p.detach().clone(), muon_expected_rms(g["lr"], g.get("adjust_lr_fn"), tuple(p.shape)))
+                for g in self.muon.param_groups
+                for p in g["params"]
+            ]
         if self.steps:
             self._before = [p.detach().clone() for _, p in self.named]
 
@@ -345,17 +406,34 @@ class EventRecorder:
         if not self.sharding.is_recorder:
             return None
         self._record = Event(
-            step=s.step, kinds=tuple(v.kinds), loss=s.loss, grad_norm_pre=s.grad_norm_pre,
-            baseline_grad_norm=v.baseline, clip_factor=float(s.clip.scale), max_norm=s.max_norm,
-            grad_norm_post=s.grad_norm_post, skipped=v.skipped is not None,
-            token_losses=token_loss_table(view.logits.float(), s.y,
-                                          sample_ids=[self.dataset.pool[i].id for i in s.batch],
-                                          rare_tokens=self.dataset.rare_tokens, token_str=self.dataset.tokenizer.token,
-                                          top=self.scenario.record.top_tokens,
-                                          seen_before=_target_counts(self.dataset, self.plan[: s.step - 1])),
-            param_grad_norms=dict(sorted(
-                ((n, float(g)) for (n, _), g, post in zip(self.named, view.pre_clip_norms.tolist(), view.grads)
-                 if post is not None), key=lambda kv: -kv[1])),
+            step=s.step,
+            kinds=tuple(v.kinds),
+            loss=s.loss,
+            grad_norm_pre=s.grad_norm_pre,
+            baseline_grad_norm=v.baseline,
+            clip_factor=float(s.clip.scale),
+            max_norm=s.max_norm,
+            grad_norm_post=s.grad_norm_post,
+            skipped=v.skipped is not None,
+            token_losses=token_loss_table(
+                view.logits.float(),
+                s.y,
+                sample_ids=[self.dataset.pool[i].id for i in s.batch],
+                rare_tokens=self.dataset.rare_tokens,
+                token_str=self.dataset.tokenizer.token,
+                top=self.scenario.record.top_tokens,
+                seen_before=_target_counts(self.dataset, self.plan[: s.step - 1]),
+            ),
+            param_grad_norms=dict(
+                sorted(
+                    (
+                        (n, float(g))
+                        for (n, _), g, post in zip(self.named, view.pre_clip_norms.tolist(), view.grads)
+                        if post is not None
+                    ),
+                    key=lambda kv: -kv[1],
+                )
+            ),
             adam_surprise=adam_surprise(self.optimizer, self.named, view) if not (v.nonfinite or v.overflow) else None,
             # which layer and head hold the largest attention logit
             attn_logit_max_per_head=s.head_logits.tolist() if s.head_logits is not None else None,
@@ -393,12 +471,19 @@ def _first_nonfinite_module_output(model: torch.nn.Module, x: torch.Tensor, y: t
                 return
             if nonfinite(inputs):  # the value came in broken: it arose in the parent's own code
                 parent = name.rsplit(".", 1)[0] if "." in name else "(model)"
-                found.update(tensor="output", module=parent,
-                             detail=f"non-finite already in the input of {name}: it arose in {parent}'s own "
-                                    f"computation (e.g. an attention softmax), not in a submodule")
+                found.update(
+                    tensor="output",
+                    module=parent,
+                    detail=f"non-finite already in the input of {name}: it arose in {parent}'s own "
+                    f"computation (e.g. an attention softmax), not in a submodule",
+                )
             else:
-                found.update(tensor="output", module=name,
-                             detail=f"{type(module).__name__} {name} turned finite inputs into a non-finite output")
+                found.update(
+                    tensor="output",
+                    module=name,
+                    detail=f"{type(module).__name__} {name} turned finite inputs into a non-finite output",
+                )
+
         return check
 
     handles = [m.register_forward_hook(hook(n)) for n, m in model.named_modules() if n]
@@ -411,26 +496,36 @@ def _first_nonfinite_module_output(model: torch.nn.Module, x: torch.Tensor, y: t
     return found
 
 
-def locate_nonfinite(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                      named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, str]:
+def locate_nonfinite(
+    model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, named: list[tuple[str, torch.nn.Parameter]]
+) -> dict[str, str]:
     """Where the first non-finite value of a step came from, found after the fact (no cost on
     healthy steps): parameters already non-finite, else the first module whose forward output
     is non-finite (replayed with forward hooks on the same batch), else the backward pass."""
     bad_params = [n for n, p in named if not torch.isfinite(p).all()]
     if bad_params:
-        return {"tensor": "weight", "module": bad_params[0],
-                "detail": f"{len(bad_params)} parameter tensor(s) were already non-finite before this step's forward "
-                          f"pass (the previous optimizer update wrote them): {', '.join(bad_params[:4])}"}
+        return {
+            "tensor": "weight",
+            "module": bad_params[0],
+            "detail": f"{len(bad_params)} parameter tensor(s) were already non-finite before this step's forward "
+            f"pass (the previous optimizer update wrote them): {', '.join(bad_params[:4])}",
+        }
     found = _first_nonfinite_module_output(model, x, y)
     if found:
         return found
     bad_grads = [n for n, p in named if p.grad is not None and not torch.isfinite(p.grad).all()]
     if bad_grads:
-        return {"tensor": "grad", "module": bad_grads[0],
-                "detail": f"the forward pass is finite; {len(bad_grads)} gradient(s) were non-finite after the backward "
-                          f"pass and the clip: {', '.join(bad_grads[:4])}"}
-    return {"tensor": "loss", "module": "(loss)",
-            "detail": "every module output and every gradient is finite: the loss or the gradients' norm overflowed"}
+        return {
+            "tensor": "grad",
+            "module": bad_grads[0],
+            "detail": f"the forward pass is finite; {len(bad_grads)} gradient(s) were non-finite after the backward "
+            f"pass and the clip: {', '.join(bad_grads[:4])}",
+        }
+    return {
+        "tensor": "loss",
+        "module": "(loss)",
+        "detail": "every module output and every gradient is finite: the loss or the gradients' norm overflowed",
+    }
 
 
 def _update_stats(before: list[torch.Tensor], named: list[tuple[str, torch.nn.Parameter]]) -> dict[str, Any]:
@@ -440,8 +535,14 @@ def _update_stats(before: list[torch.Tensor], named: list[tuple[str, torch.nn.Pa
     return {"max_abs": max(per.values()) if per else 0.0, "by_param": top}
 
 
-def lockin_stats(model: torch.nn.Module, dataset: Dataset, device: torch.device, prompts: int = 16,
-                  prompt_tokens: int = 3, new_tokens: int = 24) -> dict[str, Any]:
+def lockin_stats(
+    model: torch.nn.Module,
+    dataset: Dataset,
+    device: torch.device,
+    prompts: int = 16,
+    prompt_tokens: int = 3,
+    new_tokens: int = 24,
+) -> dict[str, Any]:
     """Greedy samples from ``prompts`` eval samples spread over the whole eval set (so every
     source is prompted), each cut to its first ``prompt_tokens`` tokens, and how repetitive
     they are: the share of the most frequent generated token and distinct-1 / distinct-2
@@ -465,9 +566,9 @@ def lockin_stats(model: torch.nn.Module, dataset: Dataset, device: torch.device,
     bigrams = [(a, b) for row in generated for a, b in zip(row, row[1:])]
     top = int(counts.argmax())
     return {
-        "top_token": tok.token(top), "top_token_share": float(counts[top] / len(flat)),
-        "distinct_1": len(set(flat)) / len(flat), "distinct_2": len(set(bigrams)) / max(1, len(bigrams)),
+        "top_token": tok.token(top),
+        "top_token_share": float(counts[top] / len(flat)),
+        "distinct_1": len(set(flat)) / len(flat),
+        "distinct_2": len(set(bigrams)) / max(1, len(bigrams)),
         "samples": [tok.decode(row) for row in idx[:: max(1, len(starts) // 4)].tolist()][:4],
     }
-
-

@@ -48,8 +48,9 @@ class Sharding(Protocol):
 
     def build_optimizer(self, model: torch.nn.Module, scenario: Scenario) -> torch.optim.Optimizer: ...
 
-    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                         rows_backward: RowsBackward) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    def forward_backward(
+        self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rows_backward: RowsBackward
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """This process's logits, the whole batch's loss (detached) and the model's stats, with
         the gradients ready to clip. ``rows_backward`` (the step's micro-batch loop) runs forward
         and backward on this process's rows."""
@@ -72,8 +73,15 @@ class Sharding(Protocol):
     def adam_v_sum(self, optimizer: torch.optim.Optimizer) -> float:
         """Σv over every AdamW second moment of the model."""
 
-    def event_view(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-                   y: torch.Tensor, logits: torch.Tensor, clip: ClipResult) -> EventView: ...
+    def event_view(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        logits: torch.Tensor,
+        clip: ClipResult,
+    ) -> EventView: ...
 
     def describe(self) -> dict[str, Any] | None:
         """The run's ``meta["distributed"]`` (None: one process)."""
@@ -112,15 +120,18 @@ class SingleProcess:
 
     def check(self, resolved: Scenario) -> None:
         if resolved.optimizer.clip.kind == "shard_local":
-            raise ConfigError("ShardLocalNorm (clip_kind shard_local) needs nproc >= 2: on one process the shard is "
-                              "the whole gradient, so there is no per-rank norm to get wrong")
+            raise ConfigError(
+                "ShardLocalNorm (clip_kind shard_local) needs nproc >= 2: on one process the shard is "
+                "the whole gradient, so there is no per-rank norm to get wrong"
+            )
 
     def build_optimizer(self, model: torch.nn.Module, scenario: Scenario) -> torch.optim.Optimizer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         return build_optimizer(model, scenario)
 
-    def forward_backward(self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
-                         rows_backward: RowsBackward) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    def forward_backward(
+        self, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, rows_backward: RowsBackward
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         return rows_backward(x, y, None)
 
     def loss_scaler(self, device_type: str, **options: Any) -> Any:
@@ -155,8 +166,15 @@ class SingleProcess:
         # One concatenated sum is ~2.5x cheaper than foreach L1 norms on a tiny model.
         return float(torch.cat([v.view(-1) for v in second_moments]).float().sum()) if second_moments else 0.0
 
-    def event_view(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor,
-                   y: torch.Tensor, logits: torch.Tensor, clip: ClipResult) -> EventView:
+    def event_view(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        logits: torch.Tensor,
+        clip: ClipResult,
+    ) -> EventView:
         grads = [p.grad for p in self.params]
         measured = iter(self._pre_clip_norms.tolist())
         pre = torch.tensor([next(measured) if g is not None else 0.0 for g in grads], dtype=torch.float32)

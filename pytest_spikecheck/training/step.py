@@ -85,9 +85,18 @@ class TrainingStep:
 
     ``optimizer`` is any object with ``param_groups`` and ``step`` (and ``zero_grad``)."""
 
-    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, sharding: Sharding, *,
-                 backend: str, clip: ClipSpec, accumulation: int = 1, accumulate: str = "mean",
-                 precision: Precision | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        sharding: Sharding,
+        *,
+        backend: str,
+        clip: ClipSpec,
+        accumulation: int = 1,
+        accumulate: str = "mean",
+        precision: Precision | None = None,
+    ) -> None:
         self.model, self.optimizer, self.sharding = model, optimizer, sharding
         self.backend = backend
         # adaptive clipping is a global clip at a moving limit (the policy supplies the limit);
@@ -95,15 +104,18 @@ class TrainingStep:
         self.clip_order = clip.when
         self.clip_scope = clip.scope  # global | per_tensor | shard_local (the sharding's, on several ranks)
         if clip.when == "muon_update" and not hasattr(optimizer, "clip_update"):
-            raise ValueError(f"clip when muon_update needs the engine's Muon optimizer (an OptimizerSet), was {type(optimizer).__name__}")
+            raise ValueError(
+                f"clip when muon_update needs the engine's Muon optimizer (an OptimizerSet), was {type(optimizer).__name__}"
+            )
         if accumulate not in ACCUMULATES:  # never mean by default
             raise ConfigError(f"accumulate must be one of {', '.join(ACCUMULATES)}, was {accumulate!r}")
         self.accumulation, self.accumulate = accumulation, accumulate
         self.precision = precision if precision is not None else Precision.float32()
         self._head_logits: list[torch.Tensor] = []
 
-    def forward_backward_clip(self, step: int, batch: list[int], x: torch.Tensor, y: torch.Tensor, *,
-                              lr: float, max_norm: float) -> StepOutcome:
+    def forward_backward_clip(
+        self, step: int, batch: list[int], x: torch.Tensor, y: torch.Tensor, *, lr: float, max_norm: float
+    ) -> StepOutcome:
         set_learning_rate(self.optimizer, lr)
         each_micro = _EachMicrobatchClip(self.sharding, max_norm, self.backend) if self.clip_order == "per_microbatch" else None
         self._head_logits = []  # each micro-batch's per-head attention logits (the model's stats hook)
@@ -129,18 +141,33 @@ class TrainingStep:
         post = self.sharding.grad_norm()
         # The loss column is the cross-entropy: an auxiliary z-loss the model added is reported apart.
         cross_entropy = float(loss) - stats["z_loss"] if "z_loss" in stats else float(loss)
-        return StepOutcome(step=step, lr=lr, batch=batch, x=x, y=y, logits=logits, loss=cross_entropy,
-                           clip=clip, max_norm=max_norm, grad_norm_pre=float(clip.total_norm),
-                           grad_norm_post=float(post), stats=stats, head_logits=self._last_head_logits(), loss_scale=scale,
-                           overflow=overflow)
+        return StepOutcome(
+            step=step,
+            lr=lr,
+            batch=batch,
+            x=x,
+            y=y,
+            logits=logits,
+            loss=cross_entropy,
+            clip=clip,
+            max_norm=max_norm,
+            grad_norm_pre=float(clip.total_norm),
+            grad_norm_post=float(post),
+            stats=stats,
+            head_logits=self._last_head_logits(),
+            loss_scale=scale,
+            overflow=overflow,
+        )
 
-    def _forward_backward(self, x: torch.Tensor, y: torch.Tensor,
-                          each_micro: _EachMicrobatchClip | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+    def _forward_backward(
+        self, x: torch.Tensor, y: torch.Tensor, each_micro: _EachMicrobatchClip | None
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """This rank's logits, the whole batch's loss (detached) and the model's stats, with the
         gradients of the step (summed over the micro-batches and the ranks) ready to clip."""
 
-        def rows_backward(rows_x: torch.Tensor, rows_y: torch.Tensor,
-                          batch_tokens: int | None) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        def rows_backward(
+            rows_x: torch.Tensor, rows_y: torch.Tensor, batch_tokens: int | None
+        ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
             parts = _micro_batches(rows_x, rows_y, self.accumulation)
             whole = batch_tokens is None and len(parts) == 1  # one micro-batch is the batch: its mean is the loss
             if batch_tokens is None and not whole:
@@ -297,8 +324,11 @@ class StepVerdict:
 
     @property
     def kinds(self) -> list[str]:
-        return [k for k, on in ((self.declared, self.declared is not None), ("spike", self.is_spike),
-                                ("nonfinite", self.nonfinite)) if on]
+        return [
+            k
+            for k, on in ((self.declared, self.declared is not None), ("spike", self.is_spike), ("nonfinite", self.nonfinite))
+            if on
+        ]
 
 
 @dataclass
@@ -325,8 +355,15 @@ class SpikeWatch:
     def overflowed(self, step: int) -> StepVerdict:
         """The verdict on a step the loss scaler skips: its norm measures the overflow, not the
         data, so it is no spike, no failure, and it never enters the history."""
-        return StepVerdict(baseline=math.nan, ratio=math.nan, is_spike=False, skip=False,
-                           declared=self.declared.get(step), nonfinite=False, overflow=True)
+        return StepVerdict(
+            baseline=math.nan,
+            ratio=math.nan,
+            is_spike=False,
+            skip=False,
+            declared=self.declared.get(step),
+            nonfinite=False,
+            overflow=True,
+        )
 
     def judge_norm(self, step: int, grad_norm_pre: float, *, nonfinite: bool) -> StepVerdict:
         """The verdict on a step known only by its pre-clip norm (what a recorder inside someone
@@ -340,16 +377,22 @@ class SpikeWatch:
         threshold = self.spike_ratio if self.skip_ratio is None else min(self.spike_ratio, self.skip_ratio)
         norms = self._norms
         if step not in self.declared and not nonfinite and norms and grad_norm_pre < threshold * min(norms):
-            return StepVerdict(baseline=math.nan, ratio=math.nan, is_spike=False, skip=False, declared=None,
-                               nonfinite=False)
-        base = spike_baseline(np.fromiter(self._steps, np.int64, len(self._steps)),
-                              np.fromiter(self._norms, np.float64, len(self._norms)), step, self.window)
+            return StepVerdict(baseline=math.nan, ratio=math.nan, is_spike=False, skip=False, declared=None, nonfinite=False)
+        base = spike_baseline(
+            np.fromiter(self._steps, np.int64, len(self._steps)),
+            np.fromiter(self._norms, np.float64, len(self._norms)),
+            step,
+            self.window,
+        )
         ratio = grad_norm_pre / base if base > 0 else math.nan
         return StepVerdict(
-            baseline=base, ratio=ratio,
+            baseline=base,
+            ratio=ratio,
             is_spike=not nonfinite and ratio >= self.spike_ratio,
             skip=not nonfinite and self.skip_ratio is not None and ratio >= self.skip_ratio,
-            declared=self.declared.get(step), nonfinite=nonfinite)
+            declared=self.declared.get(step),
+            nonfinite=nonfinite,
+        )
 
     def observe(self, outcome: StepOutcome) -> None:
         """Add a completed step's pre-clip norm to the history (not a step the loss scaler skipped)."""

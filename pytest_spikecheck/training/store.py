@@ -57,8 +57,12 @@ def package_digest() -> str:
     for sub in ("pytest_spikecheck.models", "pytest_spikecheck.kernels"):
         spec = importlib.util.find_spec(sub)
         roots += [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    files = {f.resolve(): f"{root.name}/{f.relative_to(root).as_posix()}"
-             for root in roots for f in root.rglob("*") if f.suffix in _SOURCE_SUFFIXES and f.is_file()}
+    files = {
+        f.resolve(): f"{root.name}/{f.relative_to(root).as_posix()}"
+        for root in roots
+        for f in root.rglob("*")
+        if f.suffix in _SOURCE_SUFFIXES and f.is_file()
+    }
     h = hashlib.sha256()
     for path, name in sorted(files.items(), key=lambda item: item[1]):
         h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
@@ -92,9 +96,11 @@ def model_factory_digest(factory: Any) -> tuple[str | None, str | None]:
     label = f"{getattr(factory, '__module__', '?')}.{name}"
     if "<lambda>" in name or "<locals>" in name:
         kind = "a lambda" if "<lambda>" in name else "defined inside a function"
-        return None, (f"model_factory {label} is {kind}: its module's source does not tell it apart from "
-                      f"another, so its runs are not cached on disk nor shared between xdist workers (make it a "
-                      f"module-level def to cache them)")
+        return None, (
+            f"model_factory {label} is {kind}: its module's source does not tell it apart from "
+            f"another, so its runs are not cached on disk nor shared between xdist workers (make it a "
+            f"module-level def to cache them)"
+        )
     module = sys.modules.get(getattr(factory, "__module__", None) or "")
     try:
         source = inspect.getsourcefile(module) if module is not None else None
@@ -123,8 +129,7 @@ def run_key(scenario: Scenario, *, backend: str, device: str, threads: int) -> R
     """The key of ``scenario`` trained with a concrete clipping ``backend`` (``auto`` resolved),
     on ``device`` with ``threads`` torch threads. A factory that cannot be hashed is keyed by the
     object itself (``!`` marks such a key: valid in this process only, never stored)."""
-    tag = (f"{scenario.content_hash()}-{backend}-{device}-t{threads}-v{__version__}"
-           f"-src{package_digest()}-torch{torch_version()}")
+    tag = f"{scenario.content_hash()}-{backend}-{device}-t{threads}-v{__version__}-src{package_digest()}-torch{torch_version()}"
     why = None
     if scenario.model_factory is not None:
         digest, why = model_factory_digest(scenario.model_factory)
@@ -157,8 +162,9 @@ class RunStoreLockError(RuntimeError):
     ran out. The message is one line naming the owner's pid and the lock file."""
 
 
-def atomic_dir_write(target: Path, write: Callable[[Path], Any], *, within: Path | None = None,
-                     owned_by: str | None = None) -> None:
+def atomic_dir_write(
+    target: Path, write: Callable[[Path], Any], *, within: Path | None = None, owned_by: str | None = None
+) -> None:
     """Write a folder next to ``target`` and move it into place (parallel writers may race).
 
     ``within``: the folder ``target`` must be a direct child of (the report's root): a target
@@ -168,8 +174,10 @@ def atomic_dir_write(target: Path, write: Callable[[Path], Any], *, within: Path
     if within is not None and Path(os.path.abspath(target)).parent != Path(os.path.abspath(within)):
         raise ConfigError(f"refusing to write {target}: it is not a folder inside {within}")
     if owned_by is not None and target.exists() and not (target / owned_by).is_file():
-        raise ConfigError(f"{target} exists and was not written by spikecheck (no {owned_by} in it): not replacing "
-                          f"it; move it away or rename the scenario")
+        raise ConfigError(
+            f"{target} exists and was not written by spikecheck (no {owned_by} in it): not replacing "
+            f"it; move it away or rename the scenario"
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
@@ -211,8 +219,15 @@ class RunStore:
     :data:`_DEAD_OWNER_GRACE_SECONDS` after that pid is gone (a forked child kept it), or a wait
     longer than ``lock_timeout`` seconds, raises :class:`RunStoreLockError` (one line)."""
 
-    def __init__(self, root: str | Path, *, session: str = "", writer: str = "", lock_timeout: float = 3600.0,
-                 warn: Callable[[str], Any] | None = None) -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        session: str = "",
+        writer: str = "",
+        lock_timeout: float = 3600.0,
+        warn: Callable[[str], Any] | None = None,
+    ) -> None:
         self.root = Path(root)
         self.session = session
         self.writer = writer
@@ -242,8 +257,9 @@ class RunStore:
     def put(self, key: RunKey, run: Run) -> Path:
         """Store ``run`` under ``key`` (written aside, then moved into place whole)."""
         entry = self.path(key)
-        provenance = Provenance(session=self.session, writer=self.writer, pid=os.getpid(),
-                                host=socket.gethostname(), name=str(run.name))
+        provenance = Provenance(
+            session=self.session, writer=self.writer, pid=os.getpid(), host=socket.gethostname(), name=str(run.name)
+        )
 
         def write(folder: Path) -> None:
             run.save(folder)
@@ -332,16 +348,23 @@ class RunStore:
                         raise RunStoreLockError(
                             f"run store lock {lock_path} is still held, but pid {owner['pid']} ({owner.get('writer') or '?'}) "
                             f"that took it is gone (a child process it forked may hold it): end that process or "
-                            f"remove the lock file") from None
+                            f"remove the lock file"
+                        ) from None
                 else:
                     owner_gone_since = None
                 if now - started > self.lock_timeout:
-                    who = f"pid {owner['pid']} ({owner.get('writer') or '?'}) on {owner.get('host')}" if owner else "another process"
-                    raise RunStoreLockError(f"waited {self.lock_timeout:g} s for run store lock {lock_path}, held by "
-                                            f"{who} still making {key.tag}") from None
+                    who = (
+                        f"pid {owner['pid']} ({owner.get('writer') or '?'}) on {owner.get('host')}"
+                        if owner
+                        else "another process"
+                    )
+                    raise RunStoreLockError(
+                        f"waited {self.lock_timeout:g} s for run store lock {lock_path}, held by {who} still making {key.tag}"
+                    ) from None
         try:
-            owner_path.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "writer": self.writer,
-                                              "session": self.session}))
+            owner_path.write_text(
+                json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "writer": self.writer, "session": self.session})
+            )
             yield
         finally:
             with contextlib.suppress(OSError):

@@ -50,7 +50,6 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 
 
-
 def site_pages(root: Path = ROOT) -> list[str]:
     """The pages of the documentation site's nav (mkdocs.yml) that are files of docs/ with a
     fenced block, relative to the repository root (the reference pages are generated at build
@@ -112,8 +111,7 @@ class PageEnv:
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="spikecheck-docs-"))
-        shutil.copytree(ROOT / "experiments", self.dir / "experiments",
-                        ignore=shutil.ignore_patterns("run", "run-*"))
+        shutil.copytree(ROOT / "experiments", self.dir / "experiments", ignore=shutil.ignore_patterns("run", "run-*"))
         (self.dir / "tests").mkdir()
         os.symlink(ROOT / "tests" / "data", self.dir / "tests" / "data")
         # the inner pytest sessions: this sandbox is their rootdir; Hypothesis runs 10 examples
@@ -121,7 +119,8 @@ class PageEnv:
         (self.dir / "conftest.py").write_text(
             "from hypothesis import settings\n"
             "settings.register_profile('docs', max_examples=10, derandomize=True, database=None, deadline=None)\n"
-            "settings.load_profile('docs')\n")
+            "settings.load_profile('docs')\n"
+        )
         self.modules = 0
 
     def env(self) -> dict[str, str]:
@@ -154,8 +153,7 @@ _RUNS: dict[tuple, Any] = {}
 def _shared_train(real_train: Callable) -> Callable:
     def train(scenario, *, backend="auto", device="cpu", threads=1, callbacks=(), nproc=1):
         if callbacks or nproc != 1 or scenario.model_factory is not None:
-            return real_train(scenario, backend=backend, device=device, threads=threads, callbacks=callbacks,
-                              nproc=nproc)
+            return real_train(scenario, backend=backend, device=device, threads=threads, callbacks=callbacks, nproc=nproc)
         from pytest_spikecheck.clipping import resolve_backend
 
         # "auto" on the CPU is torch: the plugin asks for "torch", a snippet for "auto"; one run
@@ -171,8 +169,11 @@ def _shared_train(real_train: Callable) -> Callable:
 
 #: What a block that trains says; a block that says none of it runs without importing torch
 #: here (unless torch is imported already), so the harness's own tests stay light.
-_TRAINS = re.compile(r"\btrain\(|spikecheck\.run\(|probe_at\(|lr_sweep\(|record\(|\bimport torch|"
-                     r"spikecheck_scenario|^spikecheck (train|search)\b", re.MULTILINE)
+_TRAINS = re.compile(
+    r"\btrain\(|spikecheck\.run\(|probe_at\(|lr_sweep\(|record\(|\bimport torch|"
+    r"spikecheck_scenario|^spikecheck (train|search)\b",
+    re.MULTILINE,
+)
 
 
 @contextlib.contextmanager
@@ -236,7 +237,7 @@ def _line_pattern(expected: str) -> tuple[re.Pattern, list[str]]:
     text = " ".join(expected.split())
     parts, numbers, pos = [], [], 0
     for m in re.finditer(r"\.\.\.|" + _NUMBER.pattern, text):
-        parts.append(re.escape(text[pos:m.start()]).replace("\\ ", " "))
+        parts.append(re.escape(text[pos : m.start()]).replace("\\ ", " "))
         if m[0] == "...":
             parts.append(".*?")
         else:
@@ -258,6 +259,7 @@ def match_line(expected: str, actual: str) -> bool:
 def match_output(expected: list[str], actual: list[str]) -> str | None:
     """None when ``actual`` matches ``expected`` (a line ``...`` matches any lines), else
     a message pointing at the first difference."""
+
     def match(i: int, j: int) -> bool:
         if i == len(expected):
             return all(not line.strip() for line in actual[j:])
@@ -290,7 +292,7 @@ def _run_command(command: str, env: PageEnv) -> tuple[int, str]:
     shares trainings), anything else under bash. Returns (exit status, stdout + stderr)."""
     line = command.split(" #")[0].strip()
     words = shlex.split(line)
-    if "||" in words[1:] and words[words.index("||") + 1:][:1] == ["exit"]:
+    if "||" in words[1:] and words[words.index("||") + 1 :][:1] == ["exit"]:
         words = words[: words.index("||")]  # `cmd || exit 1`: a failing status fails the block anyway
     if words and words[0] == "spikecheck" and not any(w in ("|", ">", "&&", ";") for w in words):
         from pytest_spikecheck.cli import main
@@ -302,8 +304,7 @@ def _run_command(command: str, env: PageEnv) -> tuple[int, str]:
             except SystemExit as stop:  # argparse's usage errors
                 code = stop.code if isinstance(stop.code, int) else 1
         return int(code or 0), out.getvalue()
-    done = subprocess.run(["bash", "-c", line], cwd=env.dir, env=env.env(), capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run(["bash", "-c", line], cwd=env.dir, env=env.env(), capture_output=True, text=True, timeout=600)
     return done.returncode, done.stdout + done.stderr
 
 
@@ -341,8 +342,10 @@ def run_console(source: str, env: PageEnv, where: str) -> None:
             raise DocsError(f"{where}: `{command}` exited {code}, the page says {want}\n{out[-3000:]}")
         problem = match_output(expected, out.splitlines())
         if problem:
-            raise DocsError(f"{where}: the output of `{command}` differs from the page (numbers within "
-                            f"{OUTPUT_RTOL:.0%}):\n{problem}\n--- the whole output:\n{out}")
+            raise DocsError(
+                f"{where}: the output of `{command}` differs from the page (numbers within "
+                f"{OUTPUT_RTOL:.0%}):\n{problem}\n--- the whole output:\n{out}"
+            )
 
 
 def _logical_lines(source: str) -> Iterable[str]:
@@ -424,8 +427,7 @@ def _run_script(source: str, env: PageEnv, where: str, names: list[str]) -> None
     env.modules += 1
     script = env.dir / f"docs_script_{env.modules}.py"
     script.write_text(_prelude(names) + source)
-    done = subprocess.run([sys.executable, script.name], cwd=env.dir, env=env.env(), capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, script.name], cwd=env.dir, env=env.env(), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
         raise DocsError(f"{where}: the script exits {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
 
@@ -465,8 +467,21 @@ def _run_test_module(source: str, env: PageEnv, where: str, names: list[str]) ->
     module.write_text(_prelude(names) + source)
     reports = _Reports()
     with _running_in(env, source), contextlib.redirect_stdout(io.StringIO()) as out, _no_job_summary():
-        code = pytest.main([str(module), "--spikecheck", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
-                            f"--rootdir={env.dir}", "-c", str(env.dir / "pytest.ini")], plugins=[reports])
+        code = pytest.main(
+            [
+                str(module),
+                "--spikecheck",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:randomly",
+                f"--rootdir={env.dir}",
+                "-c",
+                str(env.dir / "pytest.ini"),
+            ],
+            plugins=[reports],
+        )
     sys.modules.pop(module.stem, None)
     if reports.failed or code not in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
         detail = "\n".join(reports.failed) or out.getvalue()[-4000:]
@@ -503,8 +518,10 @@ def run_yaml(source: str, env: PageEnv, where: str) -> None:
         try:
             scenario = Scenario.from_dict(raw, where=where)
         except ConfigError as problem:
-            raise DocsError(f"{where}: not a scenario config ({problem}); if it is another file's YAML, name the "
-                            f"file on its first line (# PATH) or mark the block: {MARKER}") from None
+            raise DocsError(
+                f"{where}: not a scenario config ({problem}); if it is another file's YAML, name the "
+                f"file on its first line (# PATH) or mark the block: {MARKER}"
+            ) from None
     if scenario.model_factory is not None and not _assumed(source):
         raise DocsError(f"{where}: names a model factory: say which with '# assumes:'")
 
@@ -548,13 +565,18 @@ def check_failure_example(source: str, env: PageEnv, where: str) -> None:
     from pytest_spikecheck import NoClip, RareTokenBurst, Scenario, assert_spike
     from pytest_spikecheck.errors import SpikeCheckError
 
-    scenario = (Scenario.preset("phase-19").replace(name="tiny_break", steps=40)
-                .with_breaks(NoClip(), RareTokenBurst(count=3, at_step=30)))
+    scenario = (
+        Scenario.preset("phase-19")
+        .replace(name="tiny_break", steps=40)
+        .with_breaks(NoClip(), RareTokenBurst(count=3, at_step=30))
+    )
     with _running_in(env, "train("):
         from pytest_spikecheck.training.launch import train
 
         run = train(scenario, backend="torch")
-        run.meta["reproduce"] = f"pytest --spikecheck --spikecheck-backend torch  # scenario tiny_break, content hash {run.meta['content_hash']}"
+        run.meta["reproduce"] = (
+            f"pytest --spikecheck --spikecheck-backend torch  # scenario tiny_break, content hash {run.meta['content_hash']}"
+        )
     from pytest_spikecheck.judge.verdict import collecting
 
     try:
@@ -632,9 +654,11 @@ def evaluate_block(example) -> None:
         return run_console(source, env, where)
     if language == "yaml":
         return run_yaml(source, env, where)
-    raise DocsError(f"{where}: a ```{language or ' '} block that nothing checks: show it as a ```console "
-                    f"transcript, name a check above it (<!-- docs-test: NAME -->, NAME one of {', '.join(CHECKS)}), "
-                    f"or mark it on the line above: {MARKER}")
+    raise DocsError(
+        f"{where}: a ```{language or ' '} block that nothing checks: show it as a ```console "
+        f"transcript, name a check above it (<!-- docs-test: NAME -->, NAME one of {', '.join(CHECKS)}), "
+        f"or mark it on the line above: {MARKER}"
+    )
 
 
 @_in_page_order
@@ -648,8 +672,9 @@ def evaluate_marker(example) -> None:
 
 
 def parse_blocks(document: Document) -> Iterable[Region]:
-    lexer = RawFencedCodeBlockLexer(info_pattern=re.compile(r"(?P<info>[^\n]*)$\n", re.MULTILINE),
-                                    mapping={"info": "info", "source": "source"})
+    lexer = RawFencedCodeBlockLexer(
+        info_pattern=re.compile(r"(?P<info>[^\n]*)$\n", re.MULTILINE), mapping={"info": "info", "source": "source"}
+    )
     for region in lexer(document):
         info, source = region.lexemes["info"], region.lexemes["source"]
         yield Region(region.start, region.end, (str(info), textwrap.dedent(str(source))), evaluate_block)
@@ -664,5 +689,4 @@ def parse_markers(document: Document) -> Iterable[Region]:
 
 def sybil(patterns: list[str] = PAGES, path: Path = ROOT) -> Sybil:
     """The documentation test's Sybil: ``pytest_collect_file = sybil().pytest()`` (root conftest.py)."""
-    return Sybil(parsers=[parse_markers, parse_blocks], patterns=patterns, path=str(path), teardown=_teardown,
-                 name="docs")
+    return Sybil(parsers=[parse_markers, parse_blocks], patterns=patterns, path=str(path), teardown=_teardown, name="docs")

@@ -10,7 +10,7 @@ from functools import lru_cache
 
 #: Files a block may assume, laid into the page's sandbox: the reader's path -> ours.
 FILES = {
-    "output/trainer_state.json": "tests/data/logs/hf/trainer_state_healthy.json",  # your Trainer's log
+    "output/trainer_state.json": "tests/data/logs/hf/trainer_state_healthy.json"  # your Trainer's log
 }
 
 
@@ -41,10 +41,15 @@ def make_model(vocab_size: int, width: int = 32):
 
 
 #: A reader's own texts: short sentences, the last 96 their eval set.
-my_documents = [f"the {animal} {verb} over the {thing} number {i}."
-                for i, (animal, verb, thing) in enumerate(
-                    (a, v, t) for a in ("cat", "dog", "fox", "owl") for v in ("jumps", "runs", "looks")
-                    for t in ("wall", "fence", "river", "hill", "road", "gate", "field", "bridge"))]
+my_documents = [
+    f"the {animal} {verb} over the {thing} number {i}."
+    for i, (animal, verb, thing) in enumerate(
+        (a, v, t)
+        for a in ("cat", "dog", "fox", "owl")
+        for v in ("jumps", "runs", "looks")
+        for t in ("wall", "fence", "river", "hill", "road", "gate", "field", "bridge")
+    )
+]
 my_documents = my_documents * 3
 
 
@@ -68,8 +73,7 @@ def _trainer_world():
     from pytest_spikecheck.data.dataset import build_dataset
 
     data = build_dataset(Scenario.preset("phase-19").with_breaks(RareTokenBurst(count=3, at_step=30)).resolved())
-    rows = [(torch.from_numpy(data.train.inputs[i]), torch.from_numpy(data.train.targets[i]))
-            for i in range(len(data.pool))]
+    rows = [(torch.from_numpy(data.train.inputs[i]), torch.from_numpy(data.train.targets[i])) for i in range(len(data.pool))]
     return data, rows
 
 
@@ -85,8 +89,7 @@ def __getattr__(name: str):
         "V": data.tokenizer.vocab_size,
         "names": [s.id for s in data.pool],
         "tok": types.SimpleNamespace(decode=lambda ids: data.tokenizer.token(ids[0])),
-        "loss_fn": lambda logits, y: torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
-                                                                       ignore_index=-100),
+        "loss_fn": lambda logits, y: torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=-100),
     }
     if name in ("model", "optimizer"):
         torch.manual_seed(0)

@@ -32,8 +32,11 @@ PAGES = {
     "test_module_passes": ("```python\ndef test_x():\n    assert 1 == 1\n```\n", "passed"),
     "yaml_not_the_file": ("```yaml\n# experiments/19-control/config.yaml\npreset: phase-19\nseed: 7\n```\n", "failed"),
     "yaml_typo": ("```yaml\npreset: phase-19\noptimizer: {weight_decy: 0.1}\n```\n", "failed"),
-    "yaml_is_the_file": ("```yaml\n# experiments/19-control/config.yaml\npreset: phase-19\nseed: 42\n"
-                         "breaks:\n  - rare_token_burst: {count: 8, at_step: 312, content: greek}\n```\n", "passed"),
+    "yaml_is_the_file": (
+        "```yaml\n# experiments/19-control/config.yaml\npreset: phase-19\nseed: 42\n"
+        "breaks:\n  - rare_token_burst: {count: 8, at_step: 312, content: greek}\n```\n",
+        "passed",
+    ),
     "yaml_not_a_scenario": ("```yaml\nname: ci\non: [push]\n```\n", "failed"),
     "synopsis_missing_option": ("<!-- docs-test: cli-synopsis -->\n```\nspikecheck check LOG [--json]\n```\n", "failed"),
     "unknown_check": ("<!-- docs-test: nonsense -->\n```\nx\n```\n", "failed"),
@@ -48,14 +51,32 @@ def outcomes(tmp_path_factory):
     (pytester_dir / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
         f"from docs_harness import sybil\n"
-        f"pytest_collect_file = sybil(patterns=['*.md'], path={str(pytester_dir)!r}).pytest()\n")
+        f"pytest_collect_file = sybil(patterns=['*.md'], path={str(pytester_dir)!r}).pytest()\n"
+    )
     (pytester_dir / "pytest.ini").write_text("[pytest]\n")
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", "-q", str(pytester_dir),
-                           "-o", "addopts=", "--rootdir", str(pytester_dir)],
-                          cwd=pytester_dir, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-rA",
+            "-q",
+            str(pytester_dir),
+            "-o",
+            "addopts=",
+            "--rootdir",
+            str(pytester_dir),
+        ],
+        cwd=pytester_dir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     results = {}  # page -> its last example (the block; a marker before it is an example too)
     for line in done.stdout.splitlines():
         m = re.match(r"(PASSED|FAILED|SKIPPED) (?:\[\d+\] )?(?:\S*/)?(\w+)\.md(?:::sybil:docs,line:|:)(\d+)", line)
@@ -76,9 +97,11 @@ def test_a_marked_block_is_skipped_with_its_reason(outcomes):
     assert "it needs a GPU cluster." in results["marked"][1]
 
 
-ORDERED_PAGE = ("```python\nx = 41\n```\n\n"
-                "*Not run by the docs test: it needs a GPU cluster.*\n```bash\nexit 3\n```\n\n"
-                "```python\nassert x + 1 == 42\n```\n")
+ORDERED_PAGE = (
+    "```python\nx = 41\n```\n\n"
+    "*Not run by the docs test: it needs a GPU cluster.*\n```bash\nexit 3\n```\n\n"
+    "```python\nassert x + 1 == 42\n```\n"
+)
 
 
 def test_an_example_run_without_its_page_runs_the_earlier_examples_first(tmp_path):
@@ -92,15 +115,32 @@ def test_an_example_run_without_its_page_runs_the_earlier_examples_first(tmp_pat
     (tmp_path / "conftest.py").write_text(
         f"import sys\nsys.path.insert(0, {str(HERE)!r})\n"
         f"from docs_harness import sybil\n"
-        f"pytest_collect_file = sybil(patterns=['*.md'], path={str(tmp_path)!r}).pytest()\n")
+        f"pytest_collect_file = sybil(patterns=['*.md'], path={str(tmp_path)!r}).pytest()\n"
+    )
     (tmp_path / "pytest.ini").write_text("[pytest]\n")
     lines = ORDERED_PAGE.splitlines()
     last, marked = max(i for i, text in enumerate(lines) if text == "```python") + 1, lines.index("```bash") + 1
     outcomes = {}
     for line in (last, marked):
-        done = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-o", "addopts=",
-                               "--rootdir", str(tmp_path), f"page.md::sybil:docs,line:{line},column:1"],
-                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                "-q",
+                "-o",
+                "addopts=",
+                "--rootdir",
+                str(tmp_path),
+                f"page.md::sybil:docs,line:{line},column:1",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         outcomes[line] = done.stdout.splitlines()[-1]
     assert re.fullmatch(r"=*\s*1 passed in .*", outcomes[last]), outcomes
     assert re.fullmatch(r"=*\s*1 skipped in .*", outcomes[marked]), outcomes

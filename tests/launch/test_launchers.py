@@ -25,9 +25,13 @@ PACKAGES = ("pytest_spikecheck", "models", "kernels")
 def test_an_in_process_pytester_session_passes_however_pytest_is_launched(launcher):
     script = Path(sys.executable).with_name("pytest")
     command = [str(script)] if launcher == "script" else [sys.executable, "-m", "pytest"]
-    result = subprocess.run(command + ["-p", "no:cacheprovider", "-p", "no:xdist", "-q",
-                                       "tests/launch/test_in_process_session.py"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        command + ["-p", "no:cacheprovider", "-p", "no:xdist", "-q", "tests/launch/test_in_process_session.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert "1 passed" in result.stdout
 
@@ -35,7 +39,11 @@ def test_an_in_process_pytester_session_passes_however_pytest_is_launched(launch
 def test_the_package_has_no_plain_assert_and_opts_out_of_rewriting():
     """Opting out is only right while no module relies on assert rewriting for its messages."""
     assert "PYTEST_DONT_REWRITE" in (pytest_spikecheck.__doc__ or "")
-    asserts = [f"{path.relative_to(ROOT)}:{node.lineno}" for package in PACKAGES
-               for path in sorted((ROOT / package).rglob("*.py"))
-               for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Assert)]
+    asserts = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for package in PACKAGES
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Assert)
+    ]
     assert asserts == []

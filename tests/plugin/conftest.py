@@ -36,7 +36,7 @@ def tiny_control():
     return Scenario.preset("phase-19").replace(steps=40).with_breaks(RareTokenBurst(count=3, at_step=30))
 '''
 
-TINY_TESTS = '''
+TINY_TESTS = """
 from pytest_spikecheck import assert_clip_contains, assert_spike
 
 
@@ -50,7 +50,7 @@ def test_control_contains(tiny_control):
 
 def test_seed(tiny_break):
     print("SEED", tiny_break.scenario.seed)
-'''
+"""
 
 
 @pytest.fixture

@@ -14,14 +14,15 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "downstream"
 #: The sweep's names are derived from content: long ones are cut in the middle and end in 8 hex
 #: digits of the content hash (which changes whenever the scenario schema does, so not spelled here).
 NAMES = [re.escape(name) for name in ("clipped[0.25]", "clipped[0.5]", "control", "no_clip")] + [
-    re.escape(f"phase-19+steps=60+model=tin…)+burst(8×greek@40)+clip({n})~") + "[0-9a-f]{8}" for n in (2, 4)]
+    re.escape(f"phase-19+steps=60+model=tin…)+burst(8×greek@40)+clip({n})~") + "[0-9a-f]{8}" for n in (2, 4)
+]
 
 
 def _summary(result) -> list[list[str]]:
     lines = result.stdout.lines
     start = next(i for i, line in enumerate(lines) if re.match(r"=+ spikecheck =+$", line))
     end = next(i for i, line in enumerate(lines) if i > start and (line.startswith("=") or line.startswith("tests (")))
-    return [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1:end] if line.strip()]
+    return [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1 : end] if line.strip()]
 
 
 def test_the_downstream_example_passes_with_the_same_summary_on_one_and_two_workers(pytester):
@@ -38,8 +39,9 @@ def test_the_downstream_example_passes_with_the_same_summary_on_one_and_two_work
     assert summary[1:] == _summary(parallel)[1:]
     assert summary[:2] == [["6 scenarios checked (6 trained, 0 from the disk cache)."], ["6 held, 0 failed."]]
     parallel_counts = _summary(parallel)[0][0]
-    assert re.fullmatch(r"6 scenarios checked \(6 trained, \d loaded from another worker, 0 from the disk cache\)\.",
-                        parallel_counts), parallel_counts
+    assert re.fullmatch(
+        r"6 scenarios checked \(6 trained, \d loaded from another worker, 0 from the disk cache\)\.", parallel_counts
+    ), parallel_counts
     rows = summary[4:]
     assert len(rows) == len(NAMES) and all(re.fullmatch(p, row[0]) for p, row in zip(NAMES, rows)), rows
     assert all(row[-1] == "pass" for row in rows)

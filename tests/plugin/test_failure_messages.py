@@ -1,5 +1,6 @@
 def test_failures_explain_themselves(pytester):
-    pytester.makepyfile(test_fail='''
+    pytester.makepyfile(
+        test_fail="""
 from pytest_spikecheck import NoClip, RareTokenBurst, Scenario, assert_clip_contains, assert_spike, spikecheck_scenario
 
 @spikecheck_scenario
@@ -11,7 +12,8 @@ def test_too_demanding(tiny_break):
 
 def test_clip_missing(tiny_break):
     assert_clip_contains(tiny_break, max_norm=1.0)
-''')
+"""
+    )
     result = pytester.runpytest("--spikecheck")
     result.assert_outcomes(failed=2)
     out = result.stdout.str()

@@ -15,8 +15,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "hf_trainer"
 #: What the dev extra installs that the [hf] extra does not (top-level import names).
-DEV_ONLY = ("hypothesis", "sybil", "xdist", "pytest_benchmark", "lightning", "ray", "tensorboard", "websocket",
-            "importlinter", "mlflow")
+DEV_ONLY = (
+    "hypothesis",
+    "sybil",
+    "xdist",
+    "pytest_benchmark",
+    "lightning",
+    "ray",
+    "tensorboard",
+    "websocket",
+    "importlinter",
+    "mlflow",
+)
 
 
 def test_the_hf_example_passes_with_only_its_extra(tmp_path):
@@ -49,6 +59,10 @@ def test_the_shadow_really_hides_the_dev_extra(tmp_path):
     shadow = tmp_path / "shadow"
     shadow.mkdir()
     (shadow / "hypothesis.py").write_text("raise ImportError('hypothesis is not in the [hf] extra')\n")
-    done = subprocess.run([sys.executable, "-c", "from hypothesis import settings"], env={**os.environ, "PYTHONPATH": str(shadow)},
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-c", "from hypothesis import settings"],
+        env={**os.environ, "PYTHONPATH": str(shadow)},
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0 and "not in the [hf] extra" in done.stderr

@@ -6,8 +6,9 @@ import sys
 @functools.cache
 def cuda_available() -> bool:
     """Asked in a subprocess: importing torch into the pytester process breaks its module snapshots."""
-    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
-                           capture_output=True, text=True, check=True)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True, check=True
+    )
     return probe.stdout.strip() == "True"
 
 
@@ -25,10 +26,12 @@ def test_invalid_ini_value_is_a_usage_error(pytester):
 
 
 def test_torch_backend_is_reported_and_used(tiny):
-    tiny.makepyfile(test_backend='''
+    tiny.makepyfile(
+        test_backend="""
 def test_backend(tiny_break):
     assert tiny_break.meta["backend"] == "torch"
-''')
+"""
+    )
     result = tiny.runpytest("--spikecheck", "--spikecheck-backend", "torch")
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["spikecheck: backend torch (asked: torch)*"])

@@ -40,7 +40,7 @@ def test_a_report_path_that_is_a_file_is_a_usage_error_before_training(tiny):
     result.stderr.fnmatch_lines(["*--spikecheck-report *report.txt is an existing file; it must be a folder"])
 
 
-MODEL_MODULE = '''
+MODEL_MODULE = """
 import torch
 
 WIDTH = {width}
@@ -60,9 +60,9 @@ class Tiny(torch.nn.Module):
         logits = self.head(self.emb(idx))
         loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
-'''
+"""
 
-FACTORY_SCENARIOS = '''
+FACTORY_SCENARIOS = """
 from pytest_spikecheck import Scenario, spikecheck_scenario
 from my_model import make_model
 
@@ -77,21 +77,27 @@ def mine():
 @spikecheck_scenario
 def inline():
     return BASE.replace(model_factory=lambda vocab_size: make_model(vocab_size))
-'''
+"""
+
 
 def test_editing_the_model_module_retrains(pytester):
     """The disk cache keys a model_factory by its module's source: a width edit retrains; a
     lambda is never cached on disk, and the summary says why."""
     pytester.makepyfile(my_model=MODEL_MODULE.format(width=8))
     pytester.makeconftest(FACTORY_SCENARIOS)
-    pytester.makepyfile(test_mine="def test_mine(mine):\n    assert len(mine) == 6\n\n\n"
-                                  "def test_inline(inline):\n    assert len(inline) == 6\n")
+    pytester.makepyfile(
+        test_mine="def test_mine(mine):\n    assert len(mine) == 6\n\n\ndef test_inline(inline):\n    assert len(inline) == 6\n"
+    )
     report = pytester.path / "report"
     args = ("--spikecheck", f"--spikecheck-report={report}", "-p", "no:cacheprovider")
     first = pytester.runpytest(*args)
     first.assert_outcomes(passed=2)
-    first.stdout.fnmatch_lines(["2 scenarios checked (2 trained, 0 from the disk cache).",
-                                "inline: model_factory conftest.inline.<locals>.<lambda> is a lambda*not cached on disk*"])
+    first.stdout.fnmatch_lines(
+        [
+            "2 scenarios checked (2 trained, 0 from the disk cache).",
+            "inline: model_factory conftest.inline.<locals>.<lambda> is a lambda*not cached on disk*",
+        ]
+    )
     cached = [p.name for p in _entries(report / ".cache")]
     assert len(cached) == 1 and "-model" in cached[0]  # only the module-level factory's run
     pytester.makepyfile(my_model=MODEL_MODULE.format(width=16))

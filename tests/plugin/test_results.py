@@ -29,7 +29,7 @@ def clipped():
     return Scenario.preset("phase-19").replace(steps=16).with_breaks(RareTokenBurst(count=3, at_step=12))
 '''
 
-TESTS = '''
+TESTS = """
 from pytest_spikecheck import assert_clip_contains, assert_qk_clip_contains
 
 
@@ -40,7 +40,7 @@ def test_qk_clip_holds_at_one_tau(muon_qk):
 
 def test_the_gradient_clip_holds(clipped):
     assert_clip_contains(clipped, max_norm=1.0)
-'''
+"""
 
 FAILED_ID = "test_results_session.py::test_qk_clip_holds_at_one_tau"
 PASSED_ID = "test_results_session.py::test_the_gradient_clip_holds"
@@ -52,8 +52,9 @@ def results(pytester, monkeypatch):
     pytester.makepyfile(test_results_session=TESTS)
     summary = pytester.path / "job-summary.md"
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
-    result = pytester.runpytest("--spikecheck", "-v", "-p", "no:randomly", "--junitxml=junit.xml",
-                                f"--spikecheck-report={pytester.path / 'report'}")
+    result = pytester.runpytest(
+        "--spikecheck", "-v", "-p", "no:randomly", "--junitxml=junit.xml", f"--spikecheck-report={pytester.path / 'report'}"
+    )
     result.assert_outcomes(passed=1, failed=1)
     return result, pytester.path
 
@@ -66,23 +67,32 @@ def test_every_output_says_which_test_and_which_assertion(results):
     assert "attn_logit_max: " in out and f"reproduce: pytest '{FAILED_ID}' --spikecheck" in out
 
     # The terminal: each test, its verdicts, the failed one's reproduce line.
-    result.stdout.fnmatch_lines([
-        "tests (1 failed, 1 passed):",
-        f"FAIL {FAILED_ID} (scenario muon_qk)",
-        "    pass assert_clip_contains: the gradient-norm clip held: post-clip norm ≤ 1 at every step*",
-        "    FAIL assert_qk_clip_contains: QK-Clip (tau 30) first clipped at step *, yet the largest attention logit is "
-        "* > 1 x tau at step *",
-        f"    reproduce: pytest '{FAILED_ID}' --spikecheck",
-        f"pass {PASSED_ID} (scenario clipped)",
-        "    pass assert_clip_contains: *"])
+    result.stdout.fnmatch_lines(
+        [
+            "tests (1 failed, 1 passed):",
+            f"FAIL {FAILED_ID} (scenario muon_qk)",
+            "    pass assert_clip_contains: the gradient-norm clip held: post-clip norm ≤ 1 at every step*",
+            "    FAIL assert_qk_clip_contains: QK-Clip (tau 30) first clipped at step *, yet the largest attention logit is "
+            "* > 1 x tau at step *",
+            f"    reproduce: pytest '{FAILED_ID}' --spikecheck",
+            f"pass {PASSED_ID} (scenario clipped)",
+            "    pass assert_clip_contains: *",
+        ]
+    )
     # ... and the table: the logit column, the containment cell naming each clip.
-    result.stdout.fnmatch_lines(["scenario*clip containment*max attention logit*recovery*verdict",
-                                 "clipped*gradient norm: held (max * ≤ 1)*pass",
-                                 "muon_qk*gradient norm: held (max 1 ≤ 1); QK-Clip τ 30: held (max * ≤ 2τ)*FAIL"])
+    result.stdout.fnmatch_lines(
+        [
+            "scenario*clip containment*max attention logit*recovery*verdict",
+            "clipped*gradient norm: held (max * ≤ 1)*pass",
+            "muon_qk*gradient norm: held (max 1 ≤ 1); QK-Clip τ 30: held (max * ≤ 2τ)*FAIL",
+        ]
+    )
 
     # JUnit: one property per assertion, beside the scenario's.
-    cases = {c.get("name"): [(p.get("name"), p.get("value")) for p in c.iter("property")]
-             for c in ET.parse(root / "junit.xml").getroot().iter("testcase")}
+    cases = {
+        c.get("name"): [(p.get("name"), p.get("value")) for p in c.iter("property")]
+        for c in ET.parse(root / "junit.xml").getroot().iter("testcase")
+    }
     failed = dict(cases["test_qk_clip_holds_at_one_tau"])
     assert failed["spikecheck_assert_qk_clip_contains"].startswith("FAIL: QK-Clip (tau 30) first clipped at step ")
     assert re.search(r"\[attn_logit_max [\d.]+ \(limit 30\) at step \d+\]$", failed["spikecheck_assert_qk_clip_contains"])
@@ -109,11 +119,14 @@ def test_every_output_says_which_test_and_which_assertion(results):
         headers = browser.evaluate("Array.from(document.querySelectorAll('#summary th')).map(h => h.textContent)")
         assert "max attention logit" in headers
         logit = headers.index("max attention logit")
-        cells = browser.evaluate(f"Array.from(document.querySelectorAll('#summary tbody tr')).map(r => "
-                                 f"[r.cells[0].textContent, r.cells[{logit}].textContent])")
+        cells = browser.evaluate(
+            f"Array.from(document.querySelectorAll('#summary tbody tr')).map(r => "
+            f"[r.cells[0].textContent, r.cells[{logit}].textContent])"
+        )
         assert [name for name, _ in cells] == ["muon_qk", "clipped"] and all(re.fullmatch(r"[\d.,]+", v) for _, v in cells)
-        tests = browser.evaluate("Array.from(document.querySelectorAll('#tests tbody tr')).map(r => "
-                                 "Array.from(r.cells).map(c => c.textContent))")
+        tests = browser.evaluate(
+            "Array.from(document.querySelectorAll('#tests tbody tr')).map(r => Array.from(r.cells).map(c => c.textContent))"
+        )
         assert [t[0] for t in tests] == [FAILED_ID, PASSED_ID] and [t[2] for t in tests] == ["FAIL", "pass"]
         assert tests[0][3].startswith("assert_qk_clip_contains: QK-Clip (tau 30)")
         ids = browser.evaluate("Array.from(document.querySelectorAll('section.scenario .nodeid')).map(e => e.textContent)")

@@ -23,11 +23,20 @@ from pytest_spikecheck.report.summary import folder_name
 
 MARKUP = "<script>alert(1)</script>"
 #: What each scenario's report folder and disk-cache entry hold.
-REPORT_FILES = ("loss.png", "grad_norm.png", "diagnosis.md", "summary.json",
-                "run/config.yaml", "run/metrics.jsonl", "run/batches.jsonl", "run/events.json", "run/run.json")
+REPORT_FILES = (
+    "loss.png",
+    "grad_norm.png",
+    "diagnosis.md",
+    "summary.json",
+    "run/config.yaml",
+    "run/metrics.jsonl",
+    "run/batches.jsonl",
+    "run/events.json",
+    "run/run.json",
+)
 CACHE_FILES = ("config.yaml", "metrics.jsonl", "batches.jsonl", "events.json", "run.json")
 
-COUNTED_MODEL = '''
+COUNTED_MODEL = """
 import pathlib
 
 import torch
@@ -51,7 +60,7 @@ class Tiny(torch.nn.Module):
         logits = self.head(self.emb(idx))
         loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
-'''
+"""
 
 CONFTEST = '''
 from pytest_spikecheck import NoClip, RareTokenBurst, Scenario, spikecheck_scenario
@@ -73,7 +82,7 @@ def control():
     return base("control")
 '''
 
-FIRST = '''
+FIRST = """
 import math
 
 from pytest_spikecheck import assert_clip_contains
@@ -85,9 +94,9 @@ def test_shared_has_no_clip(shared):
 
 def test_control_holds(control):
     assert_clip_contains(control, max_norm=1.0)
-'''
+"""
 
-SECOND = f'''
+SECOND = f"""
 from conftest import base
 from pytest_spikecheck import assert_spike
 
@@ -102,23 +111,29 @@ def test_a_name_that_is_markup(spikecheck):
 
 def test_control_fails_on_purpose(control):
     assert_spike(control, at=12, min_ratio=1e6)
-'''
+"""
 
 
 def base(tag: str) -> Scenario:  # the inner conftest's, for the expected content hashes
-    return (Scenario.preset("phase-19").replace(steps=16, model_factory="counted:make_model", model_kwargs={"tag": tag})
-            .with_breaks(RareTokenBurst(count=3, at_step=12)))
+    return (
+        Scenario.preset("phase-19")
+        .replace(steps=16, model_factory="counted:make_model", model_kwargs={"tag": tag})
+        .with_breaks(RareTokenBurst(count=3, at_step=12))
+    )
 
 
-HASHES = {"shared": base("shared").with_breaks(NoClip()).content_hash(), "control": base("control").content_hash(),
-          MARKUP: base("markup").content_hash()}
+HASHES = {
+    "shared": base("shared").with_breaks(NoClip()).content_hash(),
+    "control": base("control").content_hash(),
+    MARKUP: base("markup").content_hash(),
+}
 
 
 def _summary(result) -> list[list[str]]:
     lines = result.stdout.lines
     start = next(i for i, line in enumerate(lines) if re.match(r"=+ spikecheck =+$", line))
     end = next(i for i, line in enumerate(lines) if i > start and (line.startswith("=") or line.startswith("tests (")))
-    return [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1:end] if line.strip()]
+    return [re.split(r"\s{2,}", line.strip()) for line in lines[start + 1 : end] if line.strip()]
 
 
 def _table(summary: list[list[str]]) -> dict[str, list[str]]:
@@ -169,13 +184,25 @@ def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, mo
     # shared scenario (loadscope, as make test and the CI recipes run, is the downstream example's).
     # Its report and disk cache are its own (-n 0's cache would serve it).
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(job_summary))
-    result = suite.runpytest_subprocess("--spikecheck", "-n", "2", "--dist", "load", "-p", "no:randomly",
-                                        "--junitxml=junit.xml", f"--spikecheck-report={xdist_report}")
+    result = suite.runpytest_subprocess(
+        "--spikecheck",
+        "-n",
+        "2",
+        "--dist",
+        "load",
+        "-p",
+        "no:randomly",
+        "--junitxml=junit.xml",
+        f"--spikecheck-report={xdist_report}",
+    )
     result.assert_outcomes(passed=4, failed=1)
     assert _trainings(suite.path) == {"shared": 1, "control": 1, "markup": 1}  # each factory ran once
     summary = _summary(result)
-    counts = re.fullmatch(r"3 scenarios checked \((\d) trained, (\d) loaded from another worker, 0 from the disk "
-                          r"cache\)\.", summary[0][0])
+    counts = re.fullmatch(
+        r"3 scenarios checked \((\d) trained, (\d) loaded from another worker, 0 from the disk "
+        r"cache\)\.",
+        summary[0][0],
+    )
     assert counts and counts[1] == "3" and int(counts[2]) >= 1, summary[0]  # both workers used a shared scenario
     assert summary[1] == ["2 held, 1 failed (see the failures above)."]
     assert _table(summary) == expected  # the verdicts (and every cell) of -n 0
@@ -186,7 +213,9 @@ def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, mo
     # cache entries in a temporary folder and moves them into place; the controller alone writes
     # the index, from every worker's rows): every folder and entry whole, nothing left behind.
     names = sorted(folder_name(name) for name in HASHES)
-    assert sorted(p.name for p in xdist_report.iterdir() if not p.name.startswith(".")) == sorted([*names, "index.md", "index.html"])
+    assert sorted(p.name for p in xdist_report.iterdir() if not p.name.startswith(".")) == sorted(
+        [*names, "index.md", "index.html"]
+    )
     for name in names:
         for file in REPORT_FILES:
             assert (xdist_report / name / file).is_file(), (name, file)
@@ -225,17 +254,19 @@ def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, mo
     assert markdown.startswith("## spikecheck\n") and "| scenario " in markdown
     lines = markdown.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| scenario "))
-    body = lines[header + 2:lines.index("", header)]
+    body = lines[header + 2 : lines.index("", header)]
     assert [line.split("|")[1].strip() for line in body] == ["control", "&lt;script>alert(1)&lt;/script>", "shared"]
     assert markdown.count("<details>") == 1
-    assert ("<details><summary><b>test_second.py::test_control_fails_on_purpose</b> (control): FAIL; assert_spike: "
-            "expected a grad_norm_pre spike of ≥ 1e+06× at step 12, got") in markdown
+    assert (
+        "<details><summary><b>test_second.py::test_control_fails_on_purpose</b> (control): FAIL; assert_spike: "
+        "expected a grad_norm_pre spike of ≥ 1e+06× at step 12, got"
+    ) in markdown
     assert MARKUP not in markdown and "| rung " in markdown
 
     # The report page (from the -n 0 session): one row per scenario, failures first, panels
     # inlined, the name escaped.
     page = (report / "index.html").read_text()
-    summary_table = page[:page.index('id="tests"')]
+    summary_table = page[: page.index('id="tests"')]
     assert summary_table.count("<tr class=") == 3 and page.index(">control<") < page.index(">shared<")
     assert MARKUP not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert page.count('src="data:image/png;base64,') == 6 and "http://" not in page and "https://" not in page
@@ -243,7 +274,9 @@ def test_each_scenario_trains_once_under_xdist_and_ci_gets_its_outputs(suite, mo
 
 def test_the_junit_reader_finds_nothing_without_properties(tmp_path):
     """Sabotage of the XML check: a report whose tests carry no spikecheck properties gives no groups."""
-    (tmp_path / "junit.xml").write_text('<testsuites><testsuite><testcase name="test_x"><properties>'
-                                        '<property name="spikecheck_scenarios" value="shared"/></properties>'
-                                        '</testcase></testsuite></testsuites>')
+    (tmp_path / "junit.xml").write_text(
+        '<testsuites><testsuite><testcase name="test_x"><properties>'
+        '<property name="spikecheck_scenarios" value="shared"/></properties>'
+        "</testcase></testsuite></testsuites>"
+    )
     assert junit_scenarios(tmp_path / "junit.xml") == {"test_x": []}

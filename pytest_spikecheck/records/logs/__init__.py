@@ -35,14 +35,27 @@ from pytest_spikecheck.records.logs.registry import FORMATS
 from pytest_spikecheck.records.logs.tensorboard import TENSORBOARD_EXTRA
 from pytest_spikecheck.records.series import Record
 
-__all__ = ["FORMATS", "KNOWN_NAMES", "LFS_POINTER", "STEP_COLUMNS", "TENSORBOARD_EXTRA", "detect_format", "find_logs",
-           "read_log", "read_runs"]
+__all__ = [
+    "FORMATS",
+    "KNOWN_NAMES",
+    "LFS_POINTER",
+    "STEP_COLUMNS",
+    "TENSORBOARD_EXTRA",
+    "detect_format",
+    "find_logs",
+    "read_log",
+    "read_runs",
+]
 
 
 def _resolve(path: Path, format: str | None) -> tuple[Path, str]:
     if path.is_dir():
         found, path = log_in_folder(path)
-        if format is not None and format in registry.BY_NAME and registry.BY_NAME[format].folder != registry.BY_NAME[found].folder:
+        if (
+            format is not None
+            and format in registry.BY_NAME
+            and registry.BY_NAME[format].folder != registry.BY_NAME[found].folder
+        ):
             raise ConfigError(f"{path}: holds {FORMATS[found]}, not {FORMATS[format]}")
         _check_run_folder(path)
         return path, format or found
@@ -81,8 +94,9 @@ def read_runs(path: str | Path, format: str | None = None, mapping: Mapping[str,
     return registry.read(path, fmt, dict(mapping or {}))
 
 
-def read_log(path: str | Path, format: str | None = None, mapping: Mapping[str, str] | None = None,
-             run: int | None = None) -> Record:
+def read_log(
+    path: str | Path, format: str | None = None, mapping: Mapping[str, str] | None = None, run: int | None = None
+) -> Record:
     """Read a training log into a :class:`Record` (format detected unless ``format`` is given).
 
     A log holding several runs (:func:`read_runs`) gives its last, or run number ``run``

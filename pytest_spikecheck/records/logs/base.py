@@ -87,8 +87,12 @@ class Column:
     @classmethod
     def concat(cls, parts: Sequence[Column]) -> Column:
         text = next((p.first_text for p in parts if p.first_text is not None), None)
-        return cls(np.concatenate([p.values for p in parts]), np.concatenate([p.missing for p in parts]), text,
-                   all(p.strings for p in parts))
+        return cls(
+            np.concatenate([p.values for p in parts]),
+            np.concatenate([p.missing for p in parts]),
+            text,
+            all(p.strings for p in parts),
+        )
 
     @classmethod
     def absent(cls, n: int) -> Column:
@@ -125,8 +129,11 @@ def columns_of(rows: Sequence[Mapping[str, Any]], offset: int = 0) -> tuple[dict
     for i, cell in enumerate(cells.pop(SKIP_COLUMN, ())):
         if cell is None or cell is False or str(cell).strip().lower() in _NOT_SKIPPED:
             continue
-        skipped[offset + i] = (cell.strip() if isinstance(cell, str) and to_number(cell) is TEXT
-                               and cell.strip().lower() != "true" else "skipped (the log's skip column)")
+        skipped[offset + i] = (
+            cell.strip()
+            if isinstance(cell, str) and to_number(cell) is TEXT and cell.strip().lower() != "true"
+            else "skipped (the log's skip column)"
+        )
     return {name: Column.of(raw, offset) for name, raw in cells.items()}, skipped
 
 
@@ -246,10 +253,9 @@ def _bounded_bytes(path: Path, expected: str, max_line: int) -> bytes:
     with open(path, "rb") as f:
         while chunk := f.read(step):
             for start in range(0, len(chunk) - max_line + 1, max_line):
-                window = chunk[start:start + max_line]
+                window = chunk[start : start + max_line]
                 if b"\n" not in window and b"\r" not in window:
                     lines = sum(p.count(b"\n") for p in parts) + chunk.count(b"\n", 0, start)
                     raise ConfigError(f"{path}: line {lines + 1} is longer than {max_line:,} bytes; expected {expected}")
             parts.append(chunk)
     return b"".join(parts)
-

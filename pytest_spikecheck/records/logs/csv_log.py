@@ -65,8 +65,7 @@ def unique_header(header: list[str]) -> tuple[list[str], list[str]]:
         if name in seen:
             seen[name] += 1
             renamed = f"{name}.{seen[name]}"
-            notes.append(f"column {column} repeats the name {name!r} (column {header.index(name) + 1}): "
-                         f"read as {renamed!r}")
+            notes.append(f"column {column} repeats the name {name!r} (column {header.index(name) + 1}): read as {renamed!r}")
             out.append(renamed)
         else:
             seen[name] = 0
@@ -86,8 +85,9 @@ def read_table(path: Path, expected: str) -> Table:
         if not any(c.strip() for c in cells):
             continue
         if len(cells) != len(header):
-            raise ConfigError(f"{path}: line {reader.line_num} has {len(cells)} cells but the header has "
-                              f"{len(header)}; expected {expected}")
+            raise ConfigError(
+                f"{path}: line {reader.line_num} has {len(cells)} cells but the header has {len(header)}; expected {expected}"
+            )
         rows.append(cells)
         lines.append(reader.line_num)
     width = len(header)

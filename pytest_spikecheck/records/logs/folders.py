@@ -25,13 +25,21 @@ def _checkpoint_number(folder: Path) -> int | None:
 def _mlflow_runs(folder: Path) -> list[Path]:
     """The runs of an MLflow experiment folder, or of every experiment of an ``mlruns`` root
     (deleted runs, ``.trash`` and registered ``models`` left out)."""
+
     def runs_of(experiment: Path) -> list[Path]:
-        return sorted(p for p in experiment.iterdir() if p.is_dir() and mlflow.is_run(p)
-                      and "lifecycle_stage: deleted" not in (p / "meta.yaml").read_text(errors="replace"))
+        return sorted(
+            p
+            for p in experiment.iterdir()
+            if p.is_dir() and mlflow.is_run(p) and "lifecycle_stage: deleted" not in (p / "meta.yaml").read_text(errors="replace")
+        )
+
     if mlflow.is_experiment(folder):
         return runs_of(folder)
-    experiments = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")
-                         and p.name != "models" and mlflow.is_experiment(p))
+    experiments = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_dir() and not p.name.startswith(".") and p.name != "models" and mlflow.is_experiment(p)
+    )
     return [run for experiment in experiments for run in runs_of(experiment)]
 
 
@@ -60,9 +68,11 @@ def find_logs(folder: str | Path) -> list[Path]:
             if len(logs) == 1:
                 found.append(logs[0][1])
     if not found:
-        raise ConfigError(f"{folder}: a folder with no training log; expected TensorBoard event files, an MLflow run, "
-                          f"trainer_state.json, metrics.csv or metrics.jsonl in it or one level down "
-                          f"(checkpoint-*/, version_*/, runs/*/, an mlruns experiment)")
+        raise ConfigError(
+            f"{folder}: a folder with no training log; expected TensorBoard event files, an MLflow run, "
+            f"trainer_state.json, metrics.csv or metrics.jsonl in it or one level down "
+            f"(checkpoint-*/, version_*/, runs/*/, an mlruns experiment)"
+        )
     return found
 
 

@@ -54,15 +54,19 @@ def read(path: Path) -> Table:
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno}); expected {DESCRIPTION}") from None
     if not isinstance(doc, dict) or not all(_is_metric(v) for v in doc.values()):
-        raise ConfigError(f"{path}: not every key holds {{..., \"values\": ...}}; expected {DESCRIPTION}")
+        raise ConfigError(f'{path}: not every key holds {{..., "values": ...}}; expected {DESCRIPTION}')
     points = {name: _points(path, name, spec) for name, spec in doc.items()}
     steps = np.asarray(sorted({s for p in points.values() for s in p}), dtype=np.int64)
     columns = {}
     for name, p in points.items():
         raw = [p.get(int(s)) for s in steps]
         columns[name] = Column.of(["nan" if isinstance(v, str) and v.strip().lower() == "nan" else v for v in raw])
-    return Table(steps, columns, lambda i: f"step {int(steps[i])}", [f"read as golden values: {len(points)} metric"
-                                                                      f"{'s' if len(points) != 1 else ''}"])
+    return Table(
+        steps,
+        columns,
+        lambda i: f"step {int(steps[i])}",
+        [f"read as golden values: {len(points)} metric{'s' if len(points) != 1 else ''}"],
+    )
 
 
 READER = Reader("golden-values", DESCRIPTION, detect, read, steps_own="golden values carry their own steps")

@@ -47,16 +47,19 @@ def read(path: Path) -> Table:
     try:
         state = json.loads(text)  # Python's json reads NaN, Infinity and -Infinity as HF writes them
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
-                          f"expected {DESCRIPTION}") from None
+        raise ConfigError(
+            f"{path}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); expected {DESCRIPTION}"
+        ) from None
     history = state.get("log_history") if isinstance(state, dict) else None
     if not isinstance(history, list):
         keys = listing(state) if isinstance(state, dict) else f"a JSON {type(state).__name__}"
         raise ConfigError(f"{path}: no log_history list (it has {keys}); expected {DESCRIPTION}")
     if not history:
         counters = ", ".join(f"{k} {state[k]}" for k in ("global_step", "logging_steps", "max_steps") if k in state)
-        raise ConfigError(f"{path}: log_history is empty: the trainer logged nothing"
-                          f"{f' ({counters})' if counters else ''}; expected {DESCRIPTION}")
+        raise ConfigError(
+            f"{path}: log_history is empty: the trainer logged nothing"
+            f"{f' ({counters})' if counters else ''}; expected {DESCRIPTION}"
+        )
     stepless: list[str] = []
     rows, steps, index = [], [], []
     for i, entry in enumerate(history):
@@ -74,17 +77,19 @@ def read(path: Path) -> Table:
         rows.append({k: v for k, v in entry.items() if k != "step"})
         index.append(i)
     if stepless and not rows:
-        raise ConfigError(f"{path}: no log_history entry has a step ({stepless[0]} and {len(stepless) - 1} more); "
-                          f"expected {DESCRIPTION}" if len(stepless) > 1 else
-                          f"{path}: {stepless[0]} has no step, and no other entry does; expected {DESCRIPTION}")
+        raise ConfigError(
+            f"{path}: no log_history entry has a step ({stepless[0]} and {len(stepless) - 1} more); expected {DESCRIPTION}"
+            if len(stepless) > 1
+            else f"{path}: {stepless[0]} has no step, and no other entry does; expected {DESCRIPTION}"
+        )
     notes = []
     if stepless:
-        notes.append(f"{len(stepless)} log_history entr{'ies' if len(stepless) > 1 else 'y'} without a step skipped "
-                     f"({', '.join(stepless[:3])}{', ...' if len(stepless) > 3 else ''})")
+        notes.append(
+            f"{len(stepless)} log_history entr{'ies' if len(stepless) > 1 else 'y'} without a step skipped "
+            f"({', '.join(stepless[:3])}{', ...' if len(stepless) > 3 else ''})"
+        )
     columns, skipped = columns_of(rows)
-    return Table(np.asarray(steps, dtype=np.int64), columns, lambda r: f"log_history[{index[r]}]", notes,
-                 skipped=skipped)
+    return Table(np.asarray(steps, dtype=np.int64), columns, lambda r: f"log_history[{index[r]}]", notes, skipped=skipped)
 
 
-READER = Reader("hf-trainer", DESCRIPTION, detect, read,
-                steps_own="trainer_state.json entries carry their own step")
+READER = Reader("hf-trainer", DESCRIPTION, detect, read, steps_own="trainer_state.json entries carry their own step")

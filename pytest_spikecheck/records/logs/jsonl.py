@@ -55,8 +55,8 @@ def read(path: Path) -> Table:
     chunks: list[dict[str, Column]] = []
     skipped: dict[int, str] = {}
     for start in range(0, len(lines), _CHUNK):
-        part = lines[start:start + _CHUNK]
-        rows = _parse(path, part, line_numbers[start:start + len(part)].tolist())
+        part = lines[start : start + _CHUNK]
+        rows = _parse(path, part, line_numbers[start : start + len(part)].tolist())
         columns, skips = columns_of(rows, start)
         del rows
         chunks.append(columns)

@@ -48,9 +48,11 @@ def _fp16(run: Path) -> bool | None:
     params = run / "params"
     if not params.is_dir():
         return None
+
     def param(name: str) -> str | None:
         file = params / name
         return file.read_text(errors="replace").strip().lower() if file.is_file() else None
+
     if param("fp16") == "true" or param("mixed_precision") == "fp16" or param("precision") in ("16", "16-mixed"):
         return True
     if param("fp16") == "false" or param("bf16") == "true" or (param("precision") or "").startswith(("32", "bf16")):
@@ -111,16 +113,18 @@ def read(path: Path) -> Table:
             try:
                 t, v, s = int(fields[0]), float(fields[1]), int(fields[2]) if len(fields) == 3 else 0
             except ValueError:
-                raise ConfigError(f"{file}: line {n} is not 'timestamp value step' ({line.strip()!r}); "
-                                  f"expected {DESCRIPTION}") from None
+                raise ConfigError(
+                    f"{file}: line {n} is not 'timestamp value step' ({line.strip()!r}); expected {DESCRIPTION}"
+                ) from None
             names.append(k)
             times.append(t)
             steps.append(s)
             values.append(v)
             wheres.append(f"metrics/{name} line {n}")
     if not steps:
-        raise ConfigError(f"{path}: no logged values in {len(files)} metric file{'s' if len(files) != 1 else ''}; "
-                          f"expected {DESCRIPTION}")
+        raise ConfigError(
+            f"{path}: no logged values in {len(files)} metric file{'s' if len(files) != 1 else ''}; expected {DESCRIPTION}"
+        )
     order = np.lexsort((np.asarray(steps), np.asarray(times)))  # logged order; a tie by step
     metric_of = np.asarray(names)[order]
     value_of = np.asarray(values, dtype=np.float64)[order]

@@ -18,16 +18,50 @@ from pytest_spikecheck.errors import ConfigError
 #: ``grad_norm`` (HF's pre-clip norm) is kept as it is: the assertions accept it wherever
 #: the pre-clip norm is asked for.
 KNOWN_NAMES: dict[str, tuple[str, ...]] = {
-    "loss": ("train/loss", "train_loss_step", "train_loss", "loss/train", "lm loss", "train/CrossEntropyLoss",
-             "training_loss", "train loss", "train/nll_loss", "nll_loss", "train_nll_loss",
-             "act_loss"),  # ... DeepSpeed-Chat's PPO actor loss (an RL surrogate: its cri_loss marks the log RL)  # HF via TB/W&B; Lightning; Megatron; OLMo
-    "eval_loss": ("eval/loss", "val_loss", "val/loss", "loss/val", "validation_loss", "valid_loss",
-                  "validation lm loss", "val loss"),
-    "lr": ("learning_rate", "train/learning_rate", "learning rate", "lr-AdamW", "lr-Adam", "lr-SGD",
-           "optim/learning_rate_group0"),  # HF; Megatron; Lightning's LearningRateMonitor; OLMo
-    "grad_norm": ("train/grad_norm", "grad norm", "grad_2.0_norm_total", "total_norm", "global_norm",
-                  "gradient_norm", "optim/total_grad_norm", "train/global_grad_norm",
-                  "norm"),  # build-nanogpt's and nanochat's stdout print the clip's total norm as "norm"
+    "loss": (
+        "train/loss",
+        "train_loss_step",
+        "train_loss",
+        "loss/train",
+        "lm loss",
+        "train/CrossEntropyLoss",
+        "training_loss",
+        "train loss",
+        "train/nll_loss",
+        "nll_loss",
+        "train_nll_loss",
+        "act_loss",
+    ),  # ... DeepSpeed-Chat's PPO actor loss (an RL surrogate: its cri_loss marks the log RL)  # HF via TB/W&B; Lightning; Megatron; OLMo
+    "eval_loss": (
+        "eval/loss",
+        "val_loss",
+        "val/loss",
+        "loss/val",
+        "validation_loss",
+        "valid_loss",
+        "validation lm loss",
+        "val loss",
+    ),
+    "lr": (
+        "learning_rate",
+        "train/learning_rate",
+        "learning rate",
+        "lr-AdamW",
+        "lr-Adam",
+        "lr-SGD",
+        "optim/learning_rate_group0",
+    ),  # HF; Megatron; Lightning's LearningRateMonitor; OLMo
+    "grad_norm": (
+        "train/grad_norm",
+        "grad norm",
+        "grad_2.0_norm_total",
+        "total_norm",
+        "global_norm",
+        "gradient_norm",
+        "optim/total_grad_norm",
+        "train/global_grad_norm",
+        "norm",
+    ),  # build-nanogpt's and nanochat's stdout print the clip's total norm as "norm"
     "eval_bpb": ("val/bpb", "val_bpb", "validation bpb", "val bpb"),  # nanochat: bits per byte
     "loss_scale": ("loss scale", "scaler/scale", "train/loss_scale", "grad_scale"),  # Megatron; GradScaler loggers
 }
@@ -53,9 +87,27 @@ def step_column(names: Iterable[str]) -> str | None:
 
 
 _BOOKKEEPING_SUFFIXES = ("_runtime", "_per_second", "per_second")
-_BOOKKEEPING_WORDS = ("elapsed time", "throughput", "tokens per", "samples per", "consumed samples", "consumed tokens",
-                      "tflops", "mfu", "memory", "tok/s", "batches_per_second", "time per iteration", "batch size",
-                      "elapsed", "eta", "steps/s", "it/s", "iteration time", "mem allocated")
+_BOOKKEEPING_WORDS = (
+    "elapsed time",
+    "throughput",
+    "tokens per",
+    "samples per",
+    "consumed samples",
+    "consumed tokens",
+    "tflops",
+    "mfu",
+    "memory",
+    "tok/s",
+    "batches_per_second",
+    "time per iteration",
+    "batch size",
+    "elapsed",
+    "eta",
+    "steps/s",
+    "it/s",
+    "iteration time",
+    "mem allocated",
+)
 
 
 #: The bookkeeping words as runs of whole words ("eta" is no part of "theta", "it/s" none of "split/score").
@@ -66,7 +118,7 @@ _SIGNAL_WORDS = frozenset({"loss", "norm", "grad", "gradient", "ppl", "perplexit
 
 def _has_run(words: list[str], run: tuple[str, ...]) -> bool:
     n = len(run)
-    return any(tuple(words[i:i + n]) == run for i in range(len(words) - n + 1))
+    return any(tuple(words[i : i + n]) == run for i in range(len(words) - n + 1))
 
 
 def is_bookkeeping(name: str) -> bool:
@@ -78,9 +130,22 @@ def is_bookkeeping(name: str) -> bool:
     words = re.findall(r"[a-z0-9]+", low)
     if _SIGNAL_WORDS.intersection(words):
         return False
-    return (key(name) in _STEP_KEYS or name.startswith("_") or low.endswith(_BOOKKEEPING_SUFFIXES)
-            or low in ("total_flos", "total_steps", "percentage", "v_num", "rank", "local_rank")  # LLaMA-Factory's progress; Lightning's bar; the printing rank
-            or any(_has_run(words, run) for run in _BOOKKEEPING_RUNS) or low.startswith(("throughput/", "system/")))
+    return (
+        key(name) in _STEP_KEYS
+        or name.startswith("_")
+        or low.endswith(_BOOKKEEPING_SUFFIXES)
+        or low
+        in (
+            "total_flos",
+            "total_steps",
+            "percentage",
+            "v_num",
+            "rank",
+            "local_rank",
+        )  # LLaMA-Factory's progress; Lightning's bar; the printing rank
+        or any(_has_run(words, run) for run in _BOOKKEEPING_RUNS)
+        or low.startswith(("throughput/", "system/"))
+    )
 
 
 def listing(names: Iterable[str], limit: int = 12) -> str:
@@ -96,8 +161,7 @@ def rename(path: Path, columns: list[str], mapping: Mapping[str, str]) -> dict[s
     present = set(columns)
     for ours, theirs in mapping.items():
         if theirs not in present:
-            raise ConfigError(f"{path}: cannot map {ours}={theirs}: the log has no {theirs!r} column "
-                              f"(it has {listing(columns)})")
+            raise ConfigError(f"{path}: cannot map {ours}={theirs}: the log has no {theirs!r} column (it has {listing(columns)})")
     sources = list(mapping.values())
     twice = next((s for s in sources if sources.count(s) > 1), None)
     if twice is not None:

@@ -12,20 +12,28 @@ from pathlib import Path
 from typing import Mapping
 
 from pytest_spikecheck.errors import ConfigError
-from pytest_spikecheck.records.logs import (
-    csv_log, golden_values, hf_trainer, jsonl, lightning, mlflow, rules, tensorboard, text,
-)
+from pytest_spikecheck.records.logs import csv_log, golden_values, hf_trainer, jsonl, lightning, mlflow, rules, tensorboard, text
 from pytest_spikecheck.records.logs.base import LFS_POINTER, UTF16_BOMS, Reader, lfs_pointer_error
 from pytest_spikecheck.records.series import Record
 
 #: Every format, in recognition order: binary first, text (anything else readable) last.
-READERS: tuple[Reader, ...] = (tensorboard.READER, mlflow.READER, golden_values.READER, hf_trainer.READER, jsonl.READER,
-                               lightning.READER, csv_log.READER, text.READER)
+READERS: tuple[Reader, ...] = (
+    tensorboard.READER,
+    mlflow.READER,
+    golden_values.READER,
+    hf_trainer.READER,
+    jsonl.READER,
+    lightning.READER,
+    csv_log.READER,
+    text.READER,
+)
 BY_NAME: dict[str, Reader] = {r.name: r for r in READERS}
 #: format name -> what a file of that format is (the words of every "expected ..." error)
 FORMATS: dict[str, str] = {r.name: r.description for r in READERS}
-ANY_FORMAT = ("a trainer_state.json, a metrics.csv, TensorBoard event files, an MLflow run, a CSV/JSONL log "
-              "or a training log printed to stdout")
+ANY_FORMAT = (
+    "a trainer_state.json, a metrics.csv, TensorBoard event files, an MLflow run, a CSV/JSONL log "
+    "or a training log printed to stdout"
+)
 
 
 def _head(path: Path) -> bytes:
@@ -49,8 +57,10 @@ def detect(path: str | Path) -> str:
     if head.startswith(UTF16_BOMS):  # PowerShell's redirected stdout: the text, in UTF-16
         head = head[: len(head) // 2 * 2].decode("utf-16", errors="ignore").encode("utf-8")
     if re.match(rb"\s*\[\s*\{", head):  # "[{": a JSON array of objects (a text log's "[2024-..." is not)
-        raise ConfigError(f"{path}: a JSON array, not one JSON object per line; write one object per line "
-                          f"(JSONL), or give a trainer_state.json (expected {ANY_FORMAT})")
+        raise ConfigError(
+            f"{path}: a JSON array, not one JSON object per line; write one object per line "
+            f"(JSONL), or give a trainer_state.json (expected {ANY_FORMAT})"
+        )
     if b"\0" in head:
         raise ConfigError(f"{path}: a binary file that is not a TensorBoard event file; expected {ANY_FORMAT}")
     text_head = head.removeprefix(b"\xef\xbb\xbf")  # a BOM, as Excel writes CSV

@@ -32,6 +32,7 @@ from pytest_spikecheck.records.logs.base import Column, Table
 from pytest_spikecheck.records.facts import RunFacts
 from pytest_spikecheck.records.series import Record
 
+
 def assemble(path: Path, fmt: str, expected: str, table: Table, mapping: Mapping[str, str]) -> list[Record]:
     """The runs of a log, each as a Record (a log with one run gives one)."""
     mapping = dict(mapping)
@@ -53,15 +54,30 @@ def assemble(path: Path, fmt: str, expected: str, table: Table, mapping: Mapping
         rows = slice(start, stop)
         run_columns = {n: c.take(rows) for n, c in columns.items()}  # rows of the table: offset 0
         source = str(path) if len(runs) == 1 else f"{path} (run {k + 1} of {len(runs)})"
-        records.append(_one_run(path, fmt, expected, source, steps[rows], run_columns, start, table, mapping,
-                                notes, {r - start: why for r, why in skip_rows.items() if start <= r < stop}))
+        records.append(
+            _one_run(
+                path,
+                fmt,
+                expected,
+                source,
+                steps[rows],
+                run_columns,
+                start,
+                table,
+                mapping,
+                notes,
+                {r - start: why for r, why in skip_rows.items() if start <= r < stop},
+            )
+        )
     return records
 
 
 # -- steps -------------------------------------------------------------------------------------
 
-def _steps(path: Path, fmt: str, expected: str, table: Table,
-           step_mapped: str | None) -> tuple[np.ndarray, dict[str, Column], Table]:
+
+def _steps(
+    path: Path, fmt: str, expected: str, table: Table, step_mapped: str | None
+) -> tuple[np.ndarray, dict[str, Column], Table]:
     columns = dict(table.columns)
     if table.steps is not None:
         return np.asarray(table.steps, dtype=np.int64), columns, table
@@ -83,15 +99,14 @@ def _steps(path: Path, fmt: str, expected: str, table: Table,
     if bad.size:
         i = int(bad[0])
         text = column.first_text
-        shown = (repr(text[1]) if text is not None and text[0] == i else "nothing" if column.missing[i]
-                 else column.shown(i))
-        raise ConfigError(f"{path}: {table.where(i)}: {chosen!r} holds {shown}, "
-                          f"expected a step number (a whole number >= 0)")
+        shown = repr(text[1]) if text is not None and text[0] == i else "nothing" if column.missing[i] else column.shown(i)
+        raise ConfigError(f"{path}: {table.where(i)}: {chosen!r} holds {shown}, expected a step number (a whole number >= 0)")
     return v.astype(np.int64), columns, table
 
 
-def _without_stepless_rows(table: Table, columns: dict[str, Column], column: Column,
-                           name: str) -> tuple[Table, dict[str, Column], Column]:
+def _without_stepless_rows(
+    table: Table, columns: dict[str, Column], column: Column, name: str
+) -> tuple[Table, dict[str, Column], Column]:
     keep = ~column.missing
     rows = np.flatnonzero(keep)
     dropped = np.flatnonzero(~keep)
@@ -99,11 +114,18 @@ def _without_stepless_rows(table: Table, columns: dict[str, Column], column: Col
     first = where(int(dropped[0]))
     kept_where = lambda i: where(int(rows[i]))  # noqa: E731 - the kept rows keep their own line numbers
     position = {int(r): i for i, r in enumerate(rows.tolist())}
-    note = (f"{dropped.size} row{'s' if dropped.size != 1 else ''} with no {name!r} (first at {first}) left out: "
-            f"a row that logs no step is no training step (a config line, an evaluation row)")
-    new = replace(table, where=kept_where, notes=[*table.notes, note],
-                  skipped={position[r]: why for r, why in table.skipped.items() if r in position},
-                  rows=int(rows.size))
+    note = (
+        f"{dropped.size} row{'s' if dropped.size != 1 else ''} with no {name!r} (first at {first}) left out: "
+        f"a row that logs no step is no training step (a config line, an evaluation row)"
+    )
+    new = replace(
+        table,
+        where=kept_where,
+        notes=[*table.notes, note],
+        skipped={position[r]: why for r, why in table.skipped.items() if r in position},
+        rows=int(rows.size),
+    )
+
     def kept(c: Column) -> Column:
         out = c.take(keep)
         if out.first_text is not None:  # named by its row among the kept ones, as `where` reads them
@@ -113,8 +135,9 @@ def _without_stepless_rows(table: Table, columns: dict[str, Column], column: Col
     return new, {n: kept(c) for n, c in columns.items()}, kept(column)
 
 
-def _runs(steps: np.ndarray, columns: dict[str, Column],
-          table: Table) -> tuple[list[tuple[int, int]], tuple[np.ndarray, str] | None]:
+def _runs(
+    steps: np.ndarray, columns: dict[str, Column], table: Table
+) -> tuple[list[tuple[int, int]], tuple[np.ndarray, str] | None]:
     """Row ranges of the runs, and (continued steps, note) when the counter counts within epochs."""
     back = np.flatnonzero(steps[1:] < steps[:-1]) + 1  # rows whose step is below the previous row's
     starts = [0]
@@ -122,7 +145,7 @@ def _runs(steps: np.ndarray, columns: dict[str, Column],
         # Back to the run's first step or below, or, after 10 rows or more, to within one logged
         # interval of it (nanochat's mid-training counts from 1 after its base training counted from
         # 0): a new run or phase. A resume goes back to a checkpoint, not to the run's first step.
-        gaps = np.diff(steps[starts[-1]:r])
+        gaps = np.diff(steps[starts[-1] : r])
         near = int(np.median(gaps)) if gaps.size >= 9 else 0
         if steps[r] <= steps[starts[-1]] + near:
             starts.append(int(r))
@@ -138,10 +161,12 @@ def _runs(steps: np.ndarray, columns: dict[str, Column],
             bounds = starts + [steps.size]
             for a, b in zip(bounds[1:-1], bounds[2:]):
                 continued[a:b] += continued[a - 1] + 1 - steps[a]
-            note = (f"the step counter starts again at each of {len(starts) - 1} epoch boundar"
-                    f"{'ies' if len(starts) > 2 else 'y'} (first at {table.where(starts[1])}, epoch "
-                    f"{_fmt(before[0])} -> {_fmt(after[0])}): read as one run, steps continued across epochs "
-                    f"(the log's own in step_in_epoch)")
+            note = (
+                f"the step counter starts again at each of {len(starts) - 1} epoch boundar"
+                f"{'ies' if len(starts) > 2 else 'y'} (first at {table.where(starts[1])}, epoch "
+                f"{_fmt(before[0])} -> {_fmt(after[0])}): read as one run, steps continued across epochs "
+                f"(the log's own in step_in_epoch)"
+            )
             return [(0, steps.size)], (continued, note)
     return list(zip(starts, starts[1:] + [steps.size])), None
 
@@ -164,10 +189,12 @@ def _runs_note(table: Table, steps: np.ndarray, runs: list[tuple[int, int]], k: 
     start, stop = runs[k]
     restarts = ", ".join(f"{table.where(a)} (step {int(steps[a - 1])} -> {int(steps[a])})" for a, _ in runs[1:4])
     more = ", ..." if len(runs) > 4 else ""
-    return (f"the step counter starts again {len(runs) - 1} time{'s' if len(runs) > 2 else ''} ({restarts}{more}): "
-            f"{len(runs)} runs or phases in one file (seeds, stages), each judged on its own, not restarts from a "
-            f"checkpoint; this is run {k + 1} of {len(runs)} ({table.where(start)} to {table.where(stop - 1)}, "
-            f"steps {int(steps[start])}–{int(steps[stop - 1])})")
+    return (
+        f"the step counter starts again {len(runs) - 1} time{'s' if len(runs) > 2 else ''} ({restarts}{more}): "
+        f"{len(runs)} runs or phases in one file (seeds, stages), each judged on its own, not restarts from a "
+        f"checkpoint; this is run {k + 1} of {len(runs)} ({table.where(start)} to {table.where(stop - 1)}, "
+        f"steps {int(steps[start])}–{int(steps[stop - 1])})"
+    )
 
 
 def _checkpoint_restarts(steps: np.ndarray, where, offset: int) -> tuple[np.ndarray, list[str]]:
@@ -183,29 +210,44 @@ def _checkpoint_restarts(steps: np.ndarray, where, offset: int) -> tuple[np.ndar
     later_min = np.concatenate([later_min[1:], [np.iinfo(np.int64).max]])
     keep = steps < later_min
     notes = []
-    alive = np.unique(steps[:back[0]])
+    alive = np.unique(steps[: back[0]])
     bounds = list(back) + [steps.size]
     for r, end in zip(back, bounds[1:]):
         s = int(steps[r])
         replaced = int(alive.size - np.searchsorted(alive, s))
-        notes.append(f"steps go back from {int(steps[r - 1])} to {s} at {where(offset + r)}: read as a restart from a "
-                     f"checkpoint ({replaced} earlier logged step{'s' if replaced != 1 else ''} from {s} on replaced)")
+        notes.append(
+            f"steps go back from {int(steps[r - 1])} to {s} at {where(offset + r)}: read as a restart from a "
+            f"checkpoint ({replaced} earlier logged step{'s' if replaced != 1 else ''} from {s} on replaced)"
+        )
         alive = np.union1d(alive[alive < s], steps[r:end])
     return keep, notes
 
 
 # -- one run -----------------------------------------------------------------------------------
 
-def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray, columns: dict[str, Column],
-             offset: int, table: Table, mapping: Mapping[str, str], notes: list[str],
-             skip_rows: dict[int, str]) -> Record:
+
+def _one_run(
+    path: Path,
+    fmt: str,
+    expected: str,
+    source: str,
+    steps: np.ndarray,
+    columns: dict[str, Column],
+    offset: int,
+    table: Table,
+    mapping: Mapping[str, str],
+    notes: list[str],
+    skip_rows: dict[int, str],
+) -> Record:
     echoed = _echoes(steps, columns)
     if echoed.any():
         # A log that prints its last lines again (a summary at the end of a seed's block) goes back
         # in steps with the very rows it had: read once, not as a restart from a checkpoint.
         first = int(np.flatnonzero(echoed)[0])
-        notes.append(f"{int(echoed.sum())} row{'s' if echoed.sum() != 1 else ''} repeat earlier rows exactly (first at "
-                     f"{table.where(offset + first)}, step {int(steps[first])}): an echo of lines already read, read once")
+        notes.append(
+            f"{int(echoed.sum())} row{'s' if echoed.sum() != 1 else ''} repeat earlier rows exactly (first at "
+            f"{table.where(offset + first)}, step {int(steps[first])}): an echo of lines already read, read once"
+        )
         kept_rows = np.flatnonzero(~echoed)
         skip_rows = {int(np.searchsorted(kept_rows, r)): why for r, why in skip_rows.items() if not echoed[r]}
         steps = steps[~echoed]
@@ -229,8 +271,7 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
     for name, column in columns.items():
         if column.first_text is not None and not column.missing.all():
             i, raw = column.first_text
-            raise ConfigError(f"{path}: {table.where(i)}: {name!r} holds {raw!r}, not a number "
-                              f"(the column is numeric elsewhere)")
+            raise ConfigError(f"{path}: {table.where(i)}: {name!r} holds {raw!r}, not a number (the column is numeric elsewhere)")
     # A column of text (a run name, a tag) is no metric; one that is only empty stays, all missing.
     kept_names = [c for c in columns if columns[c].first_text is None and not names.is_bookkeeping(c)]
     renamed = names.rename(path, kept_names, mapping)
@@ -247,8 +288,7 @@ def _one_run(path: Path, fmt: str, expected: str, source: str, steps: np.ndarray
     skipped, skip_notes = skips.infer(metrics, missing, skipped, table.fp16)
     notes += skip_notes
     facts = RunFacts(source="log", **table.facts) if table.facts else None
-    return Record(metrics, None, source, missing=missing, log_format=fmt, notes=tuple(notes), skipped=skipped,
-                  facts=facts)
+    return Record(metrics, None, source, missing=missing, log_format=fmt, notes=tuple(notes), skipped=skipped, facts=facts)
 
 
 def _echoes(steps: np.ndarray, columns: dict[str, Column]) -> np.ndarray:
@@ -261,8 +301,9 @@ def _echoes(steps: np.ndarray, columns: dict[str, Column]) -> np.ndarray:
     if n == 0 or not back[-1]:
         return echo
     start = n - int(np.argmin(back[::-1])) if not back.all() else 1  # the suffix of rows that go back
-    cells = [steps.astype(np.float64)] + [np.where(c.missing, -np.inf, np.where(np.isnan(c.values), np.inf, c.values))
-                                          for c in columns.values()]
+    cells = [steps.astype(np.float64)] + [
+        np.where(c.missing, -np.inf, np.where(np.isnan(c.values), np.inf, c.values)) for c in columns.values()
+    ]
     rows = np.stack(cells, axis=1)
     earlier = np.flatnonzero(np.isin(steps[:start], steps[start:]))
     seen = {rows[i].tobytes() for i in earlier.tolist()}

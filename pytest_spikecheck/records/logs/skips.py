@@ -38,8 +38,9 @@ def _logged(metrics: dict[str, np.ndarray], missing: dict[str, np.ndarray], name
     return steps, values
 
 
-def infer(metrics: dict[str, np.ndarray], missing: dict[str, np.ndarray], skipped: dict[int, str],
-          fp16: bool | None) -> tuple[dict[int, str], list[str]]:
+def infer(
+    metrics: dict[str, np.ndarray], missing: dict[str, np.ndarray], skipped: dict[int, str], fp16: bool | None
+) -> tuple[dict[int, str], list[str]]:
     """``skipped`` (step -> reason, from the log) with Megatron's counter and the overflow
     rule added, and a note per inference."""
     skipped = dict(skipped)
@@ -47,8 +48,11 @@ def infer(metrics: dict[str, np.ndarray], missing: dict[str, np.ndarray], skippe
     if MEGATRON_SKIPPED in metrics:
         steps, counts = _logged(metrics, missing, MEGATRON_SKIPPED)
         for s, k in zip(steps[counts > 0], counts[counts > 0]):
-            skipped.setdefault(int(s), f"overflow (Megatron counted {int(k)} skipped iteration{'s' if k != 1 else ''} "
-                                       f"in the interval logged at this step)")
+            skipped.setdefault(
+                int(s),
+                f"overflow (Megatron counted {int(k)} skipped iteration{'s' if k != 1 else ''} "
+                f"in the interval logged at this step)",
+            )
     if "loss" not in metrics:
         return skipped, notes
     has_scale = "loss_scale" in metrics and bool((~missing.get("loss_scale", np.zeros(1, bool))).any())
@@ -76,7 +80,9 @@ def infer(metrics: dict[str, np.ndarray], missing: dict[str, np.ndarray], skippe
                 inferred.append(int(steps[i]))
         if inferred:
             shown = ", ".join(map(str, inferred[:5])) + (", ..." if len(inferred) > 5 else "")
-            notes.append(f"{name} is non-finite at {len(inferred)} step{'s' if len(inferred) != 1 else ''} ({shown}) "
-                         f"where the loss, and the values after, stay finite: read as updates a loss scaler skipped "
-                         f"(overflow, {evidence}), not a divergence (--strict-finite fails them)")
+            notes.append(
+                f"{name} is non-finite at {len(inferred)} step{'s' if len(inferred) != 1 else ''} ({shown}) "
+                f"where the loss, and the values after, stay finite: read as updates a loss scaler skipped "
+                f"(overflow, {evidence}), not a divergence (--strict-finite fails them)"
+            )
     return skipped, notes

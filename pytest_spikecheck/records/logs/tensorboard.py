@@ -23,7 +23,7 @@ def is_event_file(head: bytes) -> bool:
     if len(head) < 12:
         return False
     (length,) = struct.unpack("<Q", head[:8])
-    return 0 < length < 1024 and b"brain.Event:" in head[12:12 + length]
+    return 0 < length < 1024 and b"brain.Event:" in head[12 : 12 + length]
 
 
 def detect(path: Path, head: bytes) -> bool:
@@ -42,7 +42,7 @@ def _complete_records(file: Path, data: bytes, masked_crc32c: Any) -> tuple[int,
     A length whose checksum fails is corruption, not a file cut short."""
     offset = count = 0
     while offset + 12 <= len(data):
-        header = data[offset:offset + 8]
+        header = data[offset : offset + 8]
         if struct.unpack_from("<I", data, offset + 8)[0] != masked_crc32c(header):
             raise ConfigError(f"{file}: record {count + 1} is corrupt (length checksum mismatch); expected {DESCRIPTION}")
         end = offset + 12 + struct.unpack("<Q", header)[0] + 4  # length, its CRC, the event, its CRC
@@ -67,8 +67,7 @@ def read(path: Path) -> Table:
         from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
         from tensorboard.util import tensor_util
     except ImportError:
-        raise ConfigError(f"{path}: reading TensorBoard event files needs the tensorboard package: "
-                          f"{TENSORBOARD_EXTRA}") from None
+        raise ConfigError(f"{path}: reading TensorBoard event files needs the tensorboard package: {TENSORBOARD_EXTRA}") from None
 
     steps: list[int] = []
     rows: list[dict[str, float]] = []
@@ -99,18 +98,22 @@ def read(path: Path) -> Table:
                 rows.append(values)
                 wheres.append(f"{file.name} record {read_count}")
         if read_count < complete:
-            raise ConfigError(f"{file}: record {read_count + 1} of {complete} is corrupt (event checksum mismatch); "
-                              f"expected {DESCRIPTION}")
+            raise ConfigError(
+                f"{file}: record {read_count + 1} of {complete} is corrupt (event checksum mismatch); expected {DESCRIPTION}"
+            )
         if not ends_cleanly:
-            notes.append(f"{file.name} ends in a partly written record (the writer stopped mid-write); "
-                         f"the {complete} complete records before it were read")
+            notes.append(
+                f"{file.name} ends in a partly written record (the writer stopped mid-write); "
+                f"the {complete} complete records before it were read"
+            )
     if not rows:
-        raise ConfigError(f"{path}: no scalar summaries in {len(files)} event file{'s' if len(files) != 1 else ''}; "
-                          f"expected {DESCRIPTION} with logged scalars")
+        raise ConfigError(
+            f"{path}: no scalar summaries in {len(files)} event file{'s' if len(files) != 1 else ''}; "
+            f"expected {DESCRIPTION} with logged scalars"
+        )
     tags = dict.fromkeys(t for r in rows for t in r)
     columns = {tag: Column.of([r.get(tag) for r in rows]) for tag in tags}
     return Table(np.asarray(steps, dtype=np.int64), columns, wheres.__getitem__, notes)
 
 
-READER = Reader("tensorboard", DESCRIPTION, detect, read, steps_own="a TensorBoard event carries its own step",
-                folder=True)
+READER = Reader("tensorboard", DESCRIPTION, detect, read, steps_own="a TensorBoard event carries its own step", folder=True)

@@ -23,17 +23,25 @@ from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records.logs import text_forms
 from pytest_spikecheck.records.logs.base import MAX_LINE, Reader, Table, columns_of, line_where, read_text
 
-DESCRIPTION = ("a training log printed to stdout (Megatron-LM, torchtitan, nanoGPT, llm.c, OLMo, HF Trainer dicts, "
-               "Lightning progress bars, key=value or key: value lines)")
+DESCRIPTION = (
+    "a training log printed to stdout (Megatron-LM, torchtitan, nanoGPT, llm.c, OLMo, HF Trainer dicts, "
+    "Lightning progress bars, key=value or key: value lines)"
+)
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _TQDM_PAIRS = re.compile(r"\|\s*(\d+)/(\d+)\s*\[")  # "| 10/4854 [00:16<...": a bar's count and total
 
-_FP16_YES = re.compile(r"(?:\bfp16\b['\"]?\s*(?:\.{2,}|[:=])\s*['\"]?(?:true)\b|--fp16\b(?!\S*=\s*false)|"
-                       r"mixed_precision\W{1,4}fp16\b|\bdtype\s*[:=]\s*['\"]?(?:torch\.)?float16\b|"
-                       r"precision\s*[:=]\s*['\"]?(?:16|16-mixed|amp_fp16)['\"]?(?![\w-]))", re.I)
-_FP16_NO = re.compile(r"(?:\bfp16\b['\"]?\s*(?:\.{2,}|[:=])\s*['\"]?false\b|\bbf16\b['\"]?\s*(?:\.{2,}|[:=])\s*['\"]?true\b|"
-                      r"mixed_precision\W{1,4}(?:bf16|no)\b|\bdtype\s*[:=]\s*['\"]?(?:torch\.)?(?:bfloat16|float32)\b|"
-                      r"precision\s*[:=]\s*['\"]?(?:bf16\S*|32\S*|amp_bf16)['\"]?)", re.I)
+_FP16_YES = re.compile(
+    r"(?:\bfp16\b['\"]?\s*(?:\.{2,}|[:=])\s*['\"]?(?:true)\b|--fp16\b(?!\S*=\s*false)|"
+    r"mixed_precision\W{1,4}fp16\b|\bdtype\s*[:=]\s*['\"]?(?:torch\.)?float16\b|"
+    r"precision\s*[:=]\s*['\"]?(?:16|16-mixed|amp_fp16)['\"]?(?![\w-]))",
+    re.I,
+)
+_FP16_NO = re.compile(
+    r"(?:\bfp16\b['\"]?\s*(?:\.{2,}|[:=])\s*['\"]?false\b|\bbf16\b['\"]?\s*(?:\.{2,}|[:=])\s*['\"]?true\b|"
+    r"mixed_precision\W{1,4}(?:bf16|no)\b|\bdtype\s*[:=]\s*['\"]?(?:torch\.)?(?:bfloat16|float32)\b|"
+    r"precision\s*[:=]\s*['\"]?(?:bf16\S*|32\S*|amp_bf16)['\"]?)",
+    re.I,
+)
 
 
 def detect(path: Path, head: bytes) -> bool:
@@ -87,7 +95,7 @@ def read(path: Path) -> Table:
             if "{'" in segment:
                 dicts = text_forms.hf_dicts(segment)
                 if dicts:
-                    for count, total in _TQDM_PAIRS.findall(segment[:segment.index("{'")]):
+                    for count, total in _TQDM_PAIRS.findall(segment[: segment.index("{'")]):
                         bars[int(total)] = int(count)
                     for values in dicts:
                         if "train_runtime" in values:
@@ -107,7 +115,7 @@ def read(path: Path) -> Table:
                                 step = train_dicts
                             last_train = int(step)
                         add(int(step), values, n, "HF Trainer dict")
-                    for count, total in _TQDM_PAIRS.findall(segment[segment.rindex("}"):]):
+                    for count, total in _TQDM_PAIRS.findall(segment[segment.rindex("}") :]):
                         bars[int(total)] = int(count)
                     continue
             if "Epoch" in segment:
@@ -138,26 +146,34 @@ def read(path: Path) -> Table:
                     add(steps[-1], found, n, "stepless validation")
     if not rows:
         tried = ", ".join(f.name for f in (*text_forms.FORMS, *text_forms.OTHER_FORMS))
-        raise ConfigError(f"{path}: no line of a known training-log form (tried {tried}); expected a trainer_state.json, "
-                          f"a metrics.csv, TensorBoard event files, an MLflow run, a CSV/JSONL log or a training log "
-                          f"printed to stdout")
-    notes.append("read as text: " + ", ".join(f"{count:,} {form} line{'s' if count != 1 else ''}"
-                                              for form, count in forms.most_common()))
+        raise ConfigError(
+            f"{path}: no line of a known training-log form (tried {tried}); expected a trainer_state.json, "
+            f"a metrics.csv, TensorBoard event files, an MLflow run, a CSV/JSONL log or a training log "
+            f"printed to stdout"
+        )
+    notes.append(
+        "read as text: " + ", ".join(f"{count:,} {form} line{'s' if count != 1 else ''}" for form, count in forms.most_common())
+    )
     if numbered:
-        notes.append("the HF Trainer dicts carry no step and no progress bar counts them: numbered 1, 2, 3, ... "
-                     "(each evaluation at the training dict before it)")
+        notes.append(
+            "the HF Trainer dicts carry no step and no progress bar counts them: numbered 1, 2, 3, ... "
+            "(each evaluation at the training dict before it)"
+        )
     elif forms["HF Trainer dict"]:
-        notes.append("the HF Trainer dicts carry no step: each is read at the training progress bar's count before "
-                     "it (tqdm redraws at most ten times a second, so a step may read a little early), each "
-                     "evaluation at the training dict before it")
+        notes.append(
+            "the HF Trainer dicts carry no step: each is read at the training progress bar's count before "
+            "it (tqdm redraws at most ten times a second, so a step may read a little early), each "
+            "evaluation at the training dict before it"
+        )
     if forms["Lightning progress bar"]:
-        notes.append("Lightning's progress bar counts batches within an epoch: steps read as the batches of the "
-                     "epochs before plus the bar's count; a validation value the bar repeats is read where it changes")
+        notes.append(
+            "Lightning's progress bar counts batches within an epoch: steps read as the batches of the "
+            "epochs before plus the bar's count; a validation value the bar repeats is read where it changes"
+        )
     columns, _ = columns_of(rows)
     # A field that never held a number ("eta 1.06m", "memory: 30.1GiB(31.7%)") is no series.
     columns = {name: c for name, c in columns.items() if not c.missing.all()}
-    return Table(np.asarray(steps, dtype=np.int64), columns, line_where(np.asarray(lines)), notes,
-                 fp16=fp16_of(text))
+    return Table(np.asarray(steps, dtype=np.int64), columns, line_where(np.asarray(lines)), notes, fp16=fp16_of(text))
 
 
 READER = Reader("text", DESCRIPTION, detect, read, steps_own="a text log's lines carry their own step")

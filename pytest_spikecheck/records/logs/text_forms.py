@@ -125,8 +125,7 @@ def _llmc(segment: str) -> Parsed | None:
     m = _LLMC.match(segment)
     if m is not None:
         values = {"loss": number(m.group(2))}
-        values.update(({"norm": "grad_norm"}.get(k, k), v) for k, v in _pipe_fields(m.group(3)).items()
-                      if k in ("norm", "lr"))
+        values.update(({"norm": "grad_norm"}.get(k, k), v) for k, v in _pipe_fields(m.group(3)).items() if k in ("norm", "lr"))
         return int(m.group(1)), values
     m = _LLMC_OLD.match(segment)
     if m is not None:
@@ -153,6 +152,8 @@ def _build_nanogpt(segment: str) -> Parsed | None:
 # -- PyTorch examples' word_language_model ----------------------------------------------------------
 
 _WLM = re.compile(r"^\|\s*epoch\s+(\d+)\s*\|\s*(\d+)\s*/\s*(\d+)\s+batches\s*\|(.*)$", re.I)
+
+
 def _word_language_model(segment: str) -> Parsed | None:
     """pytorch/examples' word_language_model/main.py: ``| epoch   1 |   200/ 2983 batches | lr 20.00 |
     ms/batch 11.61 | loss  5.21 | ppl   183.1``, the batch counting within its epoch: read at the run's
@@ -246,8 +247,11 @@ def stepless_eval(segment: str) -> dict[str, float | None] | None:
 # -- generic key=value / key: value ------------------------------------------------------------------
 
 _STEP_KEYS = ("step", "global_step", "iteration", "iter", "it", "steps", "global step", "train/global_step")
-_PAIR = re.compile(rf"(?<![\w./])([A-Za-z_][\w./\-]*(?: [A-Za-z_][\w./\-]*){{0,2}}?)\s*[:=]\s*({_NUM}|'[^']*'|\"[^\"]*\")"
-                   rf"(?![\w.])", re.I)
+_PAIR = re.compile(
+    rf"(?<![\w./])([A-Za-z_][\w./\-]*(?: [A-Za-z_][\w./\-]*){{0,2}}?)\s*[:=]\s*({_NUM}|'[^']*'|\"[^\"]*\")"
+    rf"(?![\w.])",
+    re.I,
+)
 _WORD_STEP = re.compile(r"\b(?:global[ _](?:batch|step)|step|iteration)\s+(\d+)\s*(?:\([^)]*\)\s*)?(?:[,|;]|$)", re.I)
 _LEADING_STEP = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*(step|iter|iteration)\s+(\d+)(?:\s*/\s*\d+)?\s*[|,:]", re.I)
 
@@ -258,7 +262,7 @@ def _generic(segment: str) -> Parsed | None:
     lead = _LEADING_STEP.match(segment)
     if lead is not None:
         step = int(lead.group(2))
-        rest = segment[lead.end():]
+        rest = segment[lead.end() :]
         # "step 12 | loss 2.31 | norm 0.9": fields after a "|", "name value" ones too
         values.update(_pipe_fields(rest) if "|" in rest or segment[lead.end() - 1] == "|" else {})
     for name, value in _PAIR.findall(segment):
@@ -283,20 +287,25 @@ def _generic(segment: str) -> Parsed | None:
 
 #: The forms, most specific first: a line is read by the first that accepts it.
 FORMS: tuple[LineForm, ...] = (
-    LineForm("Megatron-LM", "iteration 100/500000 | ... | lm loss: 2.69E+00 | loss scale: 1.0 | grad norm: 0.87 | ...",
-             _megatron),
+    LineForm(
+        "Megatron-LM", "iteration 100/500000 | ... | lm loss: 2.69E+00 | loss scale: 1.0 | grad norm: 0.87 | ...", _megatron
+    ),
     LineForm("torchtitan", "step: 10  loss:  8.1234  grad_norm:  1.2  memory: 30.1GiB(31.7%)  tps: 1,234", _torchtitan),
     LineForm("nanoGPT", "iter 100: loss 3.4880, time 1444.41ms, mfu 0.01%", _nanogpt),
     LineForm("llm.c", "step    1/19560 | loss 11.0095 (+nanz)| norm 15.4 (+nanz)| lr 1.00e-06 | ...", _llmc),
     LineForm("OLMo", "[step=100/15000,epoch=0] followed by indented name=value lines", _olmo),
     LineForm("build-nanogpt log.txt", "12 train 9.782434", _build_nanogpt),
-    LineForm("word_language_model", "| epoch   1 |   200/ 2983 batches | lr 20.00 | ms/batch 11.61 | loss  5.21 | ppl 183.1",
-             _word_language_model),
+    LineForm(
+        "word_language_model",
+        "| epoch   1 |   200/ 2983 batches | lr 20.00 | ms/batch 11.61 | loss  5.21 | ppl 183.1",
+        _word_language_model,
+    ),
     LineForm("key=value / key: value", "step=100 loss=2.31 grad_norm=0.42", _generic),
 )
 #: Forms the reader tries around a line rather than on it (named in the "forms tried" error).
 OTHER_FORMS = (
     LineForm("HF Trainer dict", "{'loss': 2.31, 'grad_norm': 0.42, 'learning_rate': 2e-05, 'epoch': 0.1}", hf_dicts),
-    LineForm("Lightning progress bar", "Epoch 0:  45%|####5     | 450/1000 [00:30<00:37, 14.8it/s, train_loss=2.31]",
-             lightning_bar),
+    LineForm(
+        "Lightning progress bar", "Epoch 0:  45%|####5     | 450/1000 [00:30<00:37, 14.8it/s, train_loss=2.31]", lightning_bar
+    ),
 )
