@@ -55,6 +55,7 @@ chromium:
 
 test: $(VENV)/.setup-dev chromium
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest --spikecheck -n auto --dist loadscope --no-loadscope-reorder
 
