@@ -98,8 +98,11 @@ def test_assert_finite_names_the_clip_coefficient_of_an_infinite_norm():
         r"\(their float64 norm is 1.06e\+21\): only the norm overflowed",
     ):
         assert_finite(_norms(float("inf"), 1.06e21))
-    # a NaN gradient (NaN pre-clip norm), or NaN after a real clip: no cause claimed
-    for record in (_norms(float("nan"), float("nan")), _norms(float("inf"), float("nan"), limit=1.0)):
+    # a NaN gradient (NaN pre-clip norm), NaN after a real clip, or a record that does not state its
+    # clip limit (a log without the column): no cause claimed
+    unstated = _norms(float("inf"), float("nan"))
+    del unstated.metrics["clip_limit"]
+    for record in (_norms(float("nan"), float("nan")), _norms(float("inf"), float("nan"), limit=1.0), unstated):
         with pytest.raises(AssertionError) as caught:
             assert_finite(record)
         assert "inf / inf" not in str(caught.value) and "only the norm overflowed" not in str(caught.value)

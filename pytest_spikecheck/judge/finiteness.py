@@ -194,7 +194,8 @@ def nonfinite_norm_cause(rec: Record, step: int) -> str | None:
     gradients the optimizer would receive) tell it; None where they do not.
 
     - an infinite pre-clip norm, then a NaN post-clip norm with no clip limit: between the two
-      something multiplied every gradient by NaN; torch's ``clip_grad_norm_`` at ``max_norm=inf``
+      something multiplied every gradient by NaN (said only where the record states there was no
+      clip: a real clip of an infinite norm gives NaN too, inf × 0); torch's ``clip_grad_norm_`` at ``max_norm=inf``
       does (its coefficient inf / (inf + 1e-6) = NaN), the call people make only to log the norm;
     - an infinite pre-clip norm and a finite post-clip norm: every gradient is finite, only the
       norm overflowed (torch sums the squares in the gradients' dtype: float32 overflows near 1.8e19)."""
@@ -206,7 +207,8 @@ def nonfinite_norm_cause(rec: Record, step: int) -> str | None:
         return None
     i = rows[0]
     pre, post = float(m["grad_norm_pre"][i]), float(m["grad_norm_post"][i])
-    limit = float(m["clip_limit"][i]) if "clip_limit" in m else float("inf")
+    # the limit is a fact of the record (inf: no clip); a record without it (a log) leaves it unknown
+    limit = float(m["clip_limit"][i]) if "clip_limit" in m else float("nan")
     if not np.isinf(pre):
         return None
     if np.isnan(post) and np.isinf(limit):
