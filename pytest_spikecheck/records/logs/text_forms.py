@@ -174,11 +174,13 @@ _HF_PAIR = re.compile(rf"'([^']+)':\s*('[^']*'|\"[^\"]*\"|{_NUM}|[A-Za-z_]\w*)",
 
 
 def hf_dicts(segment: str) -> list[dict[str, float | None]]:
-    """Every ``{'loss': 2.31, 'grad_norm': nan, ...}`` in a segment (after a tqdm bar, say)."""
+    """Every ``{'loss': 2.31, 'grad_norm': nan, ...}`` in a segment (after a tqdm bar, say). A dict
+    is the Trainer's log when it names a loss or the epoch (``Trainer.log`` adds ``epoch`` to every
+    dict it prints); a config printed as a dict (``{'sequence_len': 2048, 'n_layer': 20}``) is not."""
     out = []
     for text in _HF_DICT.findall(segment):
         pairs = _HF_PAIR.findall(text)
-        if pairs:
+        if any(k == "epoch" or "loss" in k.lower() for k, _ in pairs):
             out.append({k: number(v) for k, v in pairs})
     return out
 
