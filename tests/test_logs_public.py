@@ -4,6 +4,8 @@ each file is read as a user would give it, through ``spikecheck check`` and the 
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from pathlib import Path
 
 from pytest_spikecheck.cli.commands import main
@@ -46,3 +48,47 @@ def test_deepspeed_chat_ppo_lines_and_their_inf_actor_loss(capsys):
     assert main(["check", str(path)]) == 1
     out = capsys.readouterr().out
     assert "an RL/preference loss: loss rules step aside" in out and "loss = inf at step 3184 (the first)" in out
+
+
+# -- trial runs: classes no public log was found for (docs/logs.md says what was searched) -----------
+
+FP16 = Path(__file__).parent / "data" / "logs" / "trials" / "fp16-accumulation" / "metrics.jsonl"
+
+
+def test_a_loss_spike_at_an_fp16_step_whose_grad_norm_is_inf_is_found(capsys):
+    # experiments/fp16-accumulation trained once (tests/data/logs/trials/README.md): the Greek burst
+    # at step 24 overflows the fp16 gradients (grad_norm_pre Infinity, the scaler skips the update)
+    # and the loss jumps 2.38 -> 8.41 nats at that step.
+    assert main(["check", str(FP16)]) == 1
+    out = capsys.readouterr().out
+    assert "  24    8.405  4.357     loss-jump +4.05 nats" in out
+    assert "grad_norm_pre = inf at step 24: a skipped step (overflow)" in out
+
+
+def test_sabotage_a_skip_that_excused_the_loss_too_misses_the_spike(monkeypatch):
+    import pytest_spikecheck.judge.policy as policy
+
+    judged = policy._judged_series
+
+    def whole_step_excused(rec, name, excused):
+        steps, values = judged(rec, name, excused)
+        keep = ~np.isin(steps, list(rec.skipped))
+        return steps[keep], values[keep]
+
+    monkeypatch.setattr(policy, "_judged_series", whole_step_excused)
+    report = judge_log(read_log(FP16))
+    assert report["ok"] and not any(s["spikes"] for s in report["series"])
+
+
+# -- the real-log corpus's own files for two classes (tests/data/reallogs, provenance in corpus.yaml) --
+
+REAL = Path(__file__).parent / "data" / "reallogs"
+
+
+def test_divergence_with_little_history_a_five_point_log_that_rises_and_stays(capsys):
+    # hf/whisper-braj-rising: logged every 500 steps, 1.237 then 2.028, 2.157, 1.985, 1.787: the rise
+    # at the 2nd point is judged with one earlier point, by the sustained rule (the jump needs 5).
+    path = REAL / "hf" / "whisper-braj-rising" / "trainer_state.json"
+    assert main(["check", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "  1000  2.028  1.237     loss-sustained +0.791 nats" in out

@@ -281,6 +281,8 @@ def test_grad_scaler_skips_are_marked_and_are_no_failure(fp16_loop, tmp_path, ca
     assert cli(["check", str(tmp_path / "run")]) == 1
     out = capsys.readouterr().out
     assert "skipped" in out and f"  {BURST_STEP}    " in out and "loss-jump +0.85" in out
+    # issue 35: the scaler's first skips (its norms NaN before any real value) are skips, not "not yet computed"
+    assert f"from step {skipped[0]}: a skipped step (overflow)" in out and "not yet computed" not in out
 
 
 def test_clip_before_unscale_is_warned_and_fails_clip_containment(fp16_loop):
