@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from pathlib import Path
 
+from pytest_spikecheck import ConfigError
 from pytest_spikecheck.cli.commands import main
 from pytest_spikecheck.judge.policy import judge_log
 from pytest_spikecheck.records.logs import detect_format, read_log, read_runs
@@ -48,6 +50,28 @@ def test_deepspeed_chat_ppo_lines_and_their_inf_actor_loss(capsys):
     assert main(["check", str(path)]) == 1
     out = capsys.readouterr().out
     assert "an RL/preference loss: loss rules step aside" in out and "loss = inf at step 3184 (the first)" in out
+
+
+VAL_ONLY = PUBLIC / "modded-nanogpt-val-only" / "c8cbdf48-220a-443b-b145-8ac6a32d4e07.txt"
+
+
+def test_a_stdout_log_whose_only_series_is_validation_loss_is_judged_as_one(capsys):
+    # A modded-nanogpt speedrun record (KellerJordan/modded-nanogpt): its training lines carry only
+    # timings (step:1/1385 train_time:17555ms step_avg:nanms); the loss is val_loss every 125 steps.
+    rec = read_log(VAL_ONLY)
+    assert rec.series("eval_loss")[0].tolist() == [*range(0, 1376, 125), 1385]
+    assert rec.series("eval_loss")[1][[0, -1]].tolist() == [10.8258, 3.2792] and "loss" not in rec.metrics
+    assert main(["check", str(VAL_ONLY)]) == 0
+    out = capsys.readouterr().out
+    assert "the validation series (eval_loss) judged by the loss rules" in out and "judged 10 of 13 points" in out
+
+
+def test_sabotage_without_the_validation_fallback_the_log_is_refused(monkeypatch):
+    import pytest_spikecheck.judge.policy as policy
+
+    monkeypatch.setattr(policy, "EVAL_METRICS", ())
+    with pytest.raises(ConfigError, match="no loss or gradient-norm series"):
+        judge_log(read_log(VAL_ONLY))
 
 
 # -- trial runs: classes no public log was found for (docs/logs.md says what was searched) -----------
