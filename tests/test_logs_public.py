@@ -74,6 +74,15 @@ def test_sabotage_without_the_validation_fallback_the_log_is_refused(monkeypatch
         judge_log(read_log(VAL_ONLY))
 
 
+def test_build_nanogpt_validation_line_belongs_to_the_step_after_it():
+    # Real stdout of build-nanogpt's train_gpt2.py, quoted in logbob0401/build-nanogpt practice.md: the
+    # validation (and HellaSwag) at step 500 % 250 == 0 printed at the top of step 500, before its line.
+    rec = read_log(PUBLIC / "build-nanogpt-validation" / "train.log")
+    assert rec.metrics["step"].tolist() == [498, 499, 500, 501] and rec.metrics["grad_norm"][0] == 1.0096
+    assert rec.series("eval_loss")[0].tolist() == [500] and rec.series("eval_loss")[1].tolist() == [5.3183]
+    assert rec.notes[0] == "read as text: 4 key=value / key: value lines, 1 stepless validation line"
+
+
 # -- trial runs: classes no public log was found for (docs/logs.md says what was searched) -----------
 
 FP16 = Path(__file__).parent / "data" / "logs" / "trials" / "fp16-accumulation" / "metrics.jsonl"
