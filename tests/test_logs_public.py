@@ -113,6 +113,30 @@ def test_sabotage_a_skip_that_excused_the_loss_too_misses_the_spike(monkeypatch)
     assert report["ok"] and not any(s["spikes"] for s in report["series"])
 
 
+DIVERGED = Path(__file__).parent / "data" / "logs" / "trials" / "high-lr-300-divergence" / "metrics.jsonl"
+
+
+def test_a_run_that_rises_from_its_second_step_and_ends_non_finite_fails(capsys):
+    # Phase-19 at lr 300, no clip (tests/data/logs/trials/README.md): 8 steps, no baseline to speak of.
+    assert main(["check", str(DIVERGED)]) == 1
+    out = capsys.readouterr().out
+    assert "non-finite values: grad_norm_pre = inf at step 8 (the first)" in out
+    assert "loss-sustained +7.82e+07 nats" in out  # the sustained rise, judged without a usual history
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 35 open: the rise is flagged from step 6, not from step 2 where the loss leaves 5.95 for "
+    "5,720: on 8 points the log's noise floor is read from the divergence's own second differences "
+    "(the rules before issue 35 flagged step 2; reading the noise from the earlier points only flags 17 "
+    "of 60 healthy noisy short logs, against 6 or fewer)",
+)
+def test_the_divergence_is_flagged_where_it_starts():
+    report = judge_log(read_log(DIVERGED))
+    loss = next(s for s in report["series"] if s["metric"] == "loss")
+    assert loss["spikes"][0]["step"] == 2
+
+
 # -- the real-log corpus's own files for two classes (tests/data/reallogs, provenance in corpus.yaml) --
 
 REAL = Path(__file__).parent / "data" / "reallogs"
