@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pytest_spikecheck import ConfigError
 from pytest_spikecheck.cli.commands import main
+from pytest_spikecheck.judge.detectors import LossJump, SustainedLoss
 from pytest_spikecheck.judge.policy import judge_log
 from pytest_spikecheck.records.logs import detect_format, read_log, read_runs
 
@@ -117,24 +118,34 @@ DIVERGED = Path(__file__).parent / "data" / "logs" / "trials" / "high-lr-300-div
 
 
 def test_a_run_that_rises_from_its_second_step_and_ends_non_finite_fails(capsys):
-    # Phase-19 at lr 300, no clip (tests/data/logs/trials/README.md): 8 steps, no baseline to speak of.
+    # Phase-19 at lr 300, no clip (tests/data/logs/trials/README.md): 8 steps, no baseline to speak of;
+    # flagged where it starts (5.95 -> 5,720 at step 2) and at its non-finite gradient norm.
     assert main(["check", str(DIVERGED)]) == 1
     out = capsys.readouterr().out
     assert "non-finite values: grad_norm_pre = inf at step 8 (the first)" in out
-    assert "loss-sustained +7.82e+07 nats" in out  # the sustained rise, judged without a usual history
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 35 open: the rise is flagged from step 6, not from step 2 where the loss leaves 5.95 for "
-    "5,720: on 8 points the log's noise floor is read from the divergence's own second differences "
-    "(the rules before issue 35 flagged step 2; reading the noise from the earlier points only flags 17 "
-    "of 60 healthy noisy short logs, against 6 or fewer)",
-)
-def test_the_divergence_is_flagged_where_it_starts():
     report = judge_log(read_log(DIVERGED))
     loss = next(s for s in report["series"] if s["metric"] == "loss")
-    assert loss["spikes"][0]["step"] == 2
+    assert loss["spikes"][0]["step"] == 2 and loss["spikes"][0]["detectors"] == ["loss-sustained"]
+
+
+SWEEP = Path(__file__).parent / "data" / "logs" / "trials" / "high-lr-1-sweep" / "metrics.jsonl"
+
+
+def test_a_sparse_sweep_that_rises_at_its_third_point_is_flagged_there(capsys):
+    # Phase-19 at lr 1.0, logged every 5 steps: 10.98, 9.98, then 18.42, 28.88, 31.2, ... 4.86.
+    assert main(["check", str(SWEEP)]) == 1
+    assert "  15    18.42  9.978     loss-sustained +18.9 nats" in capsys.readouterr().out
+
+
+def test_sabotage_a_noise_floor_without_ceiling_flags_both_trials_late():
+    # On a log that is mostly its event the second differences the noise is read from are the event's
+    # own (4.7 nats on the sweep): without the ceiling the bar rises past the rise itself.
+    late = {}
+    for path in (DIVERGED, SWEEP):
+        steps, loss = read_log(path).series("loss")
+        rules = [LossJump(), SustainedLoss(ceiling=math.inf)]
+        late[path.parent.name] = min(d.step for r in rules for d in r.detect(steps, loss))
+    assert late == {"high-lr-300-divergence": 6, "high-lr-1-sweep": 20}
 
 
 # -- the real-log corpus's own files for two classes (tests/data/reallogs, provenance in corpus.yaml) --
