@@ -94,6 +94,12 @@ def test_python_logging_lines(tmp_path):
     )
     rec = read_log(path)
     assert rec.metrics["step"].tolist() == [120 * k for k in range(1, 12)] and rec.metrics["loss"][0] == 3.15
+    # logger.info(f"Epoch {epoch}: {metrics}") with a dict per epoch (no public log of it was found:
+    # docs/logs.md's issue 35 section): read in order, one row per dict, the dict's loss the loss
+    per_epoch = tmp_path / "epochs.log"
+    per_epoch.write_text("".join(f"INFO:__main__:Epoch {e}: {{'loss': {3.1 - 0.5 * e}, 'accuracy': 0.4}}\n" for e in (1, 2, 3)))
+    rec = read_log(per_epoch)
+    assert rec.metrics["loss"].tolist() == [2.6, 2.1, 1.6] and rec.metrics["step"].tolist() == [1, 2, 3]
 
 
 def nanochat_phases() -> str:
