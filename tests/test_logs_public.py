@@ -84,6 +84,22 @@ def test_build_nanogpt_validation_line_belongs_to_the_step_after_it():
     assert rec.notes[0] == "read as text: 4 key=value / key: value lines, 1 stepless validation line"
 
 
+DESCENT = PUBLIC / "hf-sft-descent-jumps" / "trainer_state.json"
+
+
+def test_jumps_of_nats_on_a_falling_noisy_loss_are_found(capsys):
+    # A real 40-step HF trainer_state.json excerpt: the loss falls 3.71 -> 2.21 and jumps +1.9 nats at
+    # step 7, +1.5 at 18-19 and +3.3 at 35; the spread of the falling history around its median hid all
+    # but the first.
+    assert main(["check", str(DESCENT)]) == 1
+    out = capsys.readouterr().out
+    for line in ("  7     5.524  3.599     loss-jump +1.92 nats", "  35    6.499  3.218     loss-jump +3.28 nats"):
+        assert line in out
+    steps, loss = read_log(DESCENT).series("loss")
+    assert [d.step for d in LossJump().detect(steps, loss)] == [7, 18, 19, 35]
+    assert [d.step for d in LossJump(detrend=False).detect(steps, loss)] == [7]  # sabotage
+
+
 # -- trial runs: classes no public log was found for (docs/logs.md says what was searched) -----------
 
 FP16 = Path(__file__).parent / "data" / "logs" / "trials" / "fp16-accumulation" / "metrics.jsonl"
