@@ -11,6 +11,7 @@ registers no Hypothesis profile in anyone else's suite.
 """
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,16 @@ if importlib.util.find_spec("hypothesis") is not None:
     # For mutation runs (pyproject's [tool.mutmut]): every mutant reruns its tests, so few examples.
     settings.register_profile("mutation", max_examples=25, derandomize=True, database=None, deadline=None)
     settings.load_profile("ci")
+
+# Under pytest-xdist (`make test`: `-n auto`, one worker per core) torch would give each worker
+# one intra-op thread per core: on 2 cores, 2 workers x 2 OpenMP threads. The engine trains on
+# one thread already (and restores the count after); the rest of a worker's torch work (the
+# clipping, conformance and model tests, the HF and Lightning trainers) runs on one as well, so
+# the workers do not compete for the cores (docs/testing.md, Suite time, 2026-12-02).
+if os.environ.get("PYTEST_XDIST_WORKER") and importlib.util.find_spec("torch") is not None:
+    import torch
+
+    torch.set_num_threads(1)
 
 # The documentation test: every fenced block of README.md and docs/ runs (docs/testing.md); only
 # the pages it names (an example's README.md is the example's, not one of ours).

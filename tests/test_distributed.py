@@ -45,7 +45,12 @@ SCENARIOS = {
     # about half the steps clip: the clip decision itself is compared step by step
     "clip_at_1.6": SHORT.with_breaks(ClipAt(max_norm=1.6)).replace(name="two-ranks-clip-at-1.6"),
 }
-SHARD_LOCAL = SHORT.with_breaks(ShardLocalNorm()).replace(name="two-ranks-shard-local")
+#: Shard-local clipping needs no event: its early steps clip on every rank (norms above 1 on
+#: each shard), 12 of them are enough to see the whole gradient get through above max_norm.
+SHARD_LOCAL_STEPS = 12
+SHARD_LOCAL = (
+    Scenario.preset("phase-19").replace(steps=SHARD_LOCAL_STEPS, name="two-ranks-shard-local").with_breaks(ShardLocalNorm())
+)
 #: Muon on 2 ranks: its matrices replicated (whole-matrix orthogonalisation), its AdamW part sharded.
 MUON = (
     Scenario.preset("phase-19")
@@ -124,8 +129,8 @@ def _clip_on_ranks(backends: tuple[str, ...]) -> dict:
 
 
 @pytest.fixture(scope="module")
-def clipped_on_two_ranks():
-    return run_on_ranks(_clip_on_ranks, 2, args=(BACKENDS,))
+def clipped_on_two_ranks(launched_on_two_ranks):
+    return [clipped for clipped, _ in launched_on_two_ranks]
 
 
 def _single_process_clip(max_norm: float, backend: str):
@@ -208,12 +213,26 @@ def _train_teacher_forced(scenarios: list[Scenario]) -> list[tuple]:
     return out
 
 
+def _clip_and_train(backends: tuple[str, ...], scenarios: list[Scenario]) -> tuple[dict, list[tuple]]:
+    return _clip_on_ranks(backends), _train_teacher_forced(scenarios)
+
+
+#: What the module's 2-rank tests train (teacher-forced), in the order of the launch's results.
+TWO_RANK_RUNS = {**SCENARIOS, "shard_local": SHARD_LOCAL, "fp16_bug": FP16_BUG, "muon": MUON, "sgd": SGD}
+
+
 @pytest.fixture(scope="module")
-def two_ranks():
+def launched_on_two_ranks():
+    """One launch (one process group) for the module's clip cases and trainings: each launch
+    spawns 2 processes that import torch (~4 CPU-s each with the optimizer's torch._dynamo)."""
+    return run_on_ranks(_clip_and_train, 2, args=(BACKENDS, list(TWO_RANK_RUNS.values())))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(launched_on_two_ranks):
     """{name: (rank 0's run, the single-process norms per step, [each rank's shard norms per step])}."""
-    names = [*SCENARIOS, "shard_local", "fp16_bug", "muon", "sgd"]
-    ranks = run_on_ranks(_train_teacher_forced, 2, args=([*SCENARIOS.values(), SHARD_LOCAL, FP16_BUG, MUON, SGD],))
-    return {name: (ranks[0][i][0], ranks[0][i][1], [rank[i][2] for rank in ranks]) for i, name in enumerate(names)}
+    ranks = [trained for _, trained in launched_on_two_ranks]
+    return {name: (ranks[0][i][0], ranks[0][i][1], [rank[i][2] for rank in ranks]) for i, name in enumerate(TWO_RANK_RUNS)}
 
 
 @pytest.fixture(scope="module")
@@ -323,14 +342,14 @@ def test_spikecheck_train_nproc_2_writes_the_run_of_the_process_group_entry_poin
     config.parent.mkdir()
     config.write_text(SHARD_LOCAL.to_yaml())
     assert main(["train", str(config), "--nproc", "2", "--out", str(tmp_path / "run")]) == 0
-    assert "two-ranks-shard-local: 60 steps in " in capsys.readouterr().out
+    assert f"two-ranks-shard-local: {SHARD_LOCAL_STEPS} steps in " in capsys.readouterr().out
     launched, reference = Run.load(tmp_path / "run"), two_ranks["shard_local"][0]
     for key in reference.metrics:
         np.testing.assert_array_equal(launched[key], reference[key], err_msg=key)
     meta = launched.meta
     assert meta["distributed"]["world_size"] == 2 and "shard-local" in meta["distributed"]["clip_norm"]
     assert meta["distributed"]["launch_seconds"] > 0 and "--nproc 2" in meta["reproduce"]
-    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == 60
+    assert len((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()) == SHARD_LOCAL_STEPS
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -60,19 +61,23 @@ def test_library_launches_every_kernel_of_clip_cu():
 
 def test_build_is_cached_by_source_hash_and_an_edited_source_gets_its_own_library(tmp_path, monkeypatch):
     sources = {name: emulator_backend.kernel_source(name) for name in EMULATOR_SOURCES}
-    first = build_emulator(cache_dir=tmp_path)
-    assert first.parent == tmp_path and first.exists()
+    # The packaged sources' library, as the session built it once (a g++ build is ~4 CPU-s), in
+    # a cache folder of its own under the name their hash gives it
+    built = build_emulator()
+    shutil.copy(built, tmp_path / built.name)
     real_run = emulator_backend.subprocess.run
 
     def no_compiler(*args, **kwargs):
         raise AssertionError("the cached library should have been reused")
 
     monkeypatch.setattr(emulator_backend.subprocess, "run", no_compiler)
+    first = build_emulator(cache_dir=tmp_path)
+    assert first == tmp_path / built.name
     assert build_emulator(cache_dir=tmp_path) == build_emulator(dict(sources), cache_dir=tmp_path) == first
     monkeypatch.setattr(emulator_backend.subprocess, "run", real_run)
     sources["clip.cu"] += "\n// an edit\n"
-    edited = build_emulator(sources, cache_dir=tmp_path)
-    assert edited != first and edited.exists() and first.exists()
+    edited = build_emulator(sources, cache_dir=tmp_path)  # compiled into the folder it was given
+    assert edited != first and edited.parent == tmp_path and edited.exists() and first.exists()
 
 
 def test_compile_error_names_the_first_error_line(tmp_path):

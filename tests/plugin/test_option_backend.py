@@ -1,15 +1,10 @@
-import functools
-import subprocess
-import sys
-
-
-@functools.cache
 def cuda_available() -> bool:
-    """Asked in a subprocess: importing torch into the pytester process breaks its module snapshots."""
-    probe = subprocess.run(
-        [sys.executable, "-c", "import torch; print(torch.cuda.is_available())"], capture_output=True, text=True, check=True
-    )
-    return probe.stdout.strip() == "True"
+    """Asked in this process: tests/plugin/conftest.py imports torch before any inner session
+    (so pytester's module snapshots already hold it), and a subprocess would pay ~3 CPU-s to
+    import torch again."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def test_invalid_backend_is_a_usage_error(pytester):
