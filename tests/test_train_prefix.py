@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from run_schema import validate_run_folder
 from short_runs import SHORT_BURST, short_scenario
 
 from pytest_spikecheck import ConfigError, RareTokenBurst, Scenario, train
@@ -27,6 +28,8 @@ def test_a_prefix_is_the_full_runs_first_steps_bit_for_bit(short_runs, tmp_path)
     assert len(prefix) == PREFIX and prefix.meta["stopped_by"] == "stop_after" and not prefix.stopped_early
     full.save(tmp_path / "full")
     prefix.save(tmp_path / "prefix")
+    validate_run_folder(tmp_path / "prefix")  # run.json states stop_after and stopped_by as the schema allows
+    assert json.loads((tmp_path / "prefix" / "run.json").read_text())["stopped_by"] == "stop_after"
     # every metrics.jsonl row (lr, loss, norms, eval loss, clip factor ...) as the full run wrote it
     assert _rows(tmp_path / "prefix") == _rows(tmp_path / "full")[:PREFIX]
     assert prefix.batches == full.batches[:PREFIX]
