@@ -22,12 +22,21 @@ from pytest_spikecheck import (
     assert_spike,
     spikecheck_scenario,
 )
-from pytest_spikecheck.judge.analysis import loss_jump, recovery_steps, spike_ratio
+from pytest_spikecheck.judge.analysis import RECOVERY_HORIZON, loss_jump, recovery_steps, spike_ratio
 from pytest_spikecheck.scenario.presets import PHASE19_BURST_STEP as BURST
+
+#: Every test reads the burst and the recovery window after it (50 steps), never the run's tail:
+#: each run trains the first 362 of Phase-19's 500 steps (``stop_after``), the same steps, LR
+#: schedule, batches and records as the whole run's, bit for bit (tests/test_train_prefix.py).
+STOP = BURST + RECOVERY_HORIZON
+
+
+def _preset() -> Scenario:
+    return Scenario.preset("phase-19").replace(stop_after=STOP)
 
 
 def _phase19(*breaks) -> Scenario:
-    return Scenario.preset("phase-19").with_breaks(RareTokenBurst(count=3, at_step=BURST, content="greek"), *breaks)
+    return _preset().with_breaks(RareTokenBurst(count=3, at_step=BURST, content="greek"), *breaks)
 
 
 @spikecheck_scenario
@@ -51,13 +60,13 @@ def phase19_clip_half():
 @spikecheck_scenario
 def phase19_written_break():
     """Seed A as written: 3 of the 5 *written* sentences concentrated at step 312, no clip."""
-    return Scenario.preset("phase-19").with_breaks(RareTokenBurst(count=3, at_step=BURST, content="written"), NoClip())
+    return _preset().with_breaks(RareTokenBurst(count=3, at_step=BURST, content="written"), NoClip())
 
 
 @spikecheck_scenario
 def phase19_written_stratified():
     """The deeper fix: stratified batching spreads the *written* sentences (at most 1 per batch)."""
-    return Scenario.preset("phase-19").with_breaks(
+    return _preset().with_breaks(
         RareTokenBurst(count=3, at_step=BURST, content="written"), NoClip(), StratifiedBatches(rare_cap=1)
     )
 

@@ -35,6 +35,11 @@ ENTRY = 312
 #: needs 5). Measured on 2026-12-01 (AMD EPYC VM): largest switch ratio 1.93x without clip,
 #: 2.10x with clip 1.0 (docs/testing.md, Suite time), against the test's limit of 10x.
 BANDIT_STEPS = 200
+#: The new source's runs stop 10 steps after its entry (step 330, the first switch after 312): the
+#: tests read the entry step, the 50 steps before it and the eval jump in the 10 from it. The first
+#: 340 of the 400 steps (``stop_after``), bit-identical to the whole run's (tests/test_train_prefix.py).
+AFTER_ENTRY = 10  # loss_jump's window (its default ``after``)
+NEW_SOURCE_STOP = 330 + AFTER_ENTRY
 
 
 def _bandit(*breaks) -> Scenario:
@@ -44,13 +49,14 @@ def _bandit(*breaks) -> Scenario:
 def _new_source(*breaks) -> Scenario:
     return (
         Scenario.preset("seed-b")
-        .replace(steps=STEPS)
+        .replace(steps=STEPS, stop_after=NEW_SOURCE_STOP)
         .with_breaks(MixtureShift(new_source="foreign", new_source_at=ENTRY), *breaks)
     )
 
 
 def _entry_step(run) -> int:
     (entry,) = run.declared_events  # the engine declares the step the new source first reaches a batch
+    assert entry + AFTER_ENTRY <= NEW_SOURCE_STOP == len(run), f"the run stops before the {AFTER_ENTRY} steps after entry {entry}"
     return entry
 
 

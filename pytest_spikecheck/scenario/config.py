@@ -140,6 +140,8 @@ def read_yaml(path: Path) -> Any:
 def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
     """The YAML shape of ``scenario`` (breaks listed by name, not folded in)."""
     out: dict[str, Any] = {"name": str.__str__(scenario.name), "seed": scenario.seed, "steps": scenario.steps}
+    if scenario.stop_after is not None:  # only when set: every other scenario's content hash stays as it was
+        out["stop_after"] = scenario.stop_after
     for section in SECTIONS:
         out[section] = _plain(dataclasses.asdict(getattr(scenario, section)))
     if scenario.model_factory is not None:

@@ -57,7 +57,7 @@ def derived_name(scenario: Scenario) -> str:
     never share a derived name."""
     base = preset_base(scenario.preset_name) if scenario.preset_name else _default_base(type(scenario))
     parts = [scenario.preset_name or "scenario"]
-    for key in ("steps", "seed"):
+    for key in ("steps", "stop_after", "seed"):
         if getattr(scenario, key) != getattr(base, key):
             parts.append(f"{key}={getattr(scenario, key)}")
     if scenario.model_factory is not None:

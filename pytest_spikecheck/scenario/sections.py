@@ -345,7 +345,7 @@ SECTIONS: dict[str, type] = {
     "amp": AmpSpec,
 }
 
-SCALARS = ("name", "steps", "seed")
+SCALARS = ("name", "steps", "stop_after", "seed")
 
 #: Section fields that may be None (YAML null) besides their type.
 NULLABLE = {

@@ -82,6 +82,11 @@ class Scenario:
     steps: int = 500
     #: Seeds the weights, the data order and every sampler: same scenario and seed, same metrics.
     seed: int = 42
+    #: Train only the first ``stop_after`` steps of the ``steps``-step run (None: all of them).
+    #: The LR schedule, the batch plan and every recorded value are those of the full run's first
+    #: ``stop_after`` steps, bit for bit: a test that needs the event and its recovery window, not
+    #: the run's tail, stops there (``meta["stopped_by"] = "stop_after"``).
+    stop_after: int | None = None
     #: Break instances, applied by :meth:`resolved`.
     breaks: tuple[Any, ...] = ()
     #: Bring your own model: a callable, or its import path "pkg.module:function", called as
@@ -97,6 +102,11 @@ class Scenario:
         check(isinstance(self.name, str), f"name must be a string, was {self.name!r}")
         check(is_int(self.steps) and self.steps >= 1, f"steps must be a positive integer, was {self.steps!r}")
         check(is_int(self.seed), f"seed must be an integer, was {self.seed!r}")
+        check(
+            self.stop_after is None or (is_int(self.stop_after) and 1 <= self.stop_after <= self.steps),
+            f"stop_after must be an integer from 1 to steps ({self.steps}), was {self.stop_after!r}: "
+            "it trains the first stop_after steps of the steps-step run",
+        )
         check_section_types(self)
         check(
             isinstance(self.breaks, tuple) and all(isinstance(b, Break) for b in self.breaks),
@@ -121,6 +131,11 @@ class Scenario:
                     at <= self.steps,
                     f"{type(b).__name__} at step {at} is after the last step ({self.steps} steps): "
                     f"move it to a step <= {self.steps} or train more steps",
+                )
+                check(
+                    self.stop_after is None or at <= self.stop_after,
+                    f"{type(b).__name__} at step {at} is after the run stops (stop_after {self.stop_after}): "
+                    f"stop at a step >= {at}",
                 )
         check_ranges(self)
         check_section_values(self)
@@ -214,7 +229,7 @@ class Scenario:
         return f"{getattr(f, '__module__', '?')}:{getattr(f, '__qualname__', getattr(f, '__name__', repr(f)))}"
 
     def content_hash(self) -> str:
-        """Hash of what decides the run (resolved config, seed, steps; not the name)."""
+        """Hash of what decides the run (resolved config, seed, steps, stop_after; not the name)."""
         data = self.resolved().to_dict()
         data.pop("name")
         blob = json.dumps(data, sort_keys=True, default=str)
@@ -244,7 +259,8 @@ class Scenario:
                 + ("" if scale is None else f" + loss scale {scale if scale == 'dynamic' else format(scale, 'g')}")
             )
         )
-        return f"{r.steps} steps, seed {r.seed}, {clip}, {batches}{amp}, {bursts}"
+        steps = f"{r.steps} steps" if r.stop_after is None else f"the first {r.stop_after} of {r.steps} steps"
+        return f"{steps}, seed {r.seed}, {clip}, {batches}{amp}, {bursts}"
 
 
 class _FrozenKwargs(Mapping):

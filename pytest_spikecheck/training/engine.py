@@ -252,6 +252,9 @@ def _train(
         ):
             stop["stopped_by"] = "callback"
             break
+        if step == resolved.stop_after and step < resolved.steps:  # a prefix of the steps-step run
+            stop["stopped_by"] = "stop_after"
+            break
     meta = _meta(
         t,
         original,
