@@ -10,7 +10,8 @@ Entrants, each on the series its framework watches (a named rule also sees every
 of that series as a flag, as our detectors do):
 
 - **ours**: ``spikecheck check``'s default policy (loss-jump, loss-sustained on the loss; grad-ratio on
-  the pre-clip norm; the finiteness decisions).
+  the pre-clip norm; logit-growth on ``attn_logit_max`` where the record has it, as every engine run's
+  does; the finiteness decisions).
 - **Lightning** ``SpikeDetection`` (lightning.fabric.utilities.spike, the installed class itself, at its
   defaults: window 10, rtol 2.0, warmup 1, finite_only): fed the logged loss point by point through a
   stand-in Fabric on one CPU process; a flag is each TrainingSpikeException it raises (it stops training
