@@ -21,7 +21,11 @@ from reallogs import ROOT, corpus
 
 # The vectorised rules at the settings the loop implementation had (issue 24 added the log's own
 # noise to the loss rules, issue 35 the detrended spread to loss-jump; those settings are judged by tests/test_detectors.py, not by this oracle).
-TODAY = {"loss-jump": dict(noise_sigmas=0.0, detrend=False), "loss-sustained": dict(early="median"), "grad-ratio": {}}
+TODAY = {
+    "loss-jump": dict(noise_sigmas=0.0, detrend=False),
+    "loss-sustained": dict(early="median", ceiling=math.inf),
+    "grad-ratio": {},
+}
 PAIRS = {
     "loss-jump": (lambda **p: detectors.LossJump(**TODAY["loss-jump"], **p), oracle.LossJump),
     "loss-sustained": (lambda **p: detectors.SustainedLoss(**TODAY["loss-sustained"], **p), oracle.SustainedLoss),

@@ -30,7 +30,8 @@ validation loss: 9.4312
 step    2| loss: 9.224654 | lr: 1.8000e-04 | norm: 5.6877  | dt: 2815.18ms | tok/sec: 186236.17
 """
 # ("validation loss: 9.4312" is the form of train_gpt2.py's print(f"validation loss: {...:.4f}"), which
-# carries no step: it belongs to the step line before it.)
+# carries no step: train_gpt2.py prints it at the top of a step's iteration, so it belongs to the step
+# line after it; tests/test_logs_public.py reads the form on real lines.)
 
 
 def test_build_nanogpt_lines_norm_and_a_stepless_validation_line(tmp_path):
@@ -39,7 +40,7 @@ def test_build_nanogpt_lines_norm_and_a_stepless_validation_line(tmp_path):
     first, second = read_runs(path)
     assert first.metrics["step"].tolist() == [0, 1, 2] and second.metrics["step"].tolist() == [0, 1, 2]
     assert first.metrics["grad_norm"].tolist() == [27.0145, 9.5134, 5.6872]  # build-nanogpt's "norm"
-    assert second.metrics["eval_loss"][1] == 9.4312 and second.missing["eval_loss"].tolist() == [True, False, True]
+    assert second.metrics["eval_loss"][2] == 9.4312 and second.missing["eval_loss"].tolist() == [True, True, False]
 
 
 def test_a_utf16_crlf_log_from_powershell_is_text(tmp_path):
@@ -93,6 +94,12 @@ def test_python_logging_lines(tmp_path):
     )
     rec = read_log(path)
     assert rec.metrics["step"].tolist() == [120 * k for k in range(1, 12)] and rec.metrics["loss"][0] == 3.15
+    # logger.info(f"Epoch {epoch}: {metrics}") with a dict per epoch (no public log of it was found:
+    # docs/logs.md's issue 35 section): read in order, one row per dict, the dict's loss the loss
+    per_epoch = tmp_path / "epochs.log"
+    per_epoch.write_text("".join(f"INFO:__main__:Epoch {e}: {{'loss': {3.1 - 0.5 * e}, 'accuracy': 0.4}}\n" for e in (1, 2, 3)))
+    rec = read_log(per_epoch)
+    assert rec.metrics["loss"].tolist() == [2.6, 2.1, 1.6] and rec.metrics["step"].tolist() == [1, 2, 3]
 
 
 def nanochat_phases() -> str:

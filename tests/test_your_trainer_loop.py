@@ -281,6 +281,15 @@ def test_grad_scaler_skips_are_marked_and_are_no_failure(fp16_loop, tmp_path, ca
     assert cli(["check", str(tmp_path / "run")]) == 1
     out = capsys.readouterr().out
     assert "skipped" in out and f"  {BURST_STEP}    " in out and "loss-jump +0.85" in out
+    # issue 35: the scaler's first skips (its norms NaN before any real value) are skips, not "not yet computed"
+    assert f"from step {skipped[0]}: a skipped step (overflow)" in out and "not yet computed" not in out
+    # sabotage: the history's spread around its median (the descent, not its noise) hides the jump
+    from pytest_spikecheck.judge.detectors import LossJump
+    from pytest_spikecheck.records.logs import read_log
+
+    steps, values = read_log(tmp_path / "run").series("loss")
+    assert BURST_STEP in [d.step for d in LossJump().detect(steps, values)]
+    assert BURST_STEP not in [d.step for d in LossJump(detrend=False).detect(steps, values)]
 
 
 def test_clip_before_unscale_is_warned_and_fails_clip_containment(fp16_loop):

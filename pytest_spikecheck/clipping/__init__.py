@@ -220,7 +220,10 @@ def clip_grad_norm_(
     ``norm_type`` is 2.0 (the global L2 norm every backend computes) or ``inf`` (the largest
     ``|g|``, computed with torch whatever the backend), as in torch; any other value is refused.
 
-    ``max_norm=None`` or ``inf`` measures the norm without clipping. ``backend`` is one
+    ``max_norm=None`` or ``inf`` measures the norm without clipping; ``error_if_nonfinite=True``
+    raises :class:`NonFiniteGradientError` on a NaN or inf total norm (else the gradients are
+    left untouched and the norm returned). ``mode`` is ``"global"`` or ``"per_tensor"``
+    (each tensor clipped on its own), as in :func:`clip_grads_`. ``backend`` is one
     of ``"auto"`` (cupy when a CUDA device is usable, else torch), ``"torch"``,
     ``"cupy"`` or ``"emulator"``. With ``process_group`` the parameters are this rank's
     shard and the norm is the global one over every rank's shard (every rank must call it).

@@ -129,7 +129,7 @@ def inject_burst(
     rejoin: bool = False,
     accumulation: int = 1,
 ) -> BurstStream:
-    """Plan ``steps`` optimizer steps of ``dataset`` (shuffled epochs, seeded) with ``count`` of
+    """Plan ``steps`` optimizer steps of ``dataset`` (shuffled epochs, seeded by ``seed``) with ``count`` of
     the dataset indices ``samples`` (default: all of them) concentrated in the batch of step
     ``at_step``: :class:`~pytest_spikecheck.RareTokenBurst` for your data. ``batch_size`` is the
     micro-batch your trainer reads; with ``accumulation`` k each step is k micro-batches

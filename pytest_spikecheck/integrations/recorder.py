@@ -61,7 +61,12 @@ from pytest_spikecheck.training.step import SKIPPED_OVERFLOW, SpikeWatch, StepVe
 @dataclass(frozen=True)
 class SampleCatalog:
     """What the records need to know about each sample of your dataset (row i = dataset index
-    i): an id, a source, the target token ids, which tokens are rare, and token strings."""
+    i): an id, a source, the target token ids, which tokens are rare, and token strings.
+
+    ``ids`` and ``sources`` name each sample and where it comes from; ``targets`` its token ids;
+    ``rare_tokens`` the token ids counted as rare and ``rare_token_counts`` how many of them each
+    sample carries; ``vocab_size`` the tokenizer's; ``token_str`` turns a token id into text for
+    the records. :meth:`from_tokens` computes them as the engine does."""
 
     ids: tuple[str, ...]
     sources: tuple[str, ...]
@@ -234,11 +239,17 @@ class Recorder:
     catalog: SampleCatalog | None = None
     stream: BurstStream | None = None
     declared: Mapping[int, str] = field(default_factory=dict)
+    #: The run's name (run.json, the report, the verdicts).
     name: str = "your-trainer"
     trainer: str = "loop"
+    #: The online detector's bar, as the engine's ``record.spike_ratio``: a step whose pre-clip
+    #: norm is this many times the median of the last ``window`` steps gets a detailed event.
     spike_ratio: float = RecordSpec.spike_ratio
+    #: The steps that median is taken over (the engine's ``record.spike_window``).
     window: int = RecordSpec.spike_window
+    #: Per-token losses kept at each event step (the largest).
     top_tokens: int = RecordSpec.top_tokens
+    #: Extra entries for run.json, merged over what the recorder writes.
     meta: dict[str, Any] = field(default_factory=dict)
     accumulation: int = 1
     scaler: Any = None

@@ -109,7 +109,8 @@ def assert_spike(
     kind: str | None = None,
 ) -> float:
     """Assert a spike of at least ``min_ratio`` (default 10) x the median of the ``window``
-    steps before (widened to 10 logged points on a sparse log).
+    steps before (widened to 10 logged points on a sparse log) in ``run`` (a
+    :class:`~pytest_spikecheck.records.run.Run`, a run folder or training log, a record).
 
     With ``at``, the spike must be at that step; without, anywhere. Returns the ratio.
 
@@ -224,7 +225,8 @@ def assert_no_spike(
     **params: Any,
 ) -> Verdict:
     """Assert that ``detector`` (a name from :mod:`pytest_spikecheck.judge.detectors` or an
-    instance; ``params`` configure it; default ``ratio``) flags no step of ``metric``
+    instance; ``params`` configure it; default ``ratio``) flags no step of ``run`` (a
+    :class:`~pytest_spikecheck.records.run.Run`, a run folder or training log, a record) on ``metric``
     (default: the pre-clip grad norm, else the loss).
 
     On a training log (a path, or a record read from one) with neither ``detector`` nor
@@ -479,7 +481,12 @@ def assert_recovers(
 
 def assert_diverges(run: Any, within: int | None = None, at: int | None = None) -> int:
     """Assert the run reaches a non-finite loss or gradient norm (within ``within`` steps of
-    the event, if given). Returns the first non-finite step."""
+    the event, if given). Returns the first non-finite step.
+
+    ``run``: a :class:`~pytest_spikecheck.records.run.Run`, a run folder or training log (a
+    path), or a record. The event is ``at``, else the run's first declared event, else its
+    largest pre-clip gradient-norm spike. Raises ``AssertionError`` (a
+    :class:`~pytest_spikecheck.judge.verdict.SpikeCheckError`) naming the step."""
     __tracebackhide__ = True
     rec = as_record(run)
     # A skipped step's non-finite gradient norm is no divergence: the update was not applied.
@@ -513,7 +520,8 @@ def assert_diverges(run: Any, within: int | None = None, at: int | None = None) 
 
 
 def assert_finite(run: Any, strict: bool = False) -> Finiteness:
-    """Assert every recorded value is finite, except what the finiteness decisions excuse
+    """Assert every recorded value of ``run`` (a :class:`~pytest_spikecheck.records.run.Run`, a
+    run folder or training log, a record) is finite, except what the finiteness decisions excuse
     (:mod:`pytest_spikecheck.judge.finiteness`: the gradient norm of a step the optimizer
     skipped, never its loss). ``strict=True`` excuses nothing (``--strict-finite``). A failure
     names the first bad step and, for engine runs, the module where the first non-finite

@@ -465,6 +465,9 @@ class SustainedLoss(Detector):
     model already is and their spread is the slope, not the noise, and both hid such a rise (an
     LR sweep logged every 200 steps diverging at its third point); and later the spread is never
     taken below that noise (five quiet points of a noisy short log would let its noise through).
+    The noise raises the bar to ``ceiling`` nats at most (ln 8): on a log that is mostly its event
+    the second differences are the event's own (issue 35's trials: a divergence from its second
+    step, a sweep that rises at its third, each flagged one to four points late without it).
     ``early="median"``: the median and spread of the points before everywhere, as before."""
 
     name: ClassVar[str] = "loss-sustained"
@@ -477,6 +480,7 @@ class SustainedLoss(Detector):
     history_points: int = 5  # the baseline's usual size; a log's first points have fewer
     early: str = "lowest"  # before history_points: "lowest" (lowest loss so far, the log's noise) or "median"
     noise_min_points: int = 8  # fewer finite values: the log's noise is not measured (0: always, as before issue 35)
+    ceiling: float = 3 * math.log(2)  # the most the noise raises the bar, in nats (inf: no ceiling)
 
     def __post_init__(self) -> None:
         if self.early not in ("lowest", "median"):
@@ -516,7 +520,11 @@ class SustainedLoss(Detector):
         level, level_ok = rolling.forward_median(values, self.hold)
         # judged: a finite value with a history and `hold` values from it (any of them non-finite: no level)
         has = ok & (sizes > 0) & (np.arange(values.size) + self.hold <= values.size)
-        bar = np.maximum(self.nats, self.sigmas * spread)
+        # The noise raises the bar, never past `ceiling` nats: a rise the next points keep of ln 8 (the
+        # perplexity doubled three times) is no noise on any log, and on a log that is mostly its event
+        # (a divergence from its second point, a sweep that rises at its third) the second differences
+        # the noise is read from are the event's own.
+        bar = np.maximum(self.nats, np.minimum(self.sigmas * spread, self.ceiling))
         level = np.where(level_ok, level, np.nan)
         now = has & (values - med >= bar) & (level - med >= bar)
         # Flagged once per episode: where `now` starts, over the judged values in order.

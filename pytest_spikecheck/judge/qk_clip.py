@@ -26,7 +26,9 @@ LOGIT_COLUMNS = ("attn_logit_max", "qk_clipped_heads", "logz_absmax", "loss")
 
 def assert_logits_bounded(run: Any, attention: float | None = None, z: float | None = None) -> Verdict:
     """Assert the largest |attention logit| (``attn_logit_max``) stays <= ``attention`` and the
-    largest |log Z| of the output logits (``logz_absmax``) stays <= ``z`` at every step."""
+    largest |log Z| of the output logits (``logz_absmax``) stays <= ``z`` at every step of
+    ``run`` (a :class:`~pytest_spikecheck.records.run.Run`, a run folder, a record); a bound
+    left None is not judged."""
     __tracebackhide__ = True
     rec = as_record(run)
     if attention is None and z is None:

@@ -67,7 +67,8 @@ def _failure(assertion: str, rec: Record, message: str, **fields: Any) -> SpikeC
 def assert_accumulation_invariant(
     run_a: Any, run_b: Any, rtol: float = 1e-4, steps: int = 10, drift: float = DRIFT_RTOL
 ) -> dict[str, float]:
-    """Assert two runs of one set-up at different gradient accumulation compute the same step:
+    """Assert two runs of one set-up, ``run_a`` and ``run_b`` (runs, run folders or records),
+    at different gradient accumulation compute the same step:
     at their first step (same weights, same batch) the loss and the pre-clip gradient norm agree
     within ``rtol`` (relative), and over the first ``steps`` steps within ``drift``. Returns the
     step-1 relative differences (``{"loss": ..., "grad_norm_pre": ...}``).

@@ -45,7 +45,8 @@ def _column(rec: Record, name: str, what: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def assert_muon_update_scale(run: Any, band: tuple[float, float] = MUON_RATIO_BAND) -> dict[str, float]:
-    """Assert every applied step moved Muon's matrices by about Muon's own scale: the recorded
+    """Assert every applied step of ``run`` (a :class:`~pytest_spikecheck.records.run.Run`, a
+    run folder, a record) moved Muon's matrices by about Muon's own scale: the recorded
     ``muon_update_ratio`` (median over Muon's matrices of RMS(ΔW) over the adjusted lr /
     sqrt(max(rows, cols)), torch.optim.Muon's ``adjust_lr`` rule) within ``band``. Returns
     ``{"min": ..., "max": ..., "median": ...}`` over the steps. A skipped step (no update) and a

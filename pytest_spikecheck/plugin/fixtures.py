@@ -45,7 +45,7 @@ def spikecheck_scenario(
     params: Iterable[Any] | None = None,
     ids: Iterable[str] | Callable[[Any], str] | None = None,
 ) -> Any:
-    """Turn a function returning a :class:`~pytest_spikecheck.scenario.Scenario` into a
+    """Turn ``factory``, a function returning a :class:`~pytest_spikecheck.scenario.Scenario`, into a
     session-scoped fixture (named after the function, or ``name``) whose value is the
     trained :class:`~pytest_spikecheck.records.run.Run`. Tests using it are skipped unless pytest
     runs with ``--spikecheck``; each scenario trains once per session however many tests use it.

@@ -40,9 +40,9 @@ from typing import Any, Mapping
 
 from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.scenario.config import read_yaml
+from pytest_spikecheck.scenario.sections import SCHEDULES
 
 OPTIMIZERS = ("adamw", "muon")
-SCHEDULES = ("cosine", "constant")
 LR_TRANSFERS = ("standard", "mup")
 #: TrainingArguments' scheduler names and the schedule the engine trains for each.
 HF_SCHEDULERS = {"cosine": "cosine", "cosine_with_min_lr": "cosine", "constant": "constant", "constant_with_warmup": "constant"}

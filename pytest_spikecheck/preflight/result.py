@@ -16,7 +16,17 @@ from pytest_spikecheck.errors import SpikeCheckError
 
 @dataclass
 class PreflightResult:
-    """What :func:`pytest_spikecheck.preflight.preflight` returns."""
+    """What :func:`pytest_spikecheck.preflight.preflight` returns.
+
+    ``config``: the config it read (a path or a Hub id); ``recipe``: the recipe in one line;
+    ``user_lr``: the recipe's learning rate; ``target_width``: the config's hidden size;
+    ``plan_lines``: the plan as printed before training; ``rows``: one dict per point (its
+    coordinates: width, LR, seed, defence, corpus; and its ``status``, ``final_eval_loss``,
+    ``initial_loss``, ``max_attn_logit``, ``diverged``, ``seconds``, ``error``); ``verdict``:
+    the per-corpus and per-defence studies (``studies``: the first failing LR per width, the
+    fit, the sentence); ``wall_seconds``: measured; ``counts``: the points per status
+    (``"20 done, 4 cached"``); ``sweep``: the
+    :class:`~pytest_spikecheck.sweep.result.SweepResult` behind the rows."""
 
     config: str
     recipe: str
@@ -161,7 +171,9 @@ def assert_preflight(
     lr_margin: float = 2.0,
     corpora: Sequence[str] | None = None,
 ) -> None:
-    """Fail unless, for each defence of ``defences_hold`` and each corpus studied, the recipe's
+    """Fail unless, in ``result`` (what :func:`~pytest_spikecheck.preflight.preflight`
+    returned), for each defence of ``defences_hold`` and each corpus studied (``corpora``:
+    those named only; None: every one), the recipe's
     LR is at least ``lr_margin`` times below the first failing LR at every proxy width (a width
     where no LR of the grid fails passes) and below the extrapolated one at the config's width
     where the fit predicts one. One table of what failed."""

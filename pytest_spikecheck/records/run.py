@@ -109,6 +109,8 @@ class Run:
     metrics: dict[str, np.ndarray]
     batches: list[dict[str, Any]] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    #: run.json's entries: the name, ``declared_events``, ``stopped_at``, ``content_hash``,
+    #: ``reproduce``, a recorded run's ``recorded`` block, a distributed run's ``distributed``.
     meta: dict[str, Any] = field(default_factory=dict)
     #: step -> why its update was not applied (``"overflow"``: the loss scaler found an inf/NaN;
     #: ``"skip_spikes"``: SkipSpikes); what :attr:`Record.skipped` reads.

@@ -92,7 +92,9 @@ class RareTokenBurst(Break):
 
 @dataclass(frozen=True)
 class StratifiedBatches(Break):
-    """Not a break but a defence, declared the same way: cap rare samples per batch (Seed A's deeper fix)."""
+    """Not a break but a defence, declared the same way: cap rare samples per batch (Seed A's deeper fix).
+
+    ``rare_cap``: the most samples carrying a rare token one batch may hold (0: none)."""
 
     config_name: ClassVar[str] = "stratified_batches"
     rare_cap: int = 1

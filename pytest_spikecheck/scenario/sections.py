@@ -438,7 +438,7 @@ def check_section_values(scenario: Scenario) -> None:
         f"sampler.batch_size {s.batch_size} is not a multiple of sampler.accumulation {k}: "
         f"each micro-batch holds batch_size / accumulation samples",
     )
-    check(s.accumulate in ACCUMULATES, f"sampler.accumulate must be mean or sum, was {s.accumulate!r}")
+    check(s.accumulate in ACCUMULATES, f"sampler.accumulate must be {' or '.join(ACCUMULATES)}, was {s.accumulate!r}")
     check(
         s.accumulate == "mean" or k >= 2,
         "sampler.accumulate sum (AccumulateSum) needs sampler.accumulation >= 2: over one micro-batch the sum is the mean",
@@ -501,7 +501,7 @@ def check_section_values(scenario: Scenario) -> None:
         o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
         f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}",
     )
-    check(sch.name in SCHEDULES, f"schedule.name must be cosine or constant, was {sch.name!r}")
+    check(sch.name in SCHEDULES, f"schedule.name must be {' or '.join(SCHEDULES)}, was {sch.name!r}")
     check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
     check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
     check(scenario.data.corpus in CORPORA, f"data.corpus must be one of {', '.join(CORPORA)}, was {scenario.data.corpus!r}")

@@ -64,20 +64,31 @@ class Scenario:
     #: Given by hand, or (the default) derived from the content: the preset, the changed fields
     #: and the breaks, e.g. ``phase-19+steps=120+no_clip+burst(3×greek@60)``; see :func:`derived_name`.
     name: str = AUTO_NAME
+    #: The built-in GPT's shape (``model:`` in YAML; ignored with ``model_factory``).
     model: GPTConfig = field(default_factory=lambda: model_preset("micro"))
+    #: The corpus (``data:`` in YAML).
     data: DataSpec = DataSpec()
+    #: How batches are drawn and accumulated (``sampler:``).
     sampler: SamplerSpec = SamplerSpec()
+    #: The optimizer, its clip and its skip rule (``optimizer:``).
     optimizer: OptimizerSpec = OptimizerSpec()
+    #: The learning-rate schedule (``schedule:``).
     schedule: ScheduleSpec = ScheduleSpec()
+    #: What is recorded beyond the per-step metrics (``record:``).
     record: RecordSpec = RecordSpec()
+    #: Mixed precision and the loss scaler (``amp:``).
     amp: AmpSpec = AmpSpec()
+    #: Optimizer steps to train.
     steps: int = 500
+    #: Seeds the weights, the data order and every sampler: same scenario and seed, same metrics.
     seed: int = 42
-    breaks: tuple[Any, ...] = ()  # Break instances, applied by resolved()
-    # Bring your own model: a callable, or its import path "pkg.module:function", called as
-    # factory(vocab_size, **model_kwargs) -> nn.Module (the contract: README "Your own model",
-    # checked by pytest_spikecheck.training.model_contract). None = the built-in GPT from ``model``.
+    #: Break instances, applied by :meth:`resolved`.
+    breaks: tuple[Any, ...] = ()
+    #: Bring your own model: a callable, or its import path "pkg.module:function", called as
+    #: factory(vocab_size, **model_kwargs) -> nn.Module (the contract: docs "Your own model",
+    #: checked by pytest_spikecheck.training.model_contract). None = the built-in GPT from ``model``.
     model_factory: Callable[..., Any] | str | None = None
+    #: Keyword arguments for ``model_factory``.
     model_kwargs: Mapping[str, Any] = field(default_factory=dict)
     #: The preset this scenario starts from ("" for none): the base of its derived name.
     preset_name: str = field(default="", compare=False)

@@ -19,7 +19,8 @@ def lr_sweep(
     and everything else kept) with the local executor, ``processes`` spawned workers of
     ``threads`` threads each (1: in this process), and return the
     :class:`~pytest_spikecheck.judge.sweeps.LRSweep` (runs included, in ``lrs`` order). Each run
-    is bit-identical to ``train`` of the same scenario alone."""
+    is bit-identical to ``train`` of the same scenario alone. ``name`` names the sweep (default:
+    the scenario's name)."""
     lrs = tuple(float(lr) for lr in lrs)
     if not lrs or any(not (0 < lr < float("inf")) for lr in lrs):
         raise ConfigError(f"lr_sweep needs learning rates > 0, was {list(lrs)}")

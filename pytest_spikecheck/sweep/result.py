@@ -39,12 +39,17 @@ class SweepResult:
     run), and the summaries over seeds (:meth:`summaries`, :meth:`lr_sensitivities`)."""
 
     name: str
+    #: The swept fields (``optimizer.lr``, ``seed``, ...), in the grid's order.
     axes: tuple[str, ...]
+    #: One :class:`~pytest_spikecheck.sweep.spec.Point` per grid point: its scenario and values.
     points: list[Point]
     rows: list[PointRow]
     runs: list[Any] = field(repr=False)
+    #: Which executor ran it (``local``, ``ray``).
     executor: str = ""
+    #: Measured, from the plan to the last row.
     wall_seconds: float = math.nan
+    #: True when Ctrl-C stopped it: the rows not reached are ``not run``.
     interrupted: bool = False
 
     @property

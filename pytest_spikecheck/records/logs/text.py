@@ -75,6 +75,7 @@ def read(path: Path) -> Table:
     epoch_start: dict[int, int] = {}  # a Lightning epoch -> the step its first batch follows
     epoch_batches: dict[int, int] = {}  # ... and the most batches its bar showed
     shown: dict[str, float | None] = {}  # the values a Lightning bar showed last
+    waiting: list[tuple[dict, int]] = []  # stepless validations that belong to the next step line
 
     def add(step: int, values: dict, line: int, form: str) -> None:
         steps.append(step)
@@ -137,13 +138,21 @@ def read(path: Path) -> Table:
             for form in text_forms.FORMS:
                 parsed = form.parse(segment)
                 if parsed is not None:
+                    for values, line in waiting:  # build-nanogpt's validation: at the step line after it
+                        add(parsed[0], values, line, "stepless validation")
+                    waiting.clear()
                     add(parsed[0], parsed[1], n, form.name)
                     block = len(rows) - 1 if form.name == "OLMo" else None
                     break
             else:
                 found = text_forms.stepless_eval(segment)
-                if found is not None and steps:  # build-nanogpt's "validation loss: 3.2": at the step before
-                    add(steps[-1], found, n, "stepless validation")
+                if found is not None and found[1]:
+                    waiting.append((found[0], n))
+                elif found is not None and steps:  # llm.c's "val loss 3.2", an epoch's end: at the step before
+                    add(steps[-1], found[0], n, "stepless validation")
+    for values, line in waiting:  # a log that ends after a validation line: at its last step
+        if steps:
+            add(steps[-1], values, line, "stepless validation")
     if not rows:
         tried = ", ".join(f.name for f in (*text_forms.FORMS, *text_forms.OTHER_FORMS))
         raise ConfigError(

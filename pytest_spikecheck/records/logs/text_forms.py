@@ -174,11 +174,13 @@ _HF_PAIR = re.compile(rf"'([^']+)':\s*('[^']*'|\"[^\"]*\"|{_NUM}|[A-Za-z_]\w*)",
 
 
 def hf_dicts(segment: str) -> list[dict[str, float | None]]:
-    """Every ``{'loss': 2.31, 'grad_norm': nan, ...}`` in a segment (after a tqdm bar, say)."""
+    """Every ``{'loss': 2.31, 'grad_norm': nan, ...}`` in a segment (after a tqdm bar, say). A dict
+    is the Trainer's log when it names a loss or the epoch (``Trainer.log`` adds ``epoch`` to every
+    dict it prints); a config printed as a dict (``{'sequence_len': 2048, 'n_layer': 20}``) is not."""
     out = []
     for text in _HF_DICT.findall(segment):
         pairs = _HF_PAIR.findall(text)
-        if pairs:
+        if any(k == "epoch" or "loss" in k.lower() for k, _ in pairs):
             out.append({k: number(v) for k, v in pairs})
     return out
 
@@ -234,14 +236,21 @@ def continuation(line: str) -> tuple[str, float | None] | None:
 
 _STEPLESS_EVAL = re.compile(rf"^\s*(?:validation|val|eval)(?: set)? (loss|bpb)\s*[:=]?\s*({_NUM})\s*$", re.I)
 _EPOCH_END = re.compile(rf"^\|\s*end of epoch\s+\d+\s*\|.*?\bvalid (loss)\s+({_NUM})", re.I)
+_BUILD_NANOGPT_EVAL = re.compile(rf"^validation loss: ({_NUM})\s*$")
 
 
-def stepless_eval(segment: str) -> dict[str, float | None] | None:
-    """``validation loss: 3.2`` (build-nanogpt's train_gpt2.py prints it after the step line it
-    follows), ``| end of epoch 1 | time: 35.58s | valid loss 5.10 | ...`` (word_language_model):
-    {"eval_loss": 3.2}; the text reader puts it at the step of the line before."""
+def stepless_eval(segment: str) -> tuple[dict[str, float | None], bool] | None:
+    """A validation line with no step: ({"eval_loss": 3.2}, whether it belongs to the step line
+    that *follows* it). build-nanogpt's train_gpt2.py prints ``validation loss: 3.2`` at the top
+    of step N's iteration, before that step's ``step N | loss: ...`` line (its log.txt writes
+    ``N val 3.2``): the step after. llm.c's ``val loss 3.2`` (printed before ``step N+1/...``,
+    its loop counting from 0 and its lines from 1) and word_language_model's ``| end of epoch 1
+    | ... | valid loss 5.10 | ...`` (after the epoch's last batch) belong to the line before."""
+    m = _BUILD_NANOGPT_EVAL.match(segment)
+    if m:
+        return {"eval_loss": number(m.group(1))}, True
     m = _STEPLESS_EVAL.match(segment) or _EPOCH_END.match(segment)
-    return {f"eval_{m.group(1).lower()}": number(m.group(2))} if m else None
+    return ({f"eval_{m.group(1).lower()}": number(m.group(2))}, False) if m else None
 
 
 # -- generic key=value / key: value ------------------------------------------------------------------
