@@ -117,17 +117,18 @@ def table() -> str:
             "**The two splits.** The 51 logs collected for issue 12 are the *tune* split: the policy's rules and "
             "constants were calibrated on them (issue 24's new rules too). The 9 logs issue 24 added from repositories "
             "not used before (stdout logs of nanoGPT, llm.c, Megatron-LM, OLMo, build-nanogpt and two `key: value` "
-            "loggers, an MLflow file store, a real Git LFS pointer) and the 32 issue 35 added (a Megatron-LM "
+            "loggers, an MLflow file store, a real Git LFS pointer) and the 28 issue 35 added (a Megatron-LM "
             "golden-values JSON; three pytorch/examples word_language_model stdout logs: one NaN from its first line, "
-            "one above ln(vocabulary) from its first line, one clean; then 28 files from 25 more repositories, each "
-            "labelled from its numbers before the policy ran on it: windows of four modded-nanogpt speedrun record logs "
-            "(two with six one-batch loss spikes of +1.2 to +2.0 nats, two clean), a QLoRA run that diverges at its "
-            "second step, 18 healthy Hugging Face trainer_state.json files and 5 unreadable ones, a real LFS pointer "
-            "among them) are the *held-out* split: never tuned on. "
-            f"Held-out: {heldout.onsets} labelled events (two NaN divergences, a divergence at step 2, six one-batch loss spikes and the "
+            "one above ln(vocabulary) from its first line, one clean; then 24 files from 24 more repositories, each "
+            "labelled from its numbers before the policy ran on it: the log lines of a modded-nanogpt speedrun record "
+            "(four one-batch loss spikes of +1.4 to +2.0 nats), a QLoRA run that diverges at its second step, 17 healthy "
+            "Hugging Face trainer_state.json files and 5 unreadable ones, a real LFS pointer among them; four more, "
+            "copied from repository snapshots, were removed because the file index holds no copy of them (see "
+            "tests/data/reallogs/README.md) are the *held-out* split: never tuned on. "
+            f"Held-out: {heldout.onsets} labelled events (two NaN divergences, a divergence at step 2, four one-batch loss spikes and the "
             "above-uniform run, which the policy misses: it has no earlier point and no vocabulary size; loss-sustained "
-            f"flags its rise at 1000, four intervals late) and {heldout.negatives} healthy logs, no RL log; the six "
-            "loss spikes come from one repository (two runs of one speedrun). Issue 35's other classes (a jump on a falling loss, a five-point sweep, the line forms and shapes) "
+            f"flags its rise at 1000, four intervals late) and {heldout.negatives} healthy logs, no RL log; the four "
+            "loss spikes come from one run (one speedrun record). Issue 35's other classes (a jump on a falling loss, a five-point sweep, the line forms and shapes) "
             "are tested on lines quoted from public files or rebuilt from the issue's numbers "
             "(tests/test_logs_shapes.py, tests/test_policy_rules.py), not on corpus files.",
             "",
@@ -150,8 +151,17 @@ def table() -> str:
             "first logged point: with no earlier point and no vocabulary size no rule sees it there; loss-sustained "
             "flags its +0.7-nat rise at step 1000, four intervals after the labelled onset, outside the ±2 the scoring "
             f"allows. Held-out: {heldout.found} of {heldout.onsets} found ({_pct(heldout.detection)}), "
-            f"{len(heldout.flagged)} of {heldout.negatives} healthy logs flagged ({_pct(heldout.clean_flagged)}): the goal, "
-            "by one event. The flagged log (" + ", ".join(f"`{f}`" for f in heldout.flagged) + ") is a heavy-tailed "
+            f"{len(heldout.flagged)} of {heldout.negatives} healthy logs flagged ({_pct(heldout.clean_flagged)}): "
+            + (
+                "the goal. "
+                if heldout.detection >= 0.90 and heldout.clean_flagged <= 0.05
+                else f"{100 * heldout.detection:.1f} %, {100 * (0.90 - heldout.detection):.1f} points short of the 90 % goal (with {heldout.onsets} events "
+                "90 % needs every one; the two Muon-record spikes it found were removed with that file), within the "
+                "≤ 5 % on healthy logs. "
+            )
+            + "The flagged log ("
+            + ", ".join(f"`{f}`" for f in heldout.flagged)
+            + ") is a heavy-tailed "
             "per-batch fine-tune loss labelled clean (borderline) before it was judged: loss-sustained flags three points "
             "at +0.70 nats over their baseline (step 242: 1.52, 1.82, 2.02, then back to 1.5), a hair above ln 2; not "
             "tuned away, as held-out means.",
