@@ -90,6 +90,7 @@ def table() -> str:
             f"{len(s.unread)} | {s.unreadable_ok}/{sum(e['label'] == 'unreadable' for e in entries_of)} | "
             f"{BEFORE[name]} |"
         )
+    heldout = score((), split("heldout"))
     missed = ", ".join(f"`{m}`" for m in policy.missed) or "none"
     unjudged = ", ".join(f"`{m}`" for m in policy.unjudged_logs) or "none"
     return "\n".join(
@@ -116,12 +117,18 @@ def table() -> str:
             "**The two splits.** The 51 logs collected for issue 12 are the *tune* split: the policy's rules and "
             "constants were calibrated on them (issue 24's new rules too). The 9 logs issue 24 added from repositories "
             "not used before (stdout logs of nanoGPT, llm.c, Megatron-LM, OLMo, build-nanogpt and two `key: value` "
-            "loggers, an MLflow file store, a real Git LFS pointer) and the three issue 35 added (a Megatron-LM "
+            "loggers, an MLflow file store, a real Git LFS pointer) and the 28 issue 35 added (a Megatron-LM "
             "golden-values JSON; three pytorch/examples word_language_model stdout logs: one NaN from its first line, "
-            "one above ln(vocabulary) from its first line, one clean) are the *held-out* split: never tuned on. "
-            "Held-out is small: three labelled events (two NaN divergences and the above-uniform run, which the policy "
-            "misses: it has no earlier point and no vocabulary size; loss-sustained flags its rise at 1000, four "
-            "intervals late) and 9 healthy logs, no RL log; read its percentages with that in mind. Issue 35's other classes (a jump on a falling loss, a five-point sweep, the line forms and shapes) "
+            "one above ln(vocabulary) from its first line, one clean; then 24 files from 24 more repositories, each "
+            "labelled from its numbers before the policy ran on it: the log lines of a modded-nanogpt speedrun record "
+            "(four one-batch loss spikes of +1.4 to +2.0 nats), a QLoRA run that diverges at its second step, 17 healthy "
+            "Hugging Face trainer_state.json files and 5 unreadable ones, a real LFS pointer among them; four more, "
+            "copied from repository snapshots, were removed because the file index holds no copy of them (see "
+            "tests/data/reallogs/README.md) are the *held-out* split: never tuned on. "
+            f"Held-out: {heldout.onsets} labelled events (two NaN divergences, a divergence at step 2, four one-batch loss spikes and the "
+            "above-uniform run, which the policy misses: it has no earlier point and no vocabulary size; loss-sustained "
+            f"flags its rise at 1000, four intervals late) and {heldout.negatives} healthy logs, no RL log; the four "
+            "loss spikes come from one run (one speedrun record). Issue 35's other classes (a jump on a falling loss, a five-point sweep, the line forms and shapes) "
             "are tested on lines quoted from public files or rebuilt from the issue's numbers "
             "(tests/test_logs_shapes.py, tests/test_policy_rules.py), not on corpus files.",
             "",
@@ -143,7 +150,21 @@ def table() -> str:
             "model went through last (docs/logs.md). The tanh RNN (held-out, issue 35) is above ln(vocabulary) from its "
             "first logged point: with no earlier point and no vocabulary size no rule sees it there; loss-sustained "
             "flags its +0.7-nat rise at step 1000, four intervals after the labelled onset, outside the ±2 the scoring "
-            "allows. Held-out therefore misses the ≥ 90 % goal (2 of 3).",
+            f"allows. Held-out: {heldout.found} of {heldout.onsets} found ({_pct(heldout.detection)}), "
+            f"{len(heldout.flagged)} of {heldout.negatives} healthy logs flagged ({_pct(heldout.clean_flagged)}): "
+            + (
+                "the goal. "
+                if heldout.detection >= 0.90 and heldout.clean_flagged <= 0.05
+                else f"{100 * heldout.detection:.1f} %, {100 * (0.90 - heldout.detection):.1f} points short of the 90 % goal (with {heldout.onsets} events "
+                "90 % needs every one; the two Muon-record spikes it found were removed with that file), within the "
+                "≤ 5 % on healthy logs. "
+            )
+            + "The flagged log ("
+            + ", ".join(f"`{f}`" for f in heldout.flagged)
+            + ") is a heavy-tailed "
+            "per-batch fine-tune loss labelled clean (borderline) before it was judged: loss-sustained flags three points "
+            "at +0.70 nats over their baseline (step 242: 1.52, 1.82, 2.02, then back to 1.5), a hair above ln 2; not "
+            "tuned away, as held-out means.",
             "",
             "**The policy's rules and why each constant** (`pytest_spikecheck/judge/policy.py`: "
             + "; ".join(f"{role}: {', '.join(rules)}" for role, rules in POLICY.items())
@@ -187,6 +208,21 @@ def table() -> str:
             "main flags all 200 drawn healthy runs and this policy none, and a 20× spike of the real level is found in "
             "200 of 200 (tests/test_policy_rules.py). The corpus's GRPO logs keep their verdicts (`grpo-dllm-remask`: 82 "
             "steps with `zero_std_ratio` = 1 left out).",
+            "- `logit-growth` (issue 35; the largest attention logit, `attn_logit_max`, where the record has it: every "
+            "engine and recorded run; no corpus log has the column, so it changes no number above): the logit ≥ 10 and "
+            "≥ 10 × its value 10 steps earlier (on a sparser log, the same rate over the gap: 10^(gap/10)), or above 100, "
+            "Kimi K2's tau; once per episode (until the logit is back below 10). Measured on 18 engine runs "
+            "(tests/data/logit_runs.json, 2026-12-02, the 2-core AMD EPYC VM): 13 clean runs (Phase-19 seeds 0, 1, 2 "
+            "and 42, the Seed A control, burst and faithful runs, Seed B's new source, fp16 accumulation, lr 0.1 with "
+            "qk-layernorm, Muon with qk-layernorm and with QK-Clip on two seeds) grow at most 4.6× in 10 steps above a "
+            "logit of 10 and never pass 52.9; the 5 explosions (Muon lr 0.4 on seeds 42, 0 and 1; lr 0.1 without "
+            "qk-layernorm, and with a gated attention that rescues the loss but not the logits) grow 43.9–595× and are "
+            "flagged at steps 11–15, before the logit passes 100 (Muon seed 42: flagged at 15, tau passed at 29). "
+            "10 in 10 steps: an order of magnitude, about twice the clean runs' 4.6× and a quarter of the explosions' "
+            "smallest; from 10 up: below it a clean run's logits grow from their ~0.1 start by up to 19× in 10 steps. "
+            "With QK-Clip on and its tau known (a run's facts), the growth up to tau is by design and the bound is "
+            "2 × tau (what `assert_qk_clip_contains` holds); QK-Clip on with an unknown tau (a `qk_clipped_heads` "
+            "column, no facts): the series is skipped and says so.",
             END,
         ]
     )

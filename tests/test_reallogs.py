@@ -33,16 +33,21 @@ def test_default_policy_meets_the_goal_on_the_tune_split():
 
 
 def test_default_policy_on_the_heldout_split():
-    # Added with issues 24 and 35 (text logs, an MLflow run, a real LFS pointer, a golden-values JSON, three
-    # word_language_model logs) and never tuned on. The goal (>= 90 % found) is NOT met since issue 35: 2 of
-    # 3 onsets. The miss is a tanh RNN whose loss is above ln(vocabulary) from its first logged point (17.7
-    # nats, no earlier point to compare with; loss-sustained flags its +0.7-nat rise at 1000, 4 intervals
-    # after the labelled onset). Healthy logs flagged: 0 of 9 (goal <= 5 %).
+    # Added with issues 24 and 35 (text logs, an MLflow run, real LFS pointers, a golden-values JSON, three
+    # word_language_model logs; then the log lines of a modded-nanogpt record and 22 trainer_state.json files
+    # from 24 more repositories, re-taken from the file index), labelled before the policy ran on them and never
+    # tuned on. 7 of 8 onsets found (87.5 %: short of the 90 % goal, which with 8 events needs every one; it was
+    # 9 of 10 before the Muon record, not in the file index, was removed with its two found spikes): the miss is a
+    # tanh RNN whose loss is above ln(vocabulary) from its first logged point (17.7 nats, no earlier point to
+    # compare with; loss-sustained flags its +0.7-nat rise at 1000, 4 intervals after the labelled onset).
+    # Healthy logs flagged: 1 of 26 (4 %, goal <= 5 %): a heavy-tailed per-batch loss labelled clean
+    # (borderline), where loss-sustained flags three points at +0.70 nats (242). Not tuned to the goal.
     result = score(entries=split("heldout"))
-    assert result.onsets == 3 and result.negatives == 9 and not result.unread
-    assert result.found == 2 and result.missed == ["text/wlm-rnn-tanh-above-uniform/train.log@200"]
-    assert result.clean_flagged <= 0.05, result.flagged
-    assert result.unreadable_ok == 1 and not result.unreadable_wrong
+    assert result.onsets == 8 and result.negatives == 26 and not result.unread
+    assert result.found == 7 and result.missed == ["text/wlm-rnn-tanh-above-uniform/train.log@200"]
+    assert result.clean_flagged <= 0.05
+    assert result.flagged == ["hf/assignment-noisy-sft/trainer_state.json"]
+    assert result.unreadable_ok == 6 and not result.unreadable_wrong
 
 
 def test_no_rl_or_preference_log_is_flagged():

@@ -8,12 +8,15 @@ the measurements are in ``docs/detectors.md``):
   next points keep);
 - **gradient norm** (robust ratio): ``grad-ratio`` (10x the recent median and 2.5 robust σ
   above it in log space, against a baseline never below half the run's long-run median);
+- **largest attention logit** (``attn_logit_max``, where the record has it): ``logit-growth``
+  (10x in 10 steps from 10 up, or above Kimi K2's tau 100; with QK-Clip on, above 2 tau:
+  :mod:`pytest_spikecheck.judge.logit_growth`);
 - **non-finite values**: decided per value by :mod:`pytest_spikecheck.judge.finiteness` (the
   gradient norm of a skipped step is excused and counted; ``strict_finite`` fails every
   non-finite value in any column).
 
 The series checked are the pre-clip gradient norm (``grad_norm`` in other tools' logs) and
-the loss, those the log has. On an RL or preference log (:func:`detect_kind`) the loss is a
+the loss, those the log has, and the largest attention logit where it is recorded. On an RL or preference log (:func:`detect_kind`) the loss is a
 surrogate (near 0, negative, ~ln 2 for DPO): the loss rules step aside, the grad-norm rule
 still runs. A series is *judged* when at least one of its rules had the history it needs
 for at least one value; otherwise it is "not judged" and the report says what was missing,
@@ -33,11 +36,16 @@ from pytest_spikecheck.judge.verdict import Verdict
 from pytest_spikecheck.judge.analysis import spike_ratio, value_at
 from pytest_spikecheck.judge.detectors import Detector, get_detector, log_interval
 from pytest_spikecheck.judge.finiteness import judge_finite
+from pytest_spikecheck.judge.logit_growth import LOGIT_METRIC, LogitGrowth, for_record
 from pytest_spikecheck.judge.text import sparkline
 from pytest_spikecheck.records import Record
 
 #: The rules of the default policy, per role of a series.
-POLICY: dict[str, tuple[str, ...]] = {"loss": ("loss-jump", "loss-sustained"), "grad_norm": ("grad-ratio",)}
+POLICY: dict[str, tuple[str, ...]] = {
+    "loss": ("loss-jump", "loss-sustained"),
+    "grad_norm": ("grad-ratio",),
+    LOGIT_METRIC: (LogitGrowth.name,),
+}
 #: What ``--kind`` accepts: ``rl`` covers RL and preference (DPO) training.
 KINDS = ("sft", "pretrain", "rl")
 #: Series checked unless others are named: the pre-clip gradient norm, then the loss.
@@ -148,7 +156,22 @@ def degenerate_steps(rec: Record, steps: np.ndarray, norms: np.ndarray) -> tuple
 
 
 def _role(metric: str) -> str:
+    if metric == LOGIT_METRIC:
+        return LOGIT_METRIC
     return "loss" if "loss" in metric or "bpb" in metric else "grad_norm"
+
+
+def _policy_rules(rec: Record, name: str) -> list[Detector]:
+    """The default policy's rules for one series: the logit rule is set from the record's
+    facts (QK-Clip's tau), the others are the named rules at their defaults."""
+    if _role(name) == LOGIT_METRIC:
+        return [for_record(rec)]
+    return [get_detector(d) for d in POLICY[_role(name)]]
+
+
+def _unknown_qk_clip(rec: Record) -> bool:
+    """QK-Clip was on (its ``qk_clipped_heads`` column) but the record does not say its tau."""
+    return "qk_clipped_heads" in rec.metrics and for_record(rec).growth is not None
 
 
 def judge_log(
@@ -189,6 +212,8 @@ def judge_log(
             f"{rec.source}: no loss or gradient-norm series (it has {have}); "
             f"name one with --metric or map one with --map loss=COLUMN"
         )
+    if not metrics and not detectors and LOGIT_METRIC in rec.metrics and LOGIT_METRIC not in names:
+        names.append(LOGIT_METRIC)  # the default policy judges the logit wherever it is recorded
     found_kind, why = detect_kind(rec)
     kind_used = kind or found_kind or "sft/pretrain"
     explicit = [get_detector(d) for d in detectors]
@@ -225,6 +250,13 @@ def judge_log(
         if not explicit and kind_used == "rl" and _role(name) == "loss":
             entry.update(status="skipped", message="an RL/preference loss: loss rules step aside")
             continue
+        if not explicit and _role(name) == LOGIT_METRIC and _unknown_qk_clip(rec):
+            entry.update(
+                status="skipped",
+                message="QK-Clip was on (qk_clipped_heads) and the record does not say its tau: "
+                "assert_qk_clip_contains(run, tau=...) judges its containment",
+            )
+            continue
         if not explicit and kind_used == "rl" and _role(name) == "grad_norm":
             degenerate, why = degenerate_steps(rec, steps, values)
             if degenerate.any():
@@ -235,7 +267,7 @@ def judge_log(
                     f"{name}: {int(degenerate.sum())} of {degenerate.size} points are degenerate RL steps "
                     f"({why}): left out of the baseline and not judged"
                 )
-        rules = explicit or [get_detector(d) for d in POLICY[_role(name)]]
+        rules = explicit or _policy_rules(rec, name)
         agreeing: dict[int, dict[str, Any]] = {}
         judged = 0
         steps, values = np.ascontiguousarray(steps, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64)
