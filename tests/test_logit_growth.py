@@ -133,3 +133,57 @@ def test_the_rule_is_listed_and_other_series_are_judged_as_before():
     # named detectors and named series stay what the user asked for
     assert [s["metric"] for s in judge_log(with_logits, detectors=("ratio",))["series"]] == ["loss"]
     assert [s["metric"] for s in judge_log(with_logits, metrics=("loss",))["series"]] == ["loss"]
+
+
+def _save_run_folder(tmp_path: Path, name: str, qk_clip_tau: float | None) -> Path:
+    """A run folder as the recorder writes it: the muon-qk-clip run's logits, QK-Clip's per-step
+    clipped-head count, and run.json's facts saying (or not) that QK-Clip was on at tau."""
+    from pytest_spikecheck.records.facts import QKClipFacts, RunFacts
+    from pytest_spikecheck.records.run import Run
+    from pytest_spikecheck.records.series import MetricColumns
+
+    logits = np.asarray(RUNS[name]["attn_logit_max"], dtype=np.float64)
+    steps = np.arange(1, logits.size + 1)
+    qk_clip = QKClipFacts(tau=qk_clip_tau, alpha=0.5, per_head=True) if qk_clip_tau is not None else None
+    metrics = {"step": steps, "loss": np.full(logits.size, 2.0), "attn_logit_max": logits}
+    metrics["qk_clipped_heads"] = (logits > TAU).astype(float)
+    run = Run(
+        scenario=None, metrics=MetricColumns(metrics), meta={"name": name}, facts=RunFacts(source="recorder", qk_clip=qk_clip)
+    )
+    return run.save(tmp_path / name)
+
+
+def _logit_entry(printed: str) -> dict:
+    report = json.loads(printed)
+    report = report["logs"][0] if "logs" in report else report  # a folder's report lists its logs
+    return next(s for s in report["series"] if s["metric"] == "attn_logit_max")
+
+
+@pytest.mark.parametrize("target", ["folder", "metrics.jsonl"])
+def test_a_run_folder_is_judged_with_the_facts_its_run_json_states(tmp_path, capsys, target):
+    # The record is the contract: `spikecheck check` on a QK-Clip run's folder reads tau from its
+    # run.json (it once read the bare metrics.jsonl and skipped the logit series: "does not say its tau").
+    from pytest_spikecheck.cli import main as cli
+
+    folder = _save_run_folder(tmp_path, "muon-qk-clip", qk_clip_tau=TAU)
+    path = folder if target == "folder" else folder / "metrics.jsonl"
+    assert cli(["check", str(path), "--json"]) == 0
+    entry = _logit_entry(capsys.readouterr().out)
+    assert entry["status"] != "skipped" and entry["spikes"] == []
+    # the same logits with facts that say QK-Clip was on at tau 50: above 2 tau, flagged
+    over = _save_run_folder(tmp_path / "low", "muon-qk-clip", qk_clip_tau=50.0)
+    assert cli(["check", str(over), "--json"]) == 1
+    entry = _logit_entry(capsys.readouterr().out)
+    assert (
+        entry["spikes"]
+        and entry["spikes"][0]["step"] == int(np.flatnonzero(np.asarray(RUNS["muon-qk-clip"]["attn_logit_max"]) > 100)[0]) + 1
+    )
+
+
+def test_a_run_folder_whose_facts_say_nothing_of_qk_clip_steps_aside(tmp_path, capsys):
+    from pytest_spikecheck.cli import main as cli
+
+    folder = _save_run_folder(tmp_path, "muon-qk-clip", qk_clip_tau=None)
+    cli(["check", str(folder), "--json"])
+    entry = _logit_entry(capsys.readouterr().out)
+    assert entry["status"] == "skipped" and "assert_qk_clip_contains(run, tau=...)" in entry["message"]

@@ -22,6 +22,7 @@ format (:mod:`.rules`; ``docs/logs.md`` explains them with examples). numpy only
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Mapping
@@ -91,7 +92,20 @@ def read_runs(path: str | Path, format: str | None = None, mapping: Mapping[str,
     and what was expected.
     """
     path, fmt = _resolve(Path(path), format)
-    return registry.read(path, fmt, dict(mapping or {}))
+    records = registry.read(path, fmt, dict(mapping or {}))
+    facts = _run_folder_facts(path)
+    return [dataclasses.replace(r, facts=facts) for r in records] if facts is not None else records
+
+
+def _run_folder_facts(path: Path):
+    """How a run folder's run was trained (its run.json ``facts``: QK-Clip's tau, the clip limit,
+    the optimizer), read beside its metrics.jsonl: the record is the contract, so a run judged
+    from its folder is judged on what its writer stated, not on what a bare JSONL can say."""
+    if path.name != "metrics.jsonl" or not (path.parent / "run.json").is_file():
+        return None
+    from pytest_spikecheck.records.run import read_run_facts
+
+    return read_run_facts(path.parent)
 
 
 def read_log(
