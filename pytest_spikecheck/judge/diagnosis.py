@@ -212,6 +212,21 @@ def default_step(rec: Record, max_norm: float | None = None) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class _GradRung:
+    """What rung 2 read at the step, for the verdict."""
+
+    pre: float | None
+    post: float | None
+    ratio: float
+    limit: float | None
+    clipped: bool | None
+    contained: bool | None
+    over: bool
+    overflow: bool  # the step was skipped for a loss scaler's overflow
+    skip_text: str
+
+
 def diagnose(record: Any, step: int | None = None, max_norm: float | None = None) -> Diagnosis:
     """Walk the ladder at ``step`` (default: :func:`default_step`, the worst finding: a step at
     which the clip broke the update, else the run's declared event — a burst, a new source —
@@ -233,8 +248,27 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     run = rec.run
     if getattr(run, "facts", None) is not None:  # how it was trained, where the record says
         d.facts.update(zip(("optimizer", "qk_clip_tau"), _optimizer_facts(run)))
+    loss_now, loss_base = _loss_rung(d, rec, step)
+    grad = _grad_norm_rung(d, rec, step, metric, max_norm)
+    event = run.event_at(step) if run is not None else None
+    batch = run.batch_at(step) if run is not None else None
+    if batch is not None:
+        _batch_rung(d, batch)
+    if event is not None:
+        _token_loss_rung(d, event)
+        _tensor_rung(d, event)
+        _adam_rung(d, rec, step, event)
+    logits = attention_logit_rung(m, step, run)
+    if logits is not None:
+        d.lines.append(logits[0])
+        d.facts.update(logits[1])
+    d.verdict = _verdict(d, rec, step, metric, loss_now, loss_base, grad)
+    return d
 
-    # 1. loss
+
+def _loss_rung(d: Diagnosis, rec: Record, step: int) -> tuple[float | None, float]:
+    """Rung 1: the train loss against its median before, the eval loss's jump and recovery."""
+    m = rec.metrics
     loss_now = _logged(rec, "loss", step)
     loss_base = baseline(m, "loss", step) if "loss" in m else math.nan
     eval_text = ""
@@ -259,8 +293,12 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     )
     d.lines.append(("1 loss", f"{loss_text}{eval_text}"))
     d.facts.update(loss=loss_now, loss_baseline=loss_base)
+    return loss_now, loss_base
 
-    # 2. grad norm
+
+def _grad_norm_rung(d: Diagnosis, rec: Record, step: int, metric: str, max_norm: float | None) -> _GradRung:
+    """Rung 2: the pre-clip norm against its baseline, what the clip did, against which limit."""
+    m = rec.metrics
     pre = _logged(rec, metric, step) if metric != "loss" else None
     base = baseline(m, metric, step)
     ratio = spike_ratio(m, step, metric) if pre is not None or metric == "loss" else math.nan
@@ -283,24 +321,7 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
         if pre is None
         else f"pre-clip {fmt(pre, '.3g')} = {fmt_measure(ratio, '.1f')}× the baseline {fmt_measure(base, '.3g')}"
     )
-    factor_text = f", clip factor ×{fmt(factor, '.3g')}" if factor is not None else ""
-    if clipped is True and post is not None:
-        clip_text = f"clipped to {fmt(post, '.3g')}{factor_text}"
-    elif clipped is True:
-        clip_text = f"clipped ×{fmt(factor, '.3g')} by the clip factor (post-clip norm not logged)"
-    elif clipped is False and post is not None:
-        same = abs(post - pre) <= CLIPPED_RTOL * abs(pre)
-        clip_text = (
-            f"NOT clipped: post-clip {fmt(post, '.3g')} "
-            + ("= pre-clip" if same else f"≥ pre-clip {fmt(pre, '.3g')}")
-            + factor_text
-        )
-    elif clipped is False:
-        clip_text = f"NOT clipped: clip factor ×{fmt(factor, '.3g')} (post-clip norm not logged)"
-    elif post is None:
-        clip_text = f"post-clip norm not logged{factor_text}"
-    else:
-        clip_text = f"post-clip {fmt(post, '.3g')}{factor_text}: whether it was clipped cannot be told"
+    clip_text = _clip_text(pre, post, factor, clipped)
     over = (
         pre is not None
         and post is not None
@@ -316,7 +337,7 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
             f"min(pre-clip, max_norm {limit:g})"
             + (
                 ""
-                if _declared_bug(run) != "before_unscale"
+                if _declared_bug(rec.run) != "before_unscale"
                 else ": the clip saw the loss-scaled gradients (clipped before unscaling)"
             )
         )
@@ -333,82 +354,106 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     elif skip_text:
         clip_text += f"; {skip_text}"
     d.lines.append(("2 grad norm", f"{pre_text}; {clip_text}"))
+    return _GradRung(pre, post, ratio, limit, clipped, contained, over, overflow, skip_text)
 
-    event = run.event_at(step) if run is not None else None
-    batch = run.batch_at(step) if run is not None else None
-    # 3. batch composition
-    if batch is not None:
-        sources = ", ".join(f"{n} {s}" for s, n in batch["sources"].items())
-        d.lines.append(
-            (
-                "3 batch",
-                f"{len(batch['samples'])} samples ({sources}); {batch['rare_samples']} with rare tokens "
-                f"({batch['rare_tokens']} rare-token occurrences); {batch['burst_samples']} injected by a burst"
-                + (f": {', '.join(batch['injected'])}" if batch.get("injected") else ""),
-            )
+
+def _clip_text(pre: float | None, post: float | None, factor: float | None, clipped: bool | None) -> str:
+    """What the clip did at the step, from the norms and the factor the record holds."""
+    factor_text = f", clip factor ×{fmt(factor, '.3g')}" if factor is not None else ""
+    if clipped is True and post is not None:
+        return f"clipped to {fmt(post, '.3g')}{factor_text}"
+    if clipped is True:
+        return f"clipped ×{fmt(factor, '.3g')} by the clip factor (post-clip norm not logged)"
+    if clipped is False and post is not None:
+        same = abs(post - pre) <= CLIPPED_RTOL * abs(pre)
+        return (
+            f"NOT clipped: post-clip {fmt(post, '.3g')} "
+            + ("= pre-clip" if same else f"≥ pre-clip {fmt(pre, '.3g')}")
+            + factor_text
         )
-        d.facts.update(
-            rare_samples=batch["rare_samples"], burst_samples=batch["burst_samples"], injected=list(batch.get("injected") or [])
+    if clipped is False:
+        return f"NOT clipped: clip factor ×{fmt(factor, '.3g')} (post-clip norm not logged)"
+    if post is None:
+        return f"post-clip norm not logged{factor_text}"
+    return f"post-clip {fmt(post, '.3g')}{factor_text}: whether it was clipped cannot be told"
+
+
+def _batch_rung(d: Diagnosis, batch: Mapping[str, Any]) -> None:
+    """Rung 3: the batch's samples, sources, rare samples and tokens, what a burst injected."""
+    sources = ", ".join(f"{n} {s}" for s, n in batch["sources"].items())
+    d.lines.append(
+        (
+            "3 batch",
+            f"{len(batch['samples'])} samples ({sources}); {batch['rare_samples']} with rare tokens "
+            f"({batch['rare_tokens']} rare-token occurrences); {batch['burst_samples']} injected by a burst"
+            + (f": {', '.join(batch['injected'])}" if batch.get("injected") else ""),
         )
-    if event is not None:
-        # 4. per-token losses
-        tl = event.token_losses
-        if tl is None:  # a recorder in someone else's loop that was given no logits
-            d.lines.append(("4 token losses", "not recorded (the recorder got no logits and targets at this step)"))
-        else:
-            worst = tl["worst"][:5]
-            rare_share, novel_share = tl["rare_loss_share"], tl["novel_loss_share"]
-            tokens = ", ".join(
-                f"{w['token']!r} {w['loss']:.1f}" + ("†" if w["novel"] else "*" if w["rare"] else "") for w in worst
-            )
-            d.lines.append(
-                (
-                    "4 token losses",
-                    f"mean {tl['mean']:.2f}, p90 {tl['p90']:.2f}, max {tl['max']:.2f} nats; "
-                    f"worst: {tokens} (* rare, † never trained on before); rare tokens carry "
-                    f"{rare_share:.0%} of the batch loss, {tl['novel_tokens']} never-seen tokens {novel_share:.0%}",
-                )
-            )
-            d.facts.update(rare_loss_share=rare_share, novel_loss_share=novel_share, worst_tokens=[w["token"] for w in worst])
-        # 5. which tensors
-        norms = event.param_grad_norms
-        total_sq = sum(v * v for v in norms.values()) or math.nan
-        top = list(norms.items())[:3]
-        finite_total = math.isfinite(total_sq)
-        share = (lambda v: f"{v * v / total_sq:.0%} of ‖g‖²") if finite_total else (lambda v: "—")
-        why = "" if finite_total else " (no shares: the step's gradient norm is not finite)"
-        d.lines.append(("5 tensors", "; ".join(f"{n} {v:.3g} ({share(v)})" for n, v in top) + why))
-        d.facts.update(top_tensor=top[0][0] if top else None)
-        # 6. Adam memory
-        surprise = event.adam_surprise or {}
-        if "share" in surprise and surprise["share"] is not None and not math.isfinite(surprise["share"]):
-            d.lines.append(("6 Adam v", "the optimizer keeps no Adam moments (SGD)"))
-            d.facts.update(v_jump=None, v_fade=None, adam_surprise=None)
-        else:
-            v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
-            fade = _fade_steps(m, step)
-            fade_text = (
-                f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
-            )
-            share = surprise.get("share", math.nan)
-            share = math.nan if share is None else share
-            share_text = (
-                f"{share:.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"
-                if math.isfinite(share)
-                else f"— of weights have |g|/√v̂ > {surprise.get('threshold', 10):g} (not measured: "
-                + ("the step was skipped" if step in rec.skipped else "the step's gradient is not finite")
-                + ")"
-            )
-            d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; {share_text}"))
-            d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
+    )
+    d.facts.update(
+        rare_samples=batch["rare_samples"], burst_samples=batch["burst_samples"], injected=list(batch.get("injected") or [])
+    )
 
-    logits = attention_logit_rung(m, step, run)
-    if logits is not None:
-        d.lines.append(logits[0])
-        d.facts.update(logits[1])
 
-    # 7. verdict
-    logged = {"loss": loss_now, metric: pre, "grad_norm_post": post}
+def _token_loss_rung(d: Diagnosis, event: Any) -> None:
+    """Rung 4: the worst tokens and the share of the loss rare and never-seen tokens carry."""
+    tl = event.token_losses
+    if tl is None:  # a recorder in someone else's loop that was given no logits
+        d.lines.append(("4 token losses", "not recorded (the recorder got no logits and targets at this step)"))
+        return
+    worst = tl["worst"][:5]
+    rare_share, novel_share = tl["rare_loss_share"], tl["novel_loss_share"]
+    tokens = ", ".join(f"{w['token']!r} {w['loss']:.1f}" + ("†" if w["novel"] else "*" if w["rare"] else "") for w in worst)
+    d.lines.append(
+        (
+            "4 token losses",
+            f"mean {tl['mean']:.2f}, p90 {tl['p90']:.2f}, max {tl['max']:.2f} nats; "
+            f"worst: {tokens} (* rare, † never trained on before); rare tokens carry "
+            f"{rare_share:.0%} of the batch loss, {tl['novel_tokens']} never-seen tokens {novel_share:.0%}",
+        )
+    )
+    d.facts.update(rare_loss_share=rare_share, novel_loss_share=novel_share, worst_tokens=[w["token"] for w in worst])
+
+
+def _tensor_rung(d: Diagnosis, event: Any) -> None:
+    """Rung 5: the parameter tensors with the largest share of the squared gradient norm."""
+    norms = event.param_grad_norms
+    total_sq = sum(v * v for v in norms.values()) or math.nan
+    top = list(norms.items())[:3]
+    finite_total = math.isfinite(total_sq)
+    share = (lambda v: f"{v * v / total_sq:.0%} of ‖g‖²") if finite_total else (lambda v: "—")
+    why = "" if finite_total else " (no shares: the step's gradient norm is not finite)"
+    d.lines.append(("5 tensors", "; ".join(f"{n} {v:.3g} ({share(v)})" for n, v in top) + why))
+    d.facts.update(top_tensor=top[0][0] if top else None)
+
+
+def _adam_rung(d: Diagnosis, rec: Record, step: int, event: Any) -> None:
+    """Rung 6: how far Adam's second moment jumped, how long it takes to fade, the near-maximal steps."""
+    m = rec.metrics
+    surprise = event.adam_surprise or {}
+    if "share" in surprise and surprise["share"] is not None and not math.isfinite(surprise["share"]):
+        d.lines.append(("6 Adam v", "the optimizer keeps no Adam moments (SGD)"))
+        d.facts.update(v_jump=None, v_fade=None, adam_surprise=None)
+        return
+    v_jump = value_at(m, "adam_v_norm", step) / value_at(m, "adam_v_norm", step - 1) if "adam_v_norm" in m else math.nan
+    fade = _fade_steps(m, step)
+    fade_text = f"back within 1.10× after {fade} steps" if fade is not None else "not back within 1.10× by the end of the run"
+    share = surprise.get("share", math.nan)
+    share = math.nan if share is None else share
+    share_text = (
+        f"{share:.1%} of weights have |g|/√v̂ > {surprise.get('threshold', 10):g}"
+        if math.isfinite(share)
+        else f"— of weights have |g|/√v̂ > {surprise.get('threshold', 10):g} (not measured: "
+        + ("the step was skipped" if step in rec.skipped else "the step's gradient is not finite")
+        + ")"
+    )
+    d.lines.append(("6 Adam v", f"sqrt(Σv) jumps ×{fmt_measure(v_jump, '.2f')}, {fade_text}; {share_text}"))
+    d.facts.update(v_jump=v_jump, v_fade=fade, adam_surprise=surprise.get("share"))
+
+
+def _verdict(d: Diagnosis, rec: Record, step: int, metric: str, loss_now: float | None, loss_base: float, g: _GradRung) -> str:
+    """Rung 7: the verdict in one sentence, from what the rungs found."""
+    run = rec.run
+    logged = {"loss": loss_now, metric: g.pre, "grad_norm_post": g.post}
     excused = step in rec.skipped  # a skipped step's gradient norm may be non-finite (an overflow); never its loss
     nonfinite = [
         name for name, v in logged.items() if v is not None and not math.isfinite(v) and not (excused and name != "loss")
@@ -417,72 +462,77 @@ def diagnose(record: Any, step: int | None = None, max_norm: float | None = None
     rare_batch = d.facts.get("rare_samples", 0) >= 2 or d.facts.get("burst_samples", 0) >= 2
     cause = "rare tokens concentrated in one batch" if rare_batch else "an outlier batch"
     declared = _declared_bug(run)
-    if overflow and not nonfinite:
+    pre, post, ratio, limit = g.pre, g.post, g.ratio, g.limit
+    if g.overflow and not nonfinite:
         loss_ratio = loss_now / loss_base if loss_now is not None and loss_base and math.isfinite(loss_base) else math.nan
         data = (
             f"{cause} (train loss {fmt_measure(loss_ratio, '.1f')}× its median)"
             if rare_batch or loss_ratio >= SPIKE_VERDICT_RATIO
             else "no data spike in the batch"
         )
-        d.verdict = f"{skip_text}: the update was not applied, not a numeric break; the data: {data}"
-    elif over:
+        verdict = f"{g.skip_text}: the update was not applied, not a numeric break; the data: {data}"
+    elif g.over:
         received = f"the optimizer received ‖g‖ = {fmt_compact(post)} for max_norm {limit:g}"
         if declared == "before_unscale":
-            d.verdict = f"clipped before unscaling: {received}"
+            verdict = f"clipped before unscaling: {received}"
         else:
             times = min(pre, limit) / post if post > 0 else math.inf
             guess = (
                 "clipped before unscaling?" if times >= LOSS_SCALE_LIKE else "a clip that scales below min(pre-clip, max_norm)"
             )
-            d.verdict = f"over-clipped: {received} and pre-clip {fmt_compact(pre)} (×{fmt_compact(times)} too small): {guess}"
+            verdict = f"over-clipped: {received} and pre-clip {fmt_compact(pre)} (×{fmt_compact(times)} too small): {guess}"
         if math.isfinite(ratio) and ratio >= SPIKE_VERDICT_RATIO:
-            d.verdict = f"{cause}; {d.verdict}"
+            verdict = f"{cause}; {verdict}"
     elif nonfinite:
-        d.verdict = (
+        verdict = (
             f"non-finite values at step {step} ({', '.join(f'{n} {fmt(logged[n])}' for n in nonfinite)}): "
             f"a numeric break (overflow, 0/0), not a data spike"
         )
     elif pre is None:
-        d.verdict = (
-            f"no {metric if metric != 'loss' else 'gradient norm'} logged at step {step}: whether it spiked cannot be told"
-        )
+        verdict = f"no {metric if metric != 'loss' else 'gradient norm'} logged at step {step}: whether it spiked cannot be told"
     elif not math.isfinite(ratio) or ratio < SPIKE_VERDICT_RATIO:
-        d.verdict = f"no clear spike (ratio {fmt_measure(ratio, '.1f')}×)"
-    elif clipped is True and contained is True:
-        d.verdict = f"{cause}; the clip contained it (post-clip {fmt(post, '.3g')} ≤ max_norm {limit:g})"
-    elif clipped is True and contained is False:
-        d.verdict = f"{cause}; the clip LEAKED: post-clip {fmt(post, '.3g')} > max_norm {limit:g} reached the optimizer"
-    elif clipped is True:
+        verdict = f"no clear spike (ratio {fmt_measure(ratio, '.1f')}×)"
+    elif g.clipped is True and g.contained is True:
+        verdict = f"{cause}; the clip contained it (post-clip {fmt(post, '.3g')} ≤ max_norm {limit:g})"
+    elif g.clipped is True and g.contained is False:
+        verdict = f"{cause}; the clip LEAKED: post-clip {fmt(post, '.3g')} > max_norm {limit:g} reached the optimizer"
+    elif g.clipped is True:
         why = "the post-clip norm is not logged" if post is None else "the record does not say what max_norm was"
-        d.verdict = f"{cause}; clipped, but {why}, so whether it was contained cannot be told"
-    elif clipped is False and rare_batch:
-        d.verdict = "rare tokens + concentrated batch + no clip = one-step destabilisation"
-    elif clipped is False:
-        d.verdict = f"a {fmt(ratio, '.0f')}× gradient spike reached the optimizer unclipped"
+        verdict = f"{cause}; clipped, but {why}, so whether it was contained cannot be told"
+    elif g.clipped is False and rare_batch:
+        verdict = "rare tokens + concentrated batch + no clip = one-step destabilisation"
+    elif g.clipped is False:
+        verdict = f"a {fmt(ratio, '.0f')}× gradient spike reached the optimizer unclipped"
     else:
-        d.verdict = (
+        verdict = (
             f"a {fmt(ratio, '.0f')}× gradient spike; the record has no post-clip norm, so whether a "
             f"clip contained it cannot be told"
         )
-    if excused and not str(rec.skipped[step]).startswith("overflow"):
-        d.verdict += f"; {skip_text}"
-    if declared == "per_microbatch" and contained is False:
-        d.verdict += (
+    return verdict + _verdict_suffix(d, rec, step, declared, g)
+
+
+def _verdict_suffix(d: Diagnosis, rec: Record, step: int, declared: str | None, g: _GradRung) -> str:
+    """What the verdict adds: a non-overflow skip, a declared defence bug, an attention-logit explosion."""
+    suffix = ""
+    if step in rec.skipped and not str(rec.skipped[step]).startswith("overflow"):
+        suffix += f"; {g.skip_text}"
+    if declared == "per_microbatch" and g.contained is False:
+        suffix += (
             ": each micro-batch was clipped on its own and the clipped parts summed (ClipEachMicrobatch): "
             "clip the accumulated gradient once"
         )
     elif declared == "accumulate_sum":
-        k = run.facts.accumulation
-        d.verdict += f"; the {k} micro-batch losses are summed, not averaged (AccumulateSum): loss and gradient ×{k}"
+        k = rec.run.facts.accumulation
+        suffix += f"; the {k} micro-batch losses are summed, not averaged (AccumulateSum): loss and gradient ×{k}"
     if d.facts.get("attention_logit_growth") and d.facts.get("optimizer") == "muon":
-        d.verdict += (
+        suffix += (
             "; a max-logit explosion under Muon: QK-Clip or qk-norm contains it"
             if d.facts.get("qk_clip_tau") is None
             else f"; a max-logit explosion under Muon that QK-Clip (τ {d.facts['qk_clip_tau']:g}) did not contain"
         )
     elif d.facts.get("attention_logit_growth"):
-        d.verdict += "; attention logits grew beyond control (attention-logit growth: qk-layernorm contains it)"
-    return d
+        suffix += "; attention logits grew beyond control (attention-logit growth: qk-layernorm contains it)"
+    return suffix
 
 
 def _declared_bug(run: Any) -> str | None:
