@@ -400,7 +400,16 @@ def check_section_types(scenario: Scenario) -> None:
 def check_section_values(scenario: Scenario) -> None:
     """Every section value in range, and the sections agree with each other and with the
     scenario's steps (a burst after the last step, a mixture sampler without the mixture corpus)."""
-    s, o, sch = scenario.sampler, scenario.optimizer, scenario.schedule
+    _check_sampler(scenario)
+    check_amp(scenario)
+    _check_optimizer(scenario)
+    _check_schedule(scenario)
+    _check_data(scenario)
+
+
+def _check_sampler(scenario: Scenario) -> None:
+    """The sampler: its kind against the corpus, the mixture, the bursts, the accumulation."""
+    s, o = scenario.sampler, scenario.optimizer
     check(s.kind in ("shuffle", "stratified", "mixture"), f"sampler.kind must be shuffle, stratified or mixture, was {s.kind!r}")
     check(
         (s.kind == "mixture") == (scenario.data.corpus == "mixture"),
@@ -448,7 +457,11 @@ def check_section_values(scenario: Scenario) -> None:
         "optimizer.clip_when per_microbatch (ClipEachMicrobatch) needs sampler.accumulation >= 2: "
         "with one micro-batch it is the ordinary clip",
     )
-    check_amp(scenario)
+
+
+def _check_optimizer(scenario: Scenario) -> None:
+    """The optimizer section: ranges, and the defences and defence bugs it can be combined with."""
+    o = scenario.optimizer
     check(o.name in OPTIMIZERS, f"optimizer.name must be one of {', '.join(OPTIMIZERS)}, was {o.name!r}")
     check(0 < o.lr < math.inf, f"optimizer.lr must be a finite number > 0, was {o.lr}")
     check(0 < o.adamw_lr < math.inf, f"optimizer.adamw_lr must be a finite number > 0, was {o.adamw_lr}")
@@ -501,9 +514,18 @@ def check_section_values(scenario: Scenario) -> None:
         o.skip_spike_ratio is None or o.skip_spike_ratio > 1,
         f"optimizer.skip_spike_ratio must be > 1 or null, was {o.skip_spike_ratio!r}",
     )
+
+
+def _check_schedule(scenario: Scenario) -> None:
+    sch = scenario.schedule
     check(sch.name in SCHEDULES, f"schedule.name must be {' or '.join(SCHEDULES)}, was {sch.name!r}")
     check(sch.warmup_steps >= 0, f"schedule.warmup_steps must be >= 0, was {sch.warmup_steps}")
     check(0 <= sch.min_lr_ratio <= 1, f"schedule.min_lr_ratio must be in [0, 1], was {sch.min_lr_ratio}")
+
+
+def _check_data(scenario: Scenario) -> None:
+    """The data section: the corpus, and what each corpus needs of the model and the batch."""
+    s = scenario.sampler
     check(scenario.data.corpus in CORPORA, f"data.corpus must be one of {', '.join(CORPORA)}, was {scenario.data.corpus!r}")
     if scenario.data.corpus == "induction":
         check(
