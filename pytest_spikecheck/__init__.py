@@ -85,6 +85,7 @@ _EXPORTS = {
     "assert_no_lockin": "pytest_spikecheck.judge.assertions",
     "assert_accumulation_invariant": "pytest_spikecheck.judge.setup_checks",
     "assert_overflow_skips": "pytest_spikecheck.judge.setup_checks",
+    "assert_clip_keeps_finite": "pytest_spikecheck.judge.update_checks",
     "assert_muon_update_scale": "pytest_spikecheck.judge.update_checks",
     "assert_optimizer_steps": "pytest_spikecheck.judge.update_checks",
     "diagnose": "pytest_spikecheck.judge.diagnosis",

@@ -10,9 +10,11 @@ fixed twin (docs/defence-bugs.md has the catalogue and the public threads):
   the update is larger from step 3 on (Adam's bias correction stuck at step 1);
 - ``ClipInfToLog()`` (a review comment on Skovorp/feral PR 16): ``clip_grad_norm_(max_norm=inf)``
   called only to log the norm. Unclipped SGD at lr 1 diverges; at step 21 every gradient is still
-  finite (the largest 4.1e20) but torch's float32 norm overflows to inf, and the logging call
-  turns every gradient NaN. ``assert_finite`` names that cause; the fixed twin (the norm measured,
-  the gradients left alone) keeps them finite, and its failure names the overflowed norm instead.
+  finite (the largest 7.9e24, their float64 norm 2.6e25) but torch's float32 norm overflows to inf,
+  and the logging call turns every gradient NaN. ``assert_clip_keeps_finite`` fails it (finite
+  gradients before the clip, NaN after) and passes the fixed twin (the norm measured, the
+  gradients left alone: they reach the optimizer finite). The twin is the same diverging run, so
+  ``assert_finite`` fails both, each with its cause: the NaN the call made, the norm that overflowed.
 
 Run with ``pytest --spikecheck`` (four 8-step nano runs, ~1 s each on one thread, and two 21-step ones).
 """
@@ -30,6 +32,7 @@ from pytest_spikecheck import (
     Scenario,
     SkipSpikes,
     SkipStepCounter,
+    assert_clip_keeps_finite,
     assert_finite,
     assert_muon_update_scale,
     assert_optimizer_steps,
@@ -124,9 +127,27 @@ def test_logging_the_norm_through_clip_inf_turns_every_gradient_nan(sgd_norm_log
     assert np.array_equal(bug["loss"], fixed["loss"]) and np.isfinite(bug["loss"]).all()
     assert np.array_equal(bug["grad_norm_post"][:-1], fixed["grad_norm_post"][:-1])
     # at step 21 both norms are inf in float32; the twin's gradients are finite (their float64 norm
-    # ~1.1e21, above float32's ~1.8e19 limit on summed squares), the bug's are all NaN
+    # 2.56e25, above float32's ~1.8e19 limit on summed squares), the bug's are all NaN
     assert bug["step"][-1] == fixed["step"][-1] == 21 and np.isinf(fixed["grad_norm_pre"][-1])
     assert np.isnan(bug["grad_norm_post"][-1]) and 1e20 < fixed["grad_norm_post"][-1] < 1e38
     # the twin diverges as well (no clip, lr 1); its failure names the overflowed norm, not the clip
     with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 21 \(inf\); every gradient is finite"):
         assert_finite(fixed)
+
+
+def test_logging_the_norm_through_clip_inf_fails_the_clip_check_and_its_twin_passes(
+    sgd_norm_logged_through_clip_inf, sgd_norm_measured
+):
+    bug, fixed = sgd_norm_logged_through_clip_inf, sgd_norm_measured
+    # the bug's own harm: finite gradients before the call (recorded, measured in float64), NaN after
+    assert bug["grad_finite_pre"][-1] == fixed["grad_finite_pre"][-1] == 1.0
+    with pytest.raises(
+        AssertionError,
+        match=r"^at step 21 the clip turned finite gradients non-finite: every gradient element was finite "
+        r"before the clip .* but the optimizer received nan \(grad_norm_post\); with no clip .*"
+        r"torch.nn.utils.clip_grad_norm_\(max_norm=inf\) called only to log the norm",
+    ):
+        assert_clip_keeps_finite(bug)
+    # the fixed twin: the same finite gradients reached the optimizer; one step's norm overflowed
+    assert assert_clip_keeps_finite(fixed) == {"judged": 21, "norm_overflowed": 1, "not_judged": 0}
+    # its divergence is a separate failure, assert_finite's (above): only the norm overflowed

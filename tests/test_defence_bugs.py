@@ -19,6 +19,7 @@ from pytest_spikecheck import (
     Scenario,
     SkipStepCounter,
     ZLoss,
+    assert_clip_keeps_finite,
     assert_finite,
     assert_muon_update_scale,
     assert_optimizer_steps,
@@ -69,17 +70,22 @@ def test_clip_inf_to_log_is_named_in_yaml_and_refuses_a_clip_or_several_ranks(tm
         train(NANO.with_breaks(ClipInfToLog()), nproc=2)
 
 
-def _norms(pre: float, post: float, limit: float = float("inf")) -> Record:
+def _norms(pre: float, post: float, limit: float = float("inf"), finite_pre: float | None = None) -> Record:
+    """Three steps, the third with the given pre- and post-clip norms; ``finite_pre``: that step's
+    recorded ``grad_finite_pre`` (None: no such column, as in a log)."""
     steps = np.arange(1, 4)
-    return Record(
-        metrics={
-            "step": steps,
-            "loss": np.array([3.0, 2.9, 2.8]),
-            "grad_norm_pre": np.array([1.0, 1.1, pre]),
-            "grad_norm_post": np.array([1.0, 1.1, post]),
-            "clip_limit": np.full(3, limit),
-        }
-    )
+    metrics = {
+        "step": steps,
+        "loss": np.array([3.0, 2.9, 2.8]),
+        "grad_norm_pre": np.array([1.0, 1.1, pre]),
+        "grad_norm_post": np.array([1.0, 1.1, post]),
+        "clip_limit": np.full(3, limit),
+    }
+    missing = {}
+    if finite_pre is not None:
+        metrics["grad_finite_pre"] = np.array([np.nan, np.nan, finite_pre])
+        missing["grad_finite_pre"] = np.array([True, True, False])
+    return Record(metrics=metrics, missing=missing)
 
 
 def test_assert_finite_names_the_clip_coefficient_of_an_infinite_norm():
@@ -108,17 +114,121 @@ def test_assert_finite_names_the_clip_coefficient_of_an_infinite_norm():
         assert "inf / inf" not in str(caught.value) and "only the norm overflowed" not in str(caught.value)
 
 
-@pytest.mark.parametrize("log_with", ["clip_grad_norm_", "get_total_norm"])
-def test_a_recorded_loop_that_logs_the_norm_through_clip_inf_gets_the_same_cause(log_with):
-    """Someone else's loop under the recorder: an input of 3e19 gives a finite weight gradient whose
-    float32 norm overflows; logging it with clip_grad_norm_(max_norm=inf) inside rec.clipping()
-    turns it NaN, and assert_finite names that from the recorded norms alone; get_total_norm (the
-    fix) leaves it finite, and the failure names the overflowed norm instead."""
+def test_assert_clip_keeps_finite_fails_exactly_where_the_clip_turned_finite_gradients_non_finite():
+    """The clip_inf_to_log bug's own harm, read from the record alone: finite gradients before the
+    clip (a finite pre-clip norm, or grad_finite_pre 1 where it overflowed), non-finite after."""
+    bug = _norms(float("inf"), float("nan"), finite_pre=1.0)
+    with pytest.raises(
+        AssertionError,
+        match=r"^at step 3 the clip turned finite gradients non-finite: every gradient element was finite "
+        r"before the clip \(grad_finite_pre 1; only their norm overflowed to inf, summed in the gradients' "
+        r"dtype\), but the optimizer received nan \(grad_norm_post\); with no clip \(clip_limit inf\) that is "
+        r"torch.nn.utils.clip_grad_norm_\(max_norm=inf\) called only to log the norm: its coefficient "
+        r"max_norm / norm = inf / inf = NaN .*torch.nn.utils.get_total_norm.*\n",
+    ):
+        assert_clip_keeps_finite(bug)
+    with pytest.raises(SpikeCheckError) as caught:
+        assert_clip_keeps_finite(bug)
+    verdict = caught.value.verdict
+    assert (verdict.assertion, verdict.passed, verdict.step, verdict.metric) == (
+        "assert_clip_keeps_finite",
+        False,
+        3,
+        "grad_norm_post",
+    )
+    # the fixed twin: the same finite gradients reach the optimizer (its divergence is assert_finite's)
+    twin = _norms(float("inf"), 2.56e25, finite_pre=1.0)
+    assert assert_clip_keeps_finite(twin) == {"judged": 3, "norm_overflowed": 1, "not_judged": 0}
+    # an element already inf before the clip (torch's clip then makes it NaN too): not this bug
+    assert assert_clip_keeps_finite(_norms(float("inf"), float("nan"), finite_pre=0.0))["norm_overflowed"] == 0
+    # a log that records only the norm: that step is not judged (unknown), the others are
+    assert assert_clip_keeps_finite(_norms(float("inf"), float("nan"))) == {"judged": 2, "norm_overflowed": 0, "not_judged": 1}
+    # finite before by its norm, NaN after: caught whatever the limit, the cause said generally
+    with pytest.raises(
+        AssertionError, match=r"^at step 3 .*\(grad_norm_pre 2\), but the optimizer received nan .*something between"
+    ):
+        assert_clip_keeps_finite(_norms(2.0, float("nan"), limit=1.0))
+    # a pre-clip norm measured in float64 (the HF callback's taps) above float32's limit: the same cause
+    with pytest.raises(AssertionError, match=r"^at step 3 .*\(grad_norm_pre 4.24e\+19\).*inf / inf = NaN"):
+        assert_clip_keeps_finite(_norms(4.24e19, float("nan")))
+    # a skipped step hands the optimizer nothing: not judged
+    skipped = _norms(float("inf"), float("nan"), finite_pre=1.0)
+    skipped.skipped[3] = "overflow"
+    assert assert_clip_keeps_finite(skipped)["judged"] == 2
+    with pytest.raises(ConfigError, match=r"^the record has no 'grad_norm_post' column: assert_clip_keeps_finite compares"):
+        assert_clip_keeps_finite({"step": [1, 2], "grad_norm_pre": [1.0, 2.0]})
+    with pytest.raises(ConfigError, match=r"^no step to judge"):
+        assert_clip_keeps_finite({"grad_norm_pre": [float("inf")], "grad_norm_post": [float("nan")]})
+
+
+def _guard_clip_keeps_finite_catches_the_bug() -> None:
+    """What the tests above check, on the bug's record and its twin's."""
+    with pytest.raises(SpikeCheckError, match=r"the clip turned finite gradients non-finite"):
+        assert_clip_keeps_finite(_norms(float("inf"), float("nan"), finite_pre=1.0))
+    assert assert_clip_keeps_finite(_norms(float("inf"), 2.56e25, finite_pre=1.0))["norm_overflowed"] == 1
+
+
+def _rule_ignores_the_recorded_fact(rec):
+    """A rule that reads the pre-clip norm only: an infinite norm is 'unknown', so the bug is never judged."""
+    pre = np.asarray(rec.metrics["grad_norm_pre"], dtype=np.float64)
+    return np.where(np.isfinite(pre), 1.0, np.nan)
+
+
+def _rule_takes_an_infinite_norm_for_infinite_gradients(rec):
+    """A rule that reads an infinite pre-clip norm as a non-finite gradient: the bug reads as a diverged run."""
+    pre = np.asarray(rec.metrics["grad_norm_pre"], dtype=np.float64)
+    return np.where(np.isfinite(pre), 1.0, 0.0)
+
+
+@pytest.mark.parametrize("sabotage", [_rule_ignores_the_recorded_fact, _rule_takes_an_infinite_norm_for_infinite_gradients])
+def test_the_clip_inf_to_log_check_fails_when_its_rule_is_sabotaged(sabotage, monkeypatch):
+    from pytest_spikecheck.judge import update_checks
+
+    _guard_clip_keeps_finite_catches_the_bug()  # the honest rule passes its guard
+    monkeypatch.setattr(update_checks, "finite_before_clip", sabotage)
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):  # the bug now passes unnoticed
+        _guard_clip_keeps_finite_catches_the_bug()
+
+
+def _diverging_sgd_with_the_logging_call() -> Scenario:
+    # unclipped SGD at lr 1 (momentum 0.95, Nesterov): at step 21 its float32 norm overflows with every
+    # gradient finite, and the run stops there (scenarios/test_shipped_defence_bugs.py has the twin)
+    from pytest_spikecheck import HighLR
+
+    return NANO.replace(steps=24, optimizer__name="sgd").with_breaks(HighLR(1.0), ClipInfToLog())
+
+
+def test_the_engine_records_the_fact_the_check_needs_and_the_check_goes_blind_without_it(monkeypatch):
+    """The engine measures grad_finite_pre before torch's clip runs. Sabotage: measured after it
+    (on the NaN it made), the bug's step reads as gradients already non-finite and passes unnoticed."""
+    import math
+
+    from pytest_spikecheck.training import step
+
+    def guard(run) -> None:
+        assert run["step"][-1] == 21 and np.isinf(run["grad_norm_pre"][-1]) and np.isnan(run["grad_norm_post"][-1])
+        with pytest.raises(SpikeCheckError, match=r"^at step 21 the clip turned finite gradients non-finite: .*inf / inf = NaN"):
+            assert_clip_keeps_finite(run)
+
+    bug = train(_diverging_sgd_with_the_logging_call())
+    guard(bug)
+    # the fact is written at the one step whose pre-clip norm is not finite, null elsewhere
+    assert bug.metrics.missing["grad_finite_pre"].tolist() == [True] * 20 + [False] and bug["grad_finite_pre"][-1] == 1.0
+    after_the_call = lambda sharding, grad_norm_pre: math.nan if math.isfinite(grad_norm_pre) else 0.0  # noqa: E731
+    monkeypatch.setattr(step, "gradients_finite", after_the_call)
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        guard(train(_diverging_sgd_with_the_logging_call()))
+
+
+def _recorded_loop(log_with: str, tmp_path=None):
+    """Someone else's one-step loop under the recorder: an input of 3e19 gives a finite weight
+    gradient whose float32 norm overflows (4.24e19 in float64), its norm logged inside
+    rec.clipping() with ``log_with``; the run as recorded (saved and loaded where ``tmp_path``)."""
     import math
 
     import torch
 
-    from pytest_spikecheck import record
+    from pytest_spikecheck import Run, record
 
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1, bias=False)
@@ -133,13 +243,47 @@ def test_a_recorded_loop_that_logs_the_norm_through_clip_inf_gets_the_same_cause
             torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
     sgd.step()
     rec.step(loss=loss)
+    return Run.load(rec.save(tmp_path / "run")) if tmp_path is not None else rec.run()
+
+
+@pytest.mark.parametrize("log_with", ["clip_grad_norm_", "get_total_norm"])
+def test_a_recorded_loop_that_logs_the_norm_through_clip_inf_gets_the_same_cause(log_with, tmp_path):
+    """Logging the norm with clip_grad_norm_(max_norm=inf) inside rec.clipping() turns the gradient
+    NaN: assert_finite names that from the recorded norms alone and assert_clip_keeps_finite fails
+    it from the recorded fact; get_total_norm (the fix) leaves it finite: assert_clip_keeps_finite
+    passes, and assert_finite's failure names the overflowed norm instead (read back from the folder)."""
+    run = _recorded_loop(log_with, tmp_path)
     cause = (
         r"the gradient norm was inf and then every gradient NaN"
         if log_with == "clip_grad_norm_"
         else r"every gradient is finite \(their float64 norm is 4.24e\+19\): only the norm overflowed"
     )
     with pytest.raises(AssertionError, match=r"^non-finite grad_norm_pre at step 1 \(inf\); " + cause):
-        assert_finite(rec.run())
+        assert_finite(run)
+    # the recorder measured the gradient again in float64 before the call: finite (only the norm overflowed)
+    assert run.metrics["grad_finite_pre"].tolist() == [1.0]
+    if log_with == "clip_grad_norm_":  # the logging call turned it NaN: caught, the cause named
+        with pytest.raises(AssertionError, match=r"^at step 1 the clip turned finite gradients non-finite: .*inf / inf = NaN"):
+            assert_clip_keeps_finite(run)
+    else:  # the fix: the gradient reached the optimizer finite (assert_finite still fails the norm)
+        assert assert_clip_keeps_finite(run) == {"judged": 1, "norm_overflowed": 1, "not_judged": 0}
+
+
+def test_the_recorder_measures_the_fact_in_float64_and_the_check_goes_blind_without_it(monkeypatch):
+    """Sabotage: the recorder measures the gradient again in its own dtype (float32), so its norm
+    overflows again and the finite gradient reads as non-finite: the bug passes unnoticed."""
+    import torch
+
+    from pytest_spikecheck.integrations import recorder
+
+    def guard() -> None:
+        with pytest.raises(SpikeCheckError, match=r"the clip turned finite gradients non-finite"):
+            assert_clip_keeps_finite(_recorded_loop("clip_grad_norm_"))
+
+    guard()
+    monkeypatch.setattr(recorder, "float64_norm", lambda grads: torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))))
+    with pytest.raises(pytest.fail.Exception, match="DID NOT RAISE"):
+        guard()
 
 
 def test_assert_muon_update_scale_on_arrays():

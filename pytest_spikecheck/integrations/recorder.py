@@ -3,7 +3,8 @@
 A :class:`Recorder` sits beside any loop that owns a torch model and optimizer. At each step
 it measures, itself, what a diagnosis needs: the pre- and post-clip global gradient norms
 (never the trainer's own number): before the clip, per-tensor norms (float32, as the engine's
-event records measure them) combined in float64; after the clip, the float64 norm of the
+event records measure them) combined in float64, and where that norm is not finite whether every
+gradient element was finite all the same (``grad_finite_pre``); after the clip, the float64 norm of the
 gradients as the optimizer receives them (the engine's measurement); the per-tensor norms, the lr, Σv of Adam, the batch's
 samples and rare tokens; and at declared and spike steps the per-token losses and Adam's
 surprise, read with the engine's own helpers (:mod:`pytest_spikecheck.training.recorders`).
@@ -138,6 +139,9 @@ class _Pending:
     loss_scale: float = math.nan  # the scale of this step's backward (NaN: no loss scaler)
     grad_norm_post: float | None = None
     surprise: dict[str, Any] | None = None
+    #: where the pre-clip norm is not finite: 1.0 every gradient element was finite before the clip
+    #: (only the norm overflowed), 0.0 one was not; NaN where the pre-clip norm is finite
+    grad_finite_pre: float = math.nan
 
 
 class RecorderOrderWarning(UserWarning):
@@ -396,6 +400,13 @@ class Recorder:
         if self.scaler is not None and ((tapped and self._taps_scaled) or (not tapped and still_scaled)):
             per = per / scale  # measured on scaled gradients: the unscaled norms (exact for a power-of-two scale)
         pre = float(torch.linalg.vector_norm(per))
+        finite_pre = math.nan  # a finite pre-clip norm says every element is finite
+        if not math.isfinite(pre):
+            # the tapped norms are float64 (they overflow only on an inf element); norms measured
+            # now are in the gradients' dtype (a float32 norm overflows above ~1.8e19 with every
+            # element finite), so the elements are measured again, in float64, before the clip
+            measured = per if tapped else float64_norm([g for g in grads if g is not None]).reshape(1)
+            finite_pre = 1.0 if bool(torch.isfinite(measured).all()) else 0.0
         if self.scaler is not None and not math.isfinite(pre):
             verdict = self._watch.overflowed(step)  # the scaler skips this step: no spike, no failure
         else:
@@ -409,7 +420,7 @@ class Recorder:
                 for st in (self.optimizer.state.get(p, {}) for _, p in self.named)
             ]
         lr = float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else math.nan
-        self._pending = _Pending(step, pre, per, has_grad, lr, verdict, states, loss_scale=scale)
+        self._pending = _Pending(step, pre, per, has_grad, lr, verdict, states, loss_scale=scale, grad_finite_pre=finite_pre)
 
     def after_clip(self) -> None:
         """The clip is done. The post-clip norm is measured on what the optimizer consumes: when
@@ -509,6 +520,7 @@ class Recorder:
             adam_v_norm=math.sqrt(v_sum),
             loss_scale=p.loss_scale,
             clip_limit=self.max_norm,
+            grad_finite_pre=p.grad_finite_pre,
             **self._model_stats(stats),
         )
         if not p.verdict.overflow:

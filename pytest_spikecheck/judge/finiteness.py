@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pytest_spikecheck.judge.analysis import clip_limits
 from pytest_spikecheck.judge.text import fmt
 from pytest_spikecheck.records import Record
 
@@ -207,8 +208,10 @@ def nonfinite_norm_cause(rec: Record, step: int) -> str | None:
         return None
     i = rows[0]
     pre, post = float(m["grad_norm_pre"][i]), float(m["grad_norm_post"][i])
-    # the limit is a fact of the record (inf: no clip); a record without it (a log) leaves it unknown
-    limit = float(m["clip_limit"][i]) if "clip_limit" in m else float("nan")
+    # the limit is a fact of the record (its clip_limit, null or inf: no clip; else its facts'); a
+    # record that states neither (a log) leaves it unknown
+    limits = clip_limits(rec)
+    limit = float(limits[i]) if limits is not None else float("nan")
     if not np.isinf(pre):
         return None
     if np.isnan(post) and np.isinf(limit):

@@ -11,7 +11,8 @@ a folder that other tools can read::
                      clip_factor, lr, eval_loss (null where not evaluated), adam_v_norm, and
                      the model's stats where it reports them (MODEL_STAT_KEYS), the set-up's
                      columns where it has them (SETUP_KEYS: loss_scale, clip_limit,
-                     qk_clipped_heads, eval_loss_repeat), and in a
+                     qk_clipped_heads, eval_loss_repeat, grad_finite_pre where the
+                     pre-clip norm is not finite), and in a
                      run that skipped updates ``skipped``: why (``"overflow"``, ``"skip_spikes"``)
                      or null
     batches.jsonl    one JSON object per step: the batch's samples, sources, rare counts
@@ -50,7 +51,10 @@ MODEL_STAT_KEYS = ("attn_logit_max", "logz_mean", "logz_absmax", "z_loss")
 #: scaling (the scale this step's backward used), the limit an adaptive clip applied at each step,
 #: how many attention heads QK-Clip scaled back after the step's update (``qk_clipped_heads``),
 #: and on the induction corpus the eval loss on the repeated half of each sequence
-#: (``eval_loss_repeat``, NaN where not evaluated).
+#: (``eval_loss_repeat``, NaN where not evaluated). ``grad_finite_pre``, written by the engine and
+#: the recorder only at a step whose pre-clip norm is not finite: 1 where every gradient element
+#: was finite before the clip all the same (only the norm overflowed), 0 where one was inf or NaN
+#: (null elsewhere: a finite pre-clip norm says every element is; a log that lacks it: unknown).
 SETUP_KEYS = (
     "loss_scale",
     "clip_limit",
@@ -60,9 +64,10 @@ SETUP_KEYS = (
     "update_rms",
     "optimizer_steps",
     "update_clip_norm",
+    "grad_finite_pre",
 )
 #: Columns logged only at some steps (NaN elsewhere, marked missing, written as null).
-SPARSE_KEYS = ("eval_loss", "eval_loss_repeat")
+SPARSE_KEYS = ("eval_loss", "eval_loss_repeat", "grad_finite_pre")
 #: The per-step column that says why a step's update was not applied (null where it was).
 SKIPPED_KEY = "skipped"
 

@@ -493,8 +493,9 @@ class ClipInfToLog(Break):
     PR 16). It is no read-only measurement: when the total norm is infinite, torch's coefficient
     ``max_norm / (norm + 1e-6)`` is inf/inf = NaN and every gradient, the finite ones too, is
     multiplied by it. torch sums the squares in the gradients' dtype, so the norm of finite float32
-    gradients is already inf above ~1.8e19 (a diverging run gets there). ``assert_finite`` names
-    the cause (an infinite norm, then every gradient NaN); the fix logs the norm with
+    gradients is already inf above ~1.8e19 (a diverging run gets there). ``assert_clip_keeps_finite``
+    fails it (finite gradients before the call, the recorded ``grad_finite_pre``; NaN after) and
+    ``assert_finite`` names the same cause; the fix logs the norm with
     ``torch.nn.utils.get_total_norm``, which leaves the gradients alone."""
 
     config_name: ClassVar[str] = "clip_inf_to_log"

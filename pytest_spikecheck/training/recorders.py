@@ -71,6 +71,7 @@ class MetricsRecorder:
             adam_v_norm=adam_v_norm,
             loss_scale=s.loss_scale,
             clip_limit=math.nan if clip_limit is None else clip_limit,
+            grad_finite_pre=s.grad_finite_pre,
             **{k: s.stats[k] for k in MODEL_STAT_KEYS if k in s.stats},
             **setup,
         )

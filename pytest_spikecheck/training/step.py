@@ -15,6 +15,9 @@ Inside the step, as people train:
 - **the norm logged through torch's clip** (``ClipInfToLog``, a bug): a run that does not clip
   calls ``torch.nn.utils.clip_grad_norm_(params, max_norm=inf)`` after measuring, as people do to
   log the norm; the measurement is the engine's, the NaN that call makes of an infinite norm is torch's.
+  Where the pre-clip norm is not finite the step records whether every gradient element was finite
+  all the same (``grad_finite_pre``), before that call, so ``assert_clip_keeps_finite`` can tell a
+  norm that overflowed from a gradient that did.
 - **mixed precision** (:mod:`.precision`): the forward and the loss under autocast, the loss
   scaled before backward, the gradients unscaled before the clip (``ClipBeforeUnscale``: after
   it), a step whose unscaled gradients overflowed skipped. The norms recorded are always those
@@ -64,6 +67,10 @@ class StepOutcome:
     #: The global L2 norm of the gradients as the optimizer will receive them, measured after the
     #: clip (and the unscaling) in float64 by code independent of the backend (never computed from its scale).
     grad_norm_post: float
+    #: Whether every gradient element was finite before the clip, measured only where the pre-clip
+    #: norm is not finite (1.0: finite, only their norm overflowed, summed in the gradients' dtype;
+    #: 0.0: an element was inf or NaN); NaN where the pre-clip norm is finite, which says it already.
+    grad_finite_pre: float = math.nan
     #: What the model reported through the spikecheck stats hook on this forward (attention
     #: logits, log Z, the z-loss term; empty for a model without the hook), as floats.
     stats: dict[str, float] = field(default_factory=dict)
@@ -135,9 +142,11 @@ class TrainingStep:
         else:
             overflow = precision.unscale(self.optimizer)
             clip = self.sharding.clip(max_norm, backend=self.backend, mode=self.clip_scope)
-            if self.clip_order == "inf_to_log":  # the bug (ClipInfToLog): no clip, but torch's own clip called
-                # only to log the norm; an infinite norm makes its coefficient inf/inf = NaN, every gradient NaN
-                torch.nn.utils.clip_grad_norm_(self.sharding.params, max_norm=math.inf)
+        pre = float(clip.total_norm)
+        finite_pre = gradients_finite(self.sharding, pre)  # before anything below can touch them
+        if self.clip_order == "inf_to_log":  # the bug (ClipInfToLog): no clip, but torch's own clip called
+            # only to log the norm; an infinite norm makes its coefficient inf/inf = NaN, every gradient NaN
+            torch.nn.utils.clip_grad_norm_(self.sharding.params, max_norm=math.inf)
         post = self.sharding.grad_norm()
         # The loss column is the cross-entropy: an auxiliary z-loss the model added is reported apart.
         cross_entropy = float(loss) - stats["z_loss"] if "z_loss" in stats else float(loss)
@@ -151,8 +160,9 @@ class TrainingStep:
             loss=cross_entropy,
             clip=clip,
             max_norm=max_norm,
-            grad_norm_pre=float(clip.total_norm),
+            grad_norm_pre=pre,
             grad_norm_post=float(post),
+            grad_finite_pre=finite_pre,
             stats=stats,
             head_logits=self._last_head_logits(),
             loss_scale=scale,
@@ -226,6 +236,18 @@ class TrainingStep:
         """The per-head largest attention logit of the last step's forward: the largest over its micro-batches."""
         heads = self._head_logits
         return heads[0] if len(heads) == 1 else torch.stack(heads).amax(dim=0) if heads else None
+
+
+def gradients_finite(sharding: Sharding, grad_norm_pre: float) -> float:
+    """The ``grad_finite_pre`` fact of a step whose clip measured ``grad_norm_pre``: NaN where
+    that norm is finite (every element is, then); else 1.0 if every gradient element is finite all the same (the norm
+    overflowed, not a gradient), 0.0 if one is inf or NaN. Measured after the harness's clip,
+    which leaves every gradient as it was when the norm is not finite, by the whole model's
+    float64 norm (finite exactly when every element of a float32, bf16 or fp16 gradient is; one
+    all-reduce on several ranks, all of which see the same pre-clip norm)."""
+    if math.isfinite(grad_norm_pre):
+        return math.nan
+    return 1.0 if math.isfinite(float(sharding.grad_norm())) else 0.0
 
 
 def _micro_batches(x: torch.Tensor, y: torch.Tensor, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
