@@ -37,6 +37,7 @@ from pytest_spikecheck.errors import ConfigError
 from pytest_spikecheck.records import integrity
 from pytest_spikecheck.records.events import Event, events_from_json, events_to_json
 from pytest_spikecheck.records.facts import FORMAT_VERSION, RunFacts, facts_from_format_1, meta_from_format_1
+from pytest_spikecheck.records.run_json import check_version, read_meta, scenario_and_facts
 from pytest_spikecheck.records.series import MetricColumns
 from pytest_spikecheck.scenario import Scenario
 
@@ -298,9 +299,9 @@ class Run:
         src = Path(directory)
         if not (src / "metrics.jsonl").is_file():
             raise ConfigError(f"not a run directory (no metrics.jsonl): {src}")
-        meta = _read_meta(src / "run.json")
+        meta = read_meta(src / "run.json")
         # the version first: a future format's manifest may not be one this code can check
-        _check_version(src, meta)
+        check_version(src, meta)
         why = integrity.problem(src, meta, required=require_manifest)
         if why is not None:
             raise integrity.refuse(src, why)
@@ -315,7 +316,7 @@ class Run:
             if (src / "events.json").is_file()
             else []
         )
-        scenario, facts = _scenario_and_facts(src, meta)
+        scenario, facts = scenario_and_facts(src, meta)
         if scenario is None and "name" not in meta:
             meta["name"] = src.name
         return cls(
@@ -328,48 +329,6 @@ class Run:
             folder=src,
             facts=facts,
         )
-
-
-def _check_version(src: Path, meta: dict[str, Any]) -> None:
-    version = meta.get("format_version", 1)
-    if version not in (1, FORMAT_VERSION):
-        raise ConfigError(
-            f"{src / 'run.json'}: format_version {version!r} is not one this pytest-spikecheck reads "
-            f"(1 or {FORMAT_VERSION}); upgrade pytest-spikecheck to read it"
-        )
-
-
-def _scenario_and_facts(src: Path, meta: dict[str, Any]) -> tuple[Scenario | None, RunFacts]:
-    """The scenario that retrains the run saved in ``src`` (None for a recorded or hand-written run)
-    and how it was trained, from its run.json ``meta`` (whose ``format_version`` and ``facts`` it pops)."""
-    version = meta.pop("format_version", 1)
-    raw_facts = meta.pop("facts", None)
-    # an engine run's config.yaml retrains it; a recorded or hand-written run has none
-    scenario = Scenario.from_yaml(src / "config.yaml") if (src / "config.yaml").is_file() and not meta.get("recorded") else None
-    if version == 1:  # upgraded in memory, judged the same
-        return scenario, facts_from_format_1(meta, scenario)
-    return scenario, RunFacts.from_json(raw_facts, where=f"{src / 'run.json'} facts")
-
-
-def read_run_facts(directory: str | Path) -> RunFacts:
-    """How the run saved in ``directory`` was trained (its run.json ``facts``), without reading its
-    metrics: what a log reader attaches when it reads the folder's metrics.jsonl."""
-    src = Path(directory)
-    meta = _read_meta(src / "run.json")
-    _check_version(src, meta)
-    return _scenario_and_facts(src, meta)[1]
-
-
-def _read_meta(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        meta = json.loads(path.read_text())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise integrity.refuse(path.parent, f"run.json is not valid JSON ({exc})") from None
-    if not isinstance(meta, dict):
-        raise integrity.refuse(path.parent, f"run.json holds a JSON {type(meta).__name__}, not an object")
-    return meta
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -103,7 +103,7 @@ def _run_folder_facts(path: Path):
     from its folder is judged on what its writer stated, not on what a bare JSONL can say."""
     if path.name != "metrics.jsonl" or not (path.parent / "run.json").is_file():
         return None
-    from pytest_spikecheck.records.run import read_run_facts
+    from pytest_spikecheck.records.run_json import read_run_facts
 
     return read_run_facts(path.parent)
 
