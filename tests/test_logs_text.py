@@ -126,6 +126,18 @@ def test_nanogpt_iterations_evaluations_and_a_nan(capsys):
     assert "non-finite values: loss = nan at step 425 (the first)" in capsys.readouterr().out
 
 
+def test_nanogpt_iterations_with_more_fields_before_the_time():
+    # A nanoGPT MoE fork prints its router loss between the loss and the time: "iter 10: loss 10.8591,
+    # aux_loss 0.0508, time 1054.93ms, ..." (corpus file; before issue 35's fourth held-out batch only its
+    # one "step 0: train loss" line was read, and the run's 29 training losses were not judged).
+    record = read_log(REAL / "nanogpt-moe-wandb-output" / "output.log")
+    assert record.notes[0] == "read as text: 30 nanoGPT lines"
+    steps, loss = record.series("loss")
+    assert steps.tolist() == list(range(0, 281, 10)) and loss[0] == 11.0018 and loss[-1] == 6.1902
+    assert record.series("aux_loss")[1][[0, 8]].tolist() == [0.0508, 0.0621]
+    assert set(record.metrics) == {"step", "loss", "aux_loss", "eval_loss", "eval_train_loss"}
+
+
 def test_llmc_stdout_and_main_log(tmp_path):
     # Real llm.c stdout lines of a GPT-2 124M reproduction, from a public README in the file
     # index (id 41996914691); the z-scores after the values are no part of them.

@@ -99,14 +99,19 @@ def _torchtitan(segment: str) -> Parsed | None:
 
 # -- nanoGPT -------------------------------------------------------------------------------------
 
-_NANOGPT = re.compile(rf"^\s*iter (\d+): loss ({_NUM}), time", re.I)
+#: The iteration line; variants print more ``name value`` fields before the time (a MoE fork's
+#: ``iter 10: loss 10.8591, aux_loss 0.0508, time 1054.93ms``): read as what they are named.
+_NANOGPT = re.compile(rf"^\s*iter (\d+): loss ({_NUM})((?:, [A-Za-z_][\w/]* (?:{_NUM}))*), time", re.I)
+_NANOGPT_FIELD = re.compile(rf", ([A-Za-z_][\w/]*) ({_NUM})")
 _NANOGPT_EVAL = re.compile(rf"^\s*step (\d+): train loss ({_NUM}), val loss ({_NUM})", re.I)
 
 
 def _nanogpt(segment: str) -> Parsed | None:
     m = _NANOGPT.match(segment)
     if m is not None:
-        return int(m.group(1)), {"loss": number(m.group(2))}
+        values = {"loss": number(m.group(2))}
+        values.update((name, number(v)) for name, v in _NANOGPT_FIELD.findall(m.group(3)) if name.lower() != "loss")
+        return int(m.group(1)), values
     m = _NANOGPT_EVAL.match(segment)
     if m is not None:  # an evaluation of both splits: neither is the step's training loss
         return int(m.group(1)), {"eval_train_loss": number(m.group(2)), "eval_loss": number(m.group(3))}
