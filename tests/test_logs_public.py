@@ -149,6 +149,8 @@ def test_six_runs_printed_into_one_log_are_six_runs_each_judged(capsys):
     five, six = (r.series("loss")[1] for r in runs[4:])
     assert (five[:14] == six[:14]).all() and five[14] != six[14]
     assert "6 runs or phases in one file" in runs[0].notes[-1]
+    # runs 5 and 6 print `time: 644.64 ms, tokens/sec: 1588.47`: wall-clock and throughput, no columns
+    assert all(sorted(r.metrics) == ["loss", "step"] for r in runs)
     assert not any("restart from a checkpoint" in n or "repeat earlier rows" in n for r in runs for n in r.notes)
     assert main(["check", str(RUNS)]) == 0
     out = capsys.readouterr().out
