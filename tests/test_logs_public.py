@@ -167,6 +167,42 @@ def test_sabotage_without_the_new_run_rule_the_six_runs_read_as_restarts():
     assert sum("restart from a checkpoint" in n for n in only.notes) == 5
 
 
+SNMT = PUBLIC / "simple-nmt-runs-one-file" / "rl-seq2seq-baseline-training-for-mybk-bkmy.log"
+
+
+def test_epoch_counted_runs_printed_into_one_log_each_after_its_config(capsys):
+    # ye-kyaw-thu/error-overflow quotes this stdout of kh-kim/simple-nmt's trainer: a run of 30 epochs,
+    # then one of 40, each after its printed config (`{   'batch_size': 64,` ...) and model; a row per
+    # epoch, `Epoch 5 - |param|=6.01e+02 |g_param|=1.80e+05 loss=4.3643e+00 ppl=78.59`, its loss the
+    # epoch's mean, then `Validation - loss=3.8854e+00 ppl=48.69 best_loss=... best_ppl=...`. Refused
+    # before: read as a CSV (its first line has a comma) and, as text, no line had a step.
+    assert detect_format(SNMT) == "text"
+    short, long = read_runs(SNMT)
+    assert short.series("loss")[0].tolist() == list(range(1, 31)) and long.series("loss")[0].tolist() == list(range(1, 41))
+    assert short.series("loss")[1][[0, -1]].tolist() == [4.9263, 2.8045] and long.series("loss")[1][-1] == 2.4891
+    assert short.series("eval_loss")[1][[0, -1]].tolist() == [4.0864, 2.3833]  # at its epoch; best_* left out
+    assert sorted(long.metrics) == ["eval_loss", "eval_ppl", "loss", "ppl", "step"]
+    assert main(["check", str(SNMT)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{SNMT}: 2 runs in one file") and out.count("OK: no spike in loss") == 2
+
+
+def test_sabotage_the_epoch_counter_and_the_validation_pairs_are_what_reads_the_log(monkeypatch):
+    import re
+
+    import pytest_spikecheck.records.logs.text_forms as forms
+    from pytest_spikecheck.records.logs import csv_log
+
+    head = SNMT.read_bytes()[:4096]
+    assert csv_log.header_and_row(head) is None  # the comma line over `{   'batch_size': 64,` is no table
+    never = re.compile(r"(?!)")
+    monkeypatch.setattr(forms, "_EVAL_PAIRS", never)
+    assert "eval_loss" not in read_runs(SNMT)[0].metrics
+    monkeypatch.setattr(forms, "_LEADING_EPOCH", never)
+    with pytest.raises(ConfigError, match="no line of a known training-log form"):
+        read_runs(SNMT)
+
+
 # -- trial runs: classes no public log was found for (docs/logs.md says what was searched) -----------
 
 FP16 = Path(__file__).parent / "data" / "logs" / "trials" / "fp16-accumulation" / "metrics.jsonl"
