@@ -301,7 +301,7 @@ def _generic(segment: str) -> Parsed | None:
     m = _WORD_STEP.search(segment)
     if step is None and m is not None:  # Python logging: "Epoch 1, Global Batch 120, Training Loss: 3.2"
         step = int(m.group(1))
-    m = _LEADING_EPOCH.match(segment)
+    m = _LEADING_EPOCH.match(segment) if "%|" not in segment else None  # a progress bar counts batches
     if step is None and m is not None:  # no step counted, only epochs (kh-kim/simple-nmt): the epoch
         step = int(m.group(1))
         values.pop("epoch", None)
