@@ -100,6 +100,109 @@ def test_jumps_of_nats_on_a_falling_noisy_loss_are_found(capsys):
     assert [d.step for d in LossJump(detrend=False).detect(steps, loss)] == [7]  # sabotage
 
 
+NLL = PUBLIC / "lightning-nll-loss" / "metrics.csv"
+
+
+def test_a_lightning_csv_whose_loss_is_train_nll_loss_is_judged_on_it(capsys):
+    # Eve-ning/opal-v2's lightning_logs/version_0/metrics.csv, whole (CR LF line ends): the loss is
+    # `train/nll_loss` every 50 steps (0.0576 at step 49 falling to ~0.01 by step 700, then 0.0075-0.013),
+    # `lr-Adam` on rows of its own (no epoch) at the same steps, `val/rmse_loss` once an epoch. A regression
+    # model's likelihood loss, no RL: judged on that loss, and no spike (its largest move is under 0.01 nats).
+    raw = NLL.read_bytes()
+    assert raw.count(b"\r\n") == raw.count(b"\n") == 225 and raw.startswith(b"epoch,lr-Adam,step,train/nll_loss,")
+    rec = read_log(NLL)
+    steps, loss = rec.series("loss")
+    assert rec.log_format == "lightning" and steps.tolist() == list(range(49, 5400, 50))
+    assert loss[[0, -1]].tolist() == [0.0575530878690101, 0.010449534956721657]
+    assert rec.series("lr")[0].tolist() == steps.tolist() and rec.series("lr")[1][0] == 0.00328141592920354
+    assert rec.series("val/rmse_loss")[0].tolist() == [678, 1357, 2036, 2715, 3394, 4073, 4752, 5431]
+    assert main(["check", str(NLL)]) == 0
+    out = capsys.readouterr().out
+    assert "kind sft/pretrain" in out and "judged 105 of 108 points" in out and "OK: no spike in loss" in out
+
+
+def test_sabotage_val_as_an_rl_prefix_skips_the_lightning_loss(monkeypatch, tmp_path):
+    # Before: any `val/` column marked a log RL (for TRL PPO's val/ratio), so the loss rules stepped aside.
+    import pytest_spikecheck.judge.policy as policy
+
+    ppo = tmp_path / "ppo.jsonl"  # TRL PPO's value-head keys by name still mark a log RL
+    ppo.write_text("".join(f'{{"step": {s}, "loss": 0.5, "val/ratio": 1.0}}\n' for s in range(1, 20)))
+    assert judge_log(read_log(ppo))["kind"] == "rl"
+    monkeypatch.setattr(policy, "_RL_PREFIXES", (*policy._RL_PREFIXES, "val/"))
+    report = judge_log(read_log(NLL))
+    assert report["kind"] == "rl" and report["series"][0]["status"] == "skipped"
+
+
+RUNS = PUBLIC / "gpt2-runs-one-file" / "log.md"
+
+
+def test_six_runs_printed_into_one_log_are_six_runs_each_judged(capsys):
+    # aakashvardhan/s21-gpt2's log.md: the stdout of six GPT-2 training runs pasted one after another
+    # (an overfit of one batch, then five variants), each counting its steps from 0 again. Runs 5 and 6
+    # (tf32, then tf32 at "high") print the same losses for 14 steps and other timings: six runs of 50
+    # steps, no restart from a checkpoint, no echo, and no spike (+0.8 nats at step 46 of runs 5 and 6 is
+    # within those runs' own batch-to-batch moves of up to 0.8).
+    runs = read_runs(RUNS)
+    assert [r.metrics["step"].tolist() for r in runs] == [list(range(50))] * 6
+    last = [0.06201247125864029, 6.971785545349121, 6.827264785766602, 6.82475471496582, 7.082703590393066]
+    assert [r.series("loss")[1][-1] for r in runs] == [*last, 7.094860076904297]
+    five, six = (r.series("loss")[1] for r in runs[4:])
+    assert (five[:14] == six[:14]).all() and five[14] != six[14]
+    assert "6 runs or phases in one file" in runs[0].notes[-1]
+    # runs 5 and 6 print `time: 644.64 ms, tokens/sec: 1588.47`: wall-clock and throughput, no columns
+    assert all(sorted(r.metrics) == ["loss", "step"] for r in runs)
+    assert not any("restart from a checkpoint" in n or "repeat earlier rows" in n for r in runs for n in r.notes)
+    assert main(["check", str(RUNS)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{RUNS}: 6 runs in one file") and out.count("OK: no spike in loss") == 6
+
+
+def test_sabotage_without_the_new_run_rule_the_six_runs_read_as_restarts():
+    import pytest_spikecheck.records.logs.rules as rules
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rules, "_runs", lambda steps, columns, table: ([(0, steps.size)], None))
+        (only,) = read_runs(RUNS)
+    assert only.metrics["step"].tolist() == list(range(50))  # the first five runs replaced by the last
+    assert sum("restart from a checkpoint" in n for n in only.notes) == 5
+
+
+SNMT = PUBLIC / "simple-nmt-runs-one-file" / "rl-seq2seq-baseline-training-for-mybk-bkmy.log"
+
+
+def test_epoch_counted_runs_printed_into_one_log_each_after_its_config(capsys):
+    # ye-kyaw-thu/error-overflow quotes this stdout of kh-kim/simple-nmt's trainer: a run of 30 epochs,
+    # then one of 40, each after its printed config (`{   'batch_size': 64,` ...) and model; a row per
+    # epoch, `Epoch 5 - |param|=6.01e+02 |g_param|=1.80e+05 loss=4.3643e+00 ppl=78.59`, its loss the
+    # epoch's mean, then `Validation - loss=3.8854e+00 ppl=48.69 best_loss=... best_ppl=...`. Refused
+    # before: read as a CSV (its first line has a comma) and, as text, no line had a step.
+    assert detect_format(SNMT) == "text"
+    short, long = read_runs(SNMT)
+    assert short.series("loss")[0].tolist() == list(range(1, 31)) and long.series("loss")[0].tolist() == list(range(1, 41))
+    assert short.series("loss")[1][[0, -1]].tolist() == [4.9263, 2.8045] and long.series("loss")[1][-1] == 2.4891
+    assert short.series("eval_loss")[1][[0, -1]].tolist() == [4.0864, 2.3833]  # at its epoch; best_* left out
+    assert sorted(long.metrics) == ["eval_loss", "eval_ppl", "loss", "ppl", "step"]
+    assert main(["check", str(SNMT)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"{SNMT}: 2 runs in one file") and out.count("OK: no spike in loss") == 2
+
+
+def test_sabotage_the_epoch_counter_and_the_validation_pairs_are_what_reads_the_log(monkeypatch):
+    import re
+
+    import pytest_spikecheck.records.logs.text_forms as forms
+    from pytest_spikecheck.records.logs import csv_log
+
+    head = SNMT.read_bytes()[:4096]
+    assert csv_log.header_and_row(head) is None  # the comma line over `{   'batch_size': 64,` is no table
+    never = re.compile(r"(?!)")
+    monkeypatch.setattr(forms, "_EVAL_PAIRS", never)
+    assert "eval_loss" not in read_runs(SNMT)[0].metrics
+    monkeypatch.setattr(forms, "_LEADING_EPOCH", never)
+    with pytest.raises(ConfigError, match="no line of a known training-log form"):
+        read_runs(SNMT)
+
+
 # -- trial runs: classes no public log was found for (docs/logs.md says what was searched) -----------
 
 FP16 = Path(__file__).parent / "data" / "logs" / "trials" / "fp16-accumulation" / "metrics.jsonl"

@@ -54,9 +54,23 @@ DEFAULT_METRICS = ("grad_norm_pre", "loss")
 #: loss or bits per byte, judged as what it is.
 EVAL_METRICS = ("eval_loss", "eval_bpb")
 
-#: Keys an RL or preference trainer logs (TRL GRPO/PPO/DPO/KTO, OpenRLHF, LLaMA-Factory DPO).
-_RL_KEYS = ("reward", "reward_std", "kl", "frac_reward_zero_std", "entropy", "clip_ratio", "cri_loss")
-_RL_PREFIXES = ("rewards/", "objective/", "logps/", "logits/", "policy/", "val/", "clip_ratio/")
+#: Keys an RL or preference trainer logs (TRL GRPO/PPO/DPO/KTO, OpenRLHF, LLaMA-Factory DPO). TRL's
+#: PPO/RLOO value-head keys by name: ``val/`` alone is how Lightning users namespace their validation
+#: metrics (Eve-ning/opal-v2's ``val/rmse_loss``; lightning-hydra-template's ``val/acc``), no RL mark.
+_RL_KEYS = (
+    "reward",
+    "reward_std",
+    "kl",
+    "frac_reward_zero_std",
+    "entropy",
+    "clip_ratio",
+    "cri_loss",
+    "val/ratio",
+    "val/ratio_var",
+    "val/clipfrac_avg",
+    "val/num_eos_tokens",
+)
+_RL_PREFIXES = ("rewards/", "objective/", "logps/", "logits/", "policy/", "clip_ratio/")
 #: A DPO loss starts at ln 2 (policy = reference) and wanders around it: a first logged loss this close
 #: to ln 2 is read as one (a language-model loss starts at ~ln(vocabulary), an SFT loss at 1-3 nats).
 _DPO_START = 0.05

@@ -36,7 +36,9 @@ def _first_rows(head: bytes) -> list[list[str]]:
 
 def header_and_row(head: bytes) -> tuple[list[str], list[str]] | None:
     """The header and first data row when the file looks like a CSV table: every header cell a
-    name, and a first data row of the same width with at least one number or empty cell."""
+    name, and a first data row of the same width with a number in it (empty cells are no evidence:
+    a stdout log whose first line has a comma over a line ending in one, a printed dict's
+    ``{   'batch_size': 64,``, is two cells of text over a text cell and an empty one)."""
     rows = _first_rows(head)
     if not rows:
         return None
@@ -46,7 +48,7 @@ def header_and_row(head: bytes) -> tuple[list[str], list[str]] | None:
     if len(rows) == 1:
         return (header, []) if len(header) > 1 else None
     row = rows[1]
-    if len(row) != len(header) or not any(_NUMBER_OR_EMPTY.match(c) for c in row):
+    if len(row) != len(header) or not any(c.strip() and _NUMBER_OR_EMPTY.match(c) for c in row):
         return None
     if len(header) == 1 and (len(header[0].split()) > 3 or not _NUMBER_OR_EMPTY.match(row[0])):
         return None  # one column: a name over numbers, not a sentence over a sentence

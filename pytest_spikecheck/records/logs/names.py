@@ -98,6 +98,9 @@ _BOOKKEEPING_WORDS = (
     "mfu",
     "memory",
     "tok/s",
+    "tok/sec",  # nanochat's and build-nanogpt's tok/sec
+    "tokens/sec",
+    "time",  # a step's wall-clock time: "time: 644.64 ms", train_time, time/step
     "batches_per_second",
     "time per iteration",
     "batch size",

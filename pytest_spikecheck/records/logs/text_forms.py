@@ -242,6 +242,10 @@ def continuation(line: str) -> tuple[str, float | None] | None:
 _STEPLESS_EVAL = re.compile(rf"^\s*(?:validation|val|eval)(?: set)? (loss|bpb)\s*[:=]?\s*({_NUM})\s*$", re.I)
 _EPOCH_END = re.compile(rf"^\|\s*end of epoch\s+\d+\s*\|.*?\bvalid (loss)\s+({_NUM})", re.I)
 _BUILD_NANOGPT_EVAL = re.compile(rf"^validation loss: ({_NUM})\s*$")
+#: ``Validation - loss=3.8854e+00 ppl=48.69 best_loss=3.8406e+00 best_ppl=46.55`` (kh-kim/simple-nmt's
+#: epoch end): the word, then only name=value pairs.
+_EVAL_PAIRS = re.compile(rf"^\s*(?:validation|valid|val|eval)\s*[-:|]?\s*((?:[A-Za-z_]\w*\s*=\s*(?:{_NUM})[\s,;|]*)+)$", re.I)
+_ONE_PAIR = re.compile(rf"([A-Za-z_]\w*)\s*=\s*({_NUM})", re.I)
 
 
 def stepless_eval(segment: str) -> tuple[dict[str, float | None], bool] | None:
@@ -255,7 +259,13 @@ def stepless_eval(segment: str) -> tuple[dict[str, float | None], bool] | None:
     if m:
         return {"eval_loss": number(m.group(1))}, True
     m = _STEPLESS_EVAL.match(segment) or _EPOCH_END.match(segment)
-    return ({f"eval_{m.group(1).lower()}": number(m.group(2))}, False) if m else None
+    if m:
+        return {f"eval_{m.group(1).lower()}": number(m.group(2))}, False
+    m = _EVAL_PAIRS.match(segment)
+    if m:  # simple-nmt's "Validation - loss=... ppl=... best_loss=...": the best so far is no measurement
+        pairs = {f"eval_{k}": number(v) for k, v in _ONE_PAIR.findall(m.group(1)) if not k.lower().startswith("best")}
+        return (pairs, False) if pairs else None
+    return None
 
 
 # -- generic key=value / key: value ------------------------------------------------------------------
@@ -268,6 +278,8 @@ _PAIR = re.compile(
 )
 _WORD_STEP = re.compile(r"\b(?:global[ _](?:batch|step)|step|iteration)\s+(\d+)\s*(?:\([^)]*\)\s*)?(?:[,|;]|$)", re.I)
 _LEADING_STEP = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*(step|iter|iteration)\s+(\d+)(?:\s*/\s*\d+)?\s*[|,:]", re.I)
+#: A line that counts epochs and no steps, one row an epoch (its mean): ``Epoch 5 - ... loss=4.36``.
+_LEADING_EPOCH = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*epoch\s*[:=]?\s*(\d+)(?:\s*/\s*\d+)?\s*[-|,:]", re.I)
 
 
 def _generic(segment: str) -> Parsed | None:
@@ -294,6 +306,10 @@ def _generic(segment: str) -> Parsed | None:
     m = _WORD_STEP.search(segment)
     if step is None and m is not None:  # Python logging: "Epoch 1, Global Batch 120, Training Loss: 3.2"
         step = int(m.group(1))
+    m = _LEADING_EPOCH.match(segment) if "%|" not in segment else None  # a progress bar counts batches
+    if step is None and m is not None:  # no step counted, only epochs (kh-kim/simple-nmt): the epoch
+        step = int(m.group(1))
+        values.pop("epoch", None)
     if step is None or not any(v is not None for v in values.values()):
         return None
     return step, values
