@@ -207,27 +207,7 @@ def judge_log(
     """
     if kind is not None and kind not in KINDS:
         raise ConfigError(f"unknown kind {kind!r}; choose one of {', '.join(KINDS)}")
-
-    def resolve(name: str) -> str | None:
-        try:
-            return pick_metric(rec, name)
-        except SpikeCheckError as exc:
-            if metrics:
-                raise ConfigError(f"{rec.source}: {exc}") from None
-            return None
-
-    names = list(dict.fromkeys(n for n in (resolve(m) for m in (metrics or DEFAULT_METRICS)) if n is not None))
-    evaluation_only = not names and not metrics and any(m in rec.metrics for m in EVAL_METRICS)
-    if evaluation_only:
-        names = [m for m in EVAL_METRICS if m in rec.metrics]
-    if not names:
-        have = ", ".join(k for k in rec.metrics if k != "step")
-        raise ConfigError(
-            f"{rec.source}: no loss or gradient-norm series (it has {have}); "
-            f"name one with --metric or map one with --map loss=COLUMN"
-        )
-    if not metrics and not detectors and LOGIT_METRIC in rec.metrics and LOGIT_METRIC not in names:
-        names.append(LOGIT_METRIC)  # the default policy judges the logit wherever it is recorded
+    names, evaluation_only = _series_names(rec, metrics, detectors)
     found_kind, why = detect_kind(rec)
     kind_used = kind or found_kind or "sft/pretrain"
     explicit = [get_detector(d) for d in detectors]
@@ -249,80 +229,7 @@ def judge_log(
             f"{skipped} step{'s' if skipped != 1 else ''} skipped by the "
             f"optimizer (the log says so or the reader inferred it): their gradient norms are not judged"
         )
-    series = []
-    for name in names:
-        steps, values = _judged_series(rec, name, finite.excused.get(name))
-        entry: dict[str, Any] = {
-            "metric": name,
-            "logged": int(steps.size),
-            "interval": log_interval(steps),
-            "sparkline": sparkline(values),
-            "spikes": [],
-            "rules": [],
-        }
-        series.append(entry)
-        if not explicit and kind_used == "rl" and _role(name) == "loss":
-            entry.update(status="skipped", message="an RL/preference loss: loss rules step aside")
-            continue
-        if not explicit and _role(name) == LOGIT_METRIC and _unknown_qk_clip(rec):
-            entry.update(
-                status="skipped",
-                message="QK-Clip was on (qk_clipped_heads) and the record does not say its tau: "
-                "assert_qk_clip_contains(run, tau=...) judges its containment",
-            )
-            continue
-        if not explicit and kind_used == "rl" and _role(name) == "grad_norm":
-            degenerate, why = degenerate_steps(rec, steps, values)
-            if degenerate.any():
-                # Zero-advantage steps collapse the baseline: the rule judges the others against each other.
-                steps, values = steps[~degenerate], values[~degenerate]
-                entry["degenerate"] = {"count": int(degenerate.sum()), "why": why}
-                notes.append(
-                    f"{name}: {int(degenerate.sum())} of {degenerate.size} points are degenerate RL steps "
-                    f"({why}): left out of the baseline and not judged"
-                )
-        rules = explicit or _policy_rules(rec, name)
-        agreeing: dict[int, dict[str, Any]] = {}
-        judged = 0
-        steps, values = np.ascontiguousarray(steps, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64)
-        with rolling.sharing():  # the loss rules share the loss's histories
-            verdicts = [rule.judge(steps, values) for rule in rules]
-        for rule, verdict in zip(rules, verdicts):
-            judged = max(judged, verdict.judged)
-            entry["rules"].append(
-                {
-                    "name": rule.name,
-                    "rule": rule.describe(),
-                    "judged": verdict.judged,
-                    "needs": verdict.needs,
-                    "flags": len(verdict.detections),
-                }
-            )
-            for hit in verdict.detections:
-                found = agreeing.setdefault(
-                    hit.step, {"baseline": hit.baseline, "detectors": [], "scores": [], "units": [], "score_texts": []}
-                )
-                found["detectors"].append(rule.name)
-                found["scores"].append(float(hit.score))  # a number in --json; the text is score_texts'
-                found["units"].append(rule.unit)
-                found["score_texts"].append(
-                    f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}"
-                )
-        entry["judged"] = judged
-        entry["spikes"] = [
-            {"step": step, "value": value_at(rec.metrics, name, step), **found, "ratio": spike_ratio(rec.metrics, step, name)}
-            for step, found in sorted(agreeing.items())
-        ]
-        if judged:
-            entry["status"] = "judged"
-            entry["message"] = f"judged {judged} of {steps.size} points"
-        else:
-            every = "" if entry["interval"] is None else f", interval {entry['interval']} steps"
-            needs = "; ".join(f"{r['name']} {r['needs']}" for r in entry["rules"])
-            entry.update(
-                status="not judged",
-                message=f"not judged: {steps.size} point{'s' if steps.size != 1 else ''}{every}, needs {needs}",
-            )
+    series = [_judge_series(rec, name, explicit, kind_used, finite, notes) for name in names]
     first = finite.first_failure
     steps = rec.metrics["step"]
     if steps.size == 1:
@@ -342,6 +249,109 @@ def judge_log(
         "not_judged": [s["metric"] for s in series if s["status"] == "not judged"],
         "ok": not any(s["spikes"] for s in series) and first is None,
     }
+
+
+def _series_names(rec: Record, metrics: Sequence[str], detectors: Sequence[Any]) -> tuple[list[str], bool]:
+    """The series to judge (the named ones, else the default policy's) and whether they are a
+    validation curve standing in for a training log that has none."""
+
+    def resolve(name: str) -> str | None:
+        try:
+            return pick_metric(rec, name)
+        except SpikeCheckError as exc:
+            if metrics:
+                raise ConfigError(f"{rec.source}: {exc}") from None
+            return None
+
+    names = list(dict.fromkeys(n for n in (resolve(m) for m in (metrics or DEFAULT_METRICS)) if n is not None))
+    evaluation_only = not names and not metrics and any(m in rec.metrics for m in EVAL_METRICS)
+    if evaluation_only:
+        names = [m for m in EVAL_METRICS if m in rec.metrics]
+    if not names:
+        have = ", ".join(k for k in rec.metrics if k != "step")
+        raise ConfigError(
+            f"{rec.source}: no loss or gradient-norm series (it has {have}); "
+            f"name one with --metric or map one with --map loss=COLUMN"
+        )
+    if not metrics and not detectors and LOGIT_METRIC in rec.metrics and LOGIT_METRIC not in names:
+        names.append(LOGIT_METRIC)  # the default policy judges the logit wherever it is recorded
+    return names, evaluation_only
+
+
+def _judge_series(
+    rec: Record, name: str, explicit: list[Detector], kind_used: str, finite: Any, notes: list[str]
+) -> dict[str, Any]:
+    """One series' entry of the report: its rules, what each judged and flagged, its spikes (the
+    steps any rule flagged, with every rule that agreed). Appends what the reader must know to ``notes``."""
+    steps, values = _judged_series(rec, name, finite.excused.get(name))
+    entry: dict[str, Any] = {
+        "metric": name,
+        "logged": int(steps.size),
+        "interval": log_interval(steps),
+        "sparkline": sparkline(values),
+        "spikes": [],
+        "rules": [],
+    }
+    if not explicit and kind_used == "rl" and _role(name) == "loss":
+        entry.update(status="skipped", message="an RL/preference loss: loss rules step aside")
+        return entry
+    if not explicit and _role(name) == LOGIT_METRIC and _unknown_qk_clip(rec):
+        entry.update(
+            status="skipped",
+            message="QK-Clip was on (qk_clipped_heads) and the record does not say its tau: "
+            "assert_qk_clip_contains(run, tau=...) judges its containment",
+        )
+        return entry
+    if not explicit and kind_used == "rl" and _role(name) == "grad_norm":
+        degenerate, why = degenerate_steps(rec, steps, values)
+        if degenerate.any():
+            # Zero-advantage steps collapse the baseline: the rule judges the others against each other.
+            steps, values = steps[~degenerate], values[~degenerate]
+            entry["degenerate"] = {"count": int(degenerate.sum()), "why": why}
+            notes.append(
+                f"{name}: {int(degenerate.sum())} of {degenerate.size} points are degenerate RL steps "
+                f"({why}): left out of the baseline and not judged"
+            )
+    rules = explicit or _policy_rules(rec, name)
+    agreeing: dict[int, dict[str, Any]] = {}
+    judged = 0
+    steps, values = np.ascontiguousarray(steps, dtype=np.int64), np.ascontiguousarray(values, dtype=np.float64)
+    with rolling.sharing():  # the loss rules share the loss's histories
+        verdicts = [rule.judge(steps, values) for rule in rules]
+    for rule, verdict in zip(rules, verdicts):
+        judged = max(judged, verdict.judged)
+        entry["rules"].append(
+            {
+                "name": rule.name,
+                "rule": rule.describe(),
+                "judged": verdict.judged,
+                "needs": verdict.needs,
+                "flags": len(verdict.detections),
+            }
+        )
+        for hit in verdict.detections:
+            found = agreeing.setdefault(
+                hit.step, {"baseline": hit.baseline, "detectors": [], "scores": [], "units": [], "score_texts": []}
+            )
+            found["detectors"].append(rule.name)
+            found["scores"].append(float(hit.score))  # a number in --json; the text is score_texts'
+            found["units"].append(rule.unit)
+            found["score_texts"].append(f"{hit.score:+.3g} {rule.unit}" if rule.unit == "nats" else f"{hit.score:.3g}{rule.unit}")
+    entry["judged"] = judged
+    entry["spikes"] = [
+        {"step": step, "value": value_at(rec.metrics, name, step), **found, "ratio": spike_ratio(rec.metrics, step, name)}
+        for step, found in sorted(agreeing.items())
+    ]
+    if judged:
+        entry["status"] = "judged"
+        entry["message"] = f"judged {judged} of {steps.size} points"
+    else:
+        every = "" if entry["interval"] is None else f", interval {entry['interval']} steps"
+        needs = "; ".join(f"{r['name']} {r['needs']}" for r in entry["rules"])
+        entry.update(
+            status="not judged", message=f"not judged: {steps.size} point{'s' if steps.size != 1 else ''}{every}, needs {needs}"
+        )
+    return entry
 
 
 def log_verdicts(report: dict) -> list[Verdict]:
