@@ -19,7 +19,7 @@ import pytest
 
 # Bytecode caches on, for this process and every one it starts (xdist workers, pytester
 # subprocess sessions, spawned ranks and sweep workers, CLI runs), even where the environment
-# sets PYTHONDONTWRITEBYTECODE (this project's CI VMs do): without them each of the suite's ~60
+# sets PYTHONDONTWRITEBYTECODE (the 2-core VMs this suite is timed on do): without them each of its ~60
 # Python processes compiles our sources again, and each pytest process re-runs the assertion
 # rewriting of every test module and of hypothesis's (an xdist worker collecting the suite:
 # 17.9 CPU-s without the caches, 9.3 with; docs/testing.md, Suite time, 2026-12-02). The caches
