@@ -17,6 +17,16 @@ from pathlib import Path
 
 import pytest
 
+# Bytecode caches on, for this process and every one it starts (xdist workers, pytester
+# subprocess sessions, spawned ranks and sweep workers, CLI runs), even where the environment
+# sets PYTHONDONTWRITEBYTECODE (the 2-core VMs this suite is timed on do): without them each of its ~60
+# Python processes compiles our sources again, and each pytest process re-runs the assertion
+# rewriting of every test module and of hypothesis's (an xdist worker collecting the suite:
+# 17.9 CPU-s without the caches, 9.3 with; docs/testing.md, Suite time, 2026-12-02). The caches
+# are __pycache__/ folders: gitignored, and kept out of the sdist by MANIFEST.in.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
+
 # The dev extra's tools (hypothesis, sybil) are imported only where they are installed: someone
 # who runs an example from this checkout with only that example's extra (`pytest --spikecheck
 # examples/hf_trainer` with `.[hf]`) must not need them (each example also has its own pytest.ini).

@@ -238,15 +238,33 @@ def test_diagnosis_names_attention_logit_growth():
     assert "qk-layernorm" not in diagnose(healthy).verdict
 
 
-# -- lr_sweep trains (two spawned workers, two steps each) ---------------------------------------
+# -- lr_sweep trains (in this process, two steps each) -------------------------------------------
+# Runs on spawned workers are the sweep engine's claim (tests/test_sweep_local.py: spawned workers
+# train every point bit-identical to train alone); two workers here cost ~10 CPU-s of torch
+# start-up for it again. What lr_sweep adds is checked here: each LR as train trains it, and
+# ``processes`` handed to the local executor as its jobs.
 
 
 def test_lr_sweep_trains_each_lr_as_train_does():
     scenario = _tiny(HighLR(lr=0.5), steps=2)
-    sweep = lr_sweep(scenario, lrs=(1e-2, 1e-1), processes=2)
+    sweep = lr_sweep(scenario, lrs=(1e-2, 1e-1), processes=1)
     assert sweep.lrs == (1e-2, 1e-1) and [r.scenario.optimizer.lr for r in sweep.runs] == [1e-2, 1e-1]
     alone = train(scenario.replace(breaks=()).replace(optimizer__lr=1e-1))
     np.testing.assert_array_equal(sweep.runs[1]["loss"], alone["loss"])  # bit-identical to a run of its own
     assert sweep.final_losses[1] == alone["eval_loss"][-1] and sweep.initial == alone["loss"][0]
     with pytest.raises(ConfigError, match="learning rates > 0"):
         lr_sweep(scenario, lrs=(0.0,))
+
+
+def test_lr_sweep_runs_its_processes_as_the_local_executors_jobs(monkeypatch):
+    from pytest_spikecheck.sweep import lr as lr_module
+
+    real, asked = lr_module.sweep, {}
+
+    def in_this_process(plan, **options):
+        asked.update(options)
+        return real(plan, **{**options, "jobs": 1})
+
+    monkeypatch.setattr(lr_module, "sweep", in_this_process)
+    lr_sweep(_tiny(steps=1), lrs=(1e-2, 1e-1), processes=3)
+    assert (asked["executor"], asked["jobs"]) == ("local", 2)  # one worker per LR, at most
