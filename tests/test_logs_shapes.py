@@ -61,8 +61,9 @@ def test_rows_with_no_step_are_left_out_not_the_log(tmp_path):
         + "".join(json.dumps({"step": s, "loss": 3 - 0.1 * s}) + "\n" for s in range(1, 8))
     )
     rec = read_log(jsonl)
-    assert rec.metrics["step"].tolist() == list(range(1, 8)) and "lr" in rec.metrics
+    assert rec.metrics["step"].tolist() == list(range(1, 8)) and sorted(rec.metrics) == ["loss", "step"]
     assert rec.notes[0].startswith("1 row with no 'step' (first at line 1) left out")
+    assert rec.notes[0].endswith("so are the columns only they hold (model, lr, batch_size)")  # no series of nothing
     csv = tmp_path / "metrics.csv"
     csv.write_text("global_step,loss,eval_loss\n1,3.0,\n2,2.9,\n,,2.95\n3,2.8,\n")
     rec = read_log(csv)
