@@ -6,15 +6,23 @@
 //   - __global__ / __device__ / __forceinline__ / __launch_bounds__: erased;
 //   - __shared__: `static`, which is shared by every thread. Correct because blocks run one after
 //     another and only one launch runs at a time (a process-wide mutex);
-//   - __syncthreads(): a std::barrier per block;
-//   - __shfl_xor_sync / __shfl_down_sync: a std::barrier per warp plus 32 exchange slots;
+//   - __syncthreads(): a Barrier per block;
+//   - __shfl_xor_sync / __shfl_down_sync: a Barrier per warp plus 32 exchange slots;
 //   - __uint_as_float / __float_as_uint, and the math functions through <cmath>.
 //
 // Why real threads rather than running the block's threads one at a time in a loop: a kernel
 // that forgets a __syncthreads() reads shared memory before another thread wrote it. With real
 // threads that race happens here as it does on a GPU, and the tests see wrong sums; a sequential
-// loop would hide it. The price is speed: a barrier costs ~2 us per thread on a 2-core machine,
-// so emulate small tensors (the tests stay under ~200k elements).
+// loop would hide it. The price is speed: a barrier costs a few microseconds per thread on a
+// 2-core machine, so emulate small tensors (the tests stay under ~200k elements).
+//
+// Two costs that are not the point are kept low (measured on the 2-core CI VM, a 256-thread block):
+//   - creating the threads: ~100 us of CPU per thread, i.e. 25 ms per launch, more than the
+//     kernels' own work. The threads live in a process-wide team and are reused by every launch
+//     (ThreadTeam below); each launch still starts from fresh thread_local state.
+//   - waiting: std::barrier (libstdc++'s std::atomic::wait) spins with sched_yield before it
+//     sleeps; with 8x more threads than cores, those yields were 3/4 of the system calls. Barrier
+//     below sleeps in the kernel at once (a futex on Linux).
 //
 // Free-running threads still finish in a rather stable order, which hides races whose window
 // is short (a warp overwriting shared memory another warp has not read yet). So after every
@@ -26,14 +34,14 @@
 // code is undefined behaviour on a GPU; here it deadlocks.
 #pragma once
 
-#include <barrier>
+#include <atomic>
 #include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <latch>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,6 +49,13 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
+
+#include <unistd.h>  // getpid: a forked child starts its own thread team
+
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#endif
 
 struct dim3 {
     unsigned int x = 1;
@@ -71,8 +86,56 @@ constexpr unsigned int kWarpSize = 32;
 constexpr unsigned int kFullMask = 0xffffffffu;
 constexpr unsigned int kMaxThreadsPerBlock = 1024;
 
+// Sleep until `word` may no longer hold `expected` (returns at once if it already does not; may
+// return spuriously, so callers loop), and wake every thread sleeping on `word`.
+inline void wait_while_equal(std::atomic<std::uint32_t>& word, std::uint32_t expected)
+{
+#if defined(__linux__)
+    // No spinning first: with many more threads than cores, the thread we wait for needs our core.
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAIT_PRIVATE, expected,
+            nullptr, nullptr, 0);
+#else
+    word.wait(expected, std::memory_order_acquire);
+#endif
+}
+
+inline void wake_all(std::atomic<std::uint32_t>& word)
+{
+#if defined(__linux__)
+    syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&word), FUTEX_WAKE_PRIVATE, 0x7fffffff,
+            nullptr, nullptr, 0);
+#else
+    word.notify_all();
+#endif
+}
+
+// A reusable barrier for `count` threads (what std::barrier<> gives, minus its spinning): the last
+// thread to arrive resets the count, starts the next phase and wakes the others.
+class Barrier {
+public:
+    explicit Barrier(unsigned int count) : count_(count) {}
+
+    void arrive_and_wait()
+    {
+        // Read before arriving: the phase cannot end until this thread has arrived.
+        const std::uint32_t phase = phase_.load(std::memory_order_acquire);
+        if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count_) {
+            arrived_.store(0, std::memory_order_relaxed);  // published by the phase's release
+            phase_.store(phase + 1, std::memory_order_release);
+            wake_all(phase_);
+            return;
+        }
+        while (phase_.load(std::memory_order_acquire) == phase) wait_while_equal(phase_, phase);
+    }
+
+private:
+    const unsigned int count_;
+    std::atomic<unsigned int> arrived_{0};
+    std::atomic<std::uint32_t> phase_{0};
+};
+
 struct Warp {
-    std::barrier<> barrier{kWarpSize};
+    Barrier barrier{kWarpSize};
     // Two sets of slots, used alternately by successive shuffles. A lane writes set k % 2 at
     // shuffle k only after passing shuffle k-1's barrier, which every lane reaches only after it
     // has read its value of shuffle k-2 from the same set: one barrier per shuffle suffices.
@@ -84,7 +147,7 @@ struct Block {
         : barrier(threads), warps(std::make_unique<Warp[]>(threads / kWarpSize))
     {
     }
-    std::barrier<> barrier;
+    Barrier barrier;
     std::unique_ptr<Warp[]> warps;
 };
 
@@ -164,8 +227,82 @@ T __shfl_down_sync(unsigned int mask, T value, unsigned int delta, int width = 3
 
 namespace cuda_emulator {
 
+// The threads that run the blocks' CUDA threads, created once per process and reused by every
+// launch (creating 256 threads cost more CPU than the launch's work). Worker t runs CUDA thread t
+// of each launch whose block has more than t threads; a launch's threads still all exist at once
+// and run concurrently, so a missing __syncthreads() races exactly as it did with threads
+// created per launch. The team only grows (to the largest block launched, at most 1024 threads)
+// and is never destroyed: its workers sleep between launches and end with the process.
+class ThreadTeam {
+public:
+    // The team of this process (a child forked after a launch has none of the parent's threads,
+    // so it builds its own; the parent's team is left to the parent).
+    static ThreadTeam& of_this_process()
+    {
+        static ThreadTeam* team = new ThreadTeam;  // leaked on purpose: see above
+        if (team->pid_ != getpid()) team = new ThreadTeam;
+        return *team;
+    }
+
+    // Run job(t) on threads t = 0..threads-1 at once; return when every one has returned.
+    // "" on success, else why the threads could not be started (then no job ran).
+    template <typename Job>
+    std::string run(unsigned int threads, const Job& job)
+    {
+        try {
+            while (workers_.size() < threads) {
+                auto worker = std::make_unique<Worker>();
+                Worker& started = *worker;
+                const unsigned int index = static_cast<unsigned int>(workers_.size());
+                worker->thread = std::thread([this, &started, index] { serve(started, index); });
+                worker->thread.detach();
+                workers_.push_back(std::move(worker));
+            }
+        } catch (const std::system_error& error) {
+            return std::string("could not start the block's threads: ") + error.what();
+        }
+        job_ = [&job](unsigned int index) { job(index); };
+        remaining_.store(threads, std::memory_order_relaxed);
+        finished_.store(0, std::memory_order_relaxed);
+        for (unsigned int t = 0; t < threads; ++t) {
+            workers_[t]->ticket.fetch_add(1, std::memory_order_release);  // publishes job_ too
+            wake_all(workers_[t]->ticket);
+        }
+        while (finished_.load(std::memory_order_acquire) == 0) wait_while_equal(finished_, 0);
+        return "";
+    }
+
+private:
+    struct Worker {
+        std::atomic<std::uint32_t> ticket{0};  // bumped once per launch this worker takes part in
+        std::thread thread;
+    };
+
+    void serve(Worker& worker, unsigned int index)
+    {
+        std::uint32_t served = 0;
+        for (;;) {
+            while (worker.ticket.load(std::memory_order_acquire) == served) {
+                wait_while_equal(worker.ticket, served);
+            }
+            ++served;
+            job_(index);
+            if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+                finished_.store(1, std::memory_order_release);
+                wake_all(finished_);
+            }
+        }
+    }
+
+    const pid_t pid_ = getpid();
+    std::vector<std::unique_ptr<Worker>> workers_;
+    std::function<void(unsigned int)> job_;
+    std::atomic<unsigned int> remaining_{0};
+    std::atomic<std::uint32_t> finished_{0};
+};
+
 // Run kernel<<<grid, block>>>(args...) and wait for it. Returns "" on success, else the error.
-// Blocks run one after another; the block's threads are std::threads that stay alive for the
+// Blocks run one after another; the block's threads (the team's first block.x workers) run the
 // whole launch and meet at the block barrier between blocks.
 template <typename... Params>
 std::string launch(void (*kernel)(Params...), dim3 grid, dim3 block,
@@ -180,18 +317,15 @@ std::string launch(void (*kernel)(Params...), dim3 grid, dim3 block,
         return "only 1-D grids and blocks are emulated";
     }
 
-    static std::mutex one_launch_at_a_time;  // __shared__ variables are function statics
+    // One launch at a time: __shared__ variables are function statics, and the team serves one
+    // launch at a time.
+    static std::mutex one_launch_at_a_time;
     std::lock_guard<std::mutex> lock(one_launch_at_a_time);
     launch_error.clear();
 
     Block state(block.x);
-    std::latch started(block.x);
-    bool abandoned = false;  // set if a thread cannot be created: the others exit at once
-    std::vector<std::thread> threads;
-    threads.reserve(block.x);
     auto run_thread = [&](unsigned int thread_index) {
-        started.arrive_and_wait();
-        if (abandoned) return;
+        // Every launch starts from fresh thread_local state, as a newly created thread would.
         threadIdx = dim3{thread_index, 0, 0};
         blockDim = block;
         gridDim = grid;
@@ -203,17 +337,10 @@ std::string launch(void (*kernel)(Params...), dim3 grid, dim3 block,
             kernel(args...);
             state.barrier.arrive_and_wait();  // the next block starts when this one has finished
         }
+        current_block = nullptr;
     };
-    try {
-        for (unsigned int t = 0; t < block.x; ++t) threads.emplace_back(run_thread, t);
-    } catch (const std::system_error& error) {
-        abandoned = true;
-        for (std::size_t t = threads.size(); t < block.x; ++t) started.count_down();
-        for (std::thread& thread : threads) thread.join();
-        return std::string("could not start the block's threads: ") + error.what();
-    }
-    for (std::thread& thread : threads) thread.join();
-    return launch_error;
+    const std::string error = ThreadTeam::of_this_process().run(block.x, run_thread);
+    return error.empty() ? launch_error : error;
 }
 
 }  // namespace cuda_emulator

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,7 +66,7 @@ def test_library_launches_every_kernel_of_clip_cu():
 
 def test_build_is_cached_by_source_hash_and_an_edited_source_gets_its_own_library(tmp_path, monkeypatch):
     sources = {name: emulator_backend.kernel_source(name) for name in EMULATOR_SOURCES}
-    # The packaged sources' library, as the session built it once (a g++ build is ~4 CPU-s), in
+    # The packaged sources' library, as the session built it once (a g++ build is ~3 CPU-s), in
     # a cache folder of its own under the name their hash gives it
     built = build_emulator()
     shutil.copy(built, tmp_path / built.name)
@@ -74,9 +79,22 @@ def test_build_is_cached_by_source_hash_and_an_edited_source_gets_its_own_librar
     first = build_emulator(cache_dir=tmp_path)
     assert first == tmp_path / built.name
     assert build_emulator(cache_dir=tmp_path) == build_emulator(dict(sources), cache_dir=tmp_path) == first
-    monkeypatch.setattr(emulator_backend.subprocess, "run", real_run)
+    # The edit must go to the compiler. A stand-in for g++ (the session's build and the
+    # compile-error test below run the real one) checks that it gets the edited text and writes
+    # the library where -o says, as g++ would.
+    compiled = []
+
+    def compiler(command, *, cwd=None, **kwargs):
+        if "--version" in command:
+            return real_run(command, cwd=cwd, **kwargs)
+        compiled.append(Path(cwd, "clip.cu").read_text(encoding="utf-8"))
+        shutil.copy(built, command[command.index("-o") + 1])
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(emulator_backend.subprocess, "run", compiler)
     sources["clip.cu"] += "\n// an edit\n"
     edited = build_emulator(sources, cache_dir=tmp_path)  # compiled into the folder it was given
+    assert compiled == [sources["clip.cu"]]
     assert edited != first and edited.parent == tmp_path and edited.exists() and first.exists()
 
 
@@ -145,6 +163,36 @@ def test_launch_errors_are_clear(kernel, block, args_change, message):
         args = args[:-1]
     with pytest.raises(EmulatorLaunchError, match=rf"^{kernel}<<<1, {block}>>>: {message}$"):
         EmulatorLauncher(load_emulator()).launch(load_emulator(), kernel, 1, block, args)
+
+
+# Python 3.12+ warns that forking a multi-threaded process may deadlock: the point of this test.
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded, use of fork:DeprecationWarning")
+def test_a_forked_child_launches_with_threads_of_its_own():
+    """The block's threads are one team per process, reused by every launch; a child forked after
+    a launch holds none of them (fork copies only the calling thread), so it must start its own
+    team rather than wait for the parent's threads forever."""
+    args, (partial, outputs, _flag) = final_kernel_args()
+    launcher = EmulatorLauncher(load_emulator())
+    partial[0] = 9.0
+    launcher.launch(launcher.library, "k_grad_norm_final", 1, 64, args)  # the parent's team exists
+    assert outputs[0] == 3.0
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status, never return into pytest
+        status = 2
+        try:
+            partial[0] = 16.0
+            launcher.launch(launcher.library, "k_grad_norm_final", 1, 64, args)
+            status = 0 if outputs[0] == 4.0 else 1
+        finally:
+            os._exit(status)
+    deadline = time.monotonic() + 60  # a guard against a hang, not a time limit on the launch
+    while (finished := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if finished[0] == 0:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's launch did not return: it waited for its parent's threads")
+    assert os.waitstatus_to_exitcode(finished[1]) == 0, "the forked child's launch gave a wrong norm"
 
 
 def test_launch_config_is_validated():
