@@ -1,5 +1,5 @@
 """The league table in docs/detectors.md (scripts/detector_league.py) is the script's: its held-out
-part is recomputed here (61 files; the real Lightning class runs, so torch is imported)."""
+part is recomputed here (64 files; the real Lightning class runs, so torch is imported)."""
 
 import sys
 from pathlib import Path

@@ -36,25 +36,30 @@ def test_default_policy_on_the_heldout_split():
     # Added with issues 24 and 35 (text logs, an MLflow run, real LFS pointers, a golden-values JSON, three
     # word_language_model logs; then the log lines of a modded-nanogpt record and 22 trainer_state.json files
     # from 24 more repositories, re-taken from the file index; then 5 trainer_state.json files from 5 more; then
-    # 19 files from 19 more, found by path in the file index), labelled before the policy ran on them and never
-    # tuned on. 7 of 10 onsets found (70 %: short of the 90 % goal, which with 10 events needs 9; it was 7 of 9
-    # before the fourth batch, 7 of 8 before the second, 9 of 10 before the Muon record, not in the file index,
-    # was removed with its two found spikes). Misses: a tanh RNN whose loss is above ln(vocabulary) from its first
-    # logged point (17.7 nats, no earlier point to compare with; loss-sustained flags its +0.7-nat rise at 1000,
-    # 4 intervals after the labelled onset); a Whisper fine-tune whose loss climbs 0.118 -> 0.313 as its learning
-    # rate warms up, never more than +0.11 nats above its baseline (borderline in shape; under the ln 2 bars; a
-    # relative rule calibrated on the tune split finds it no earlier than 425, docs/detectors.md); and a
-    # LLaMA-Factory SFT log at 122 nats and then exactly 0, whose mostly-zero loss is read as an RL surrogate, so
-    # the loss rules step aside (not judged, said so). Healthy logs flagged: 1 of 43 (2.3 %, goal <= 5 %): a
-    # heavy-tailed per-batch loss labelled clean (borderline), where loss-sustained flags three points at +0.70
-    # nats (242). Not judged, and said so: a DistilBERT classifier whose loss sits near ln 2 (read as a preference
-    # loss), three logs of one or two points, and the collapsed LLaMA-Factory run. Not tuned to the goal.
+    # 19 files from 19 more, found by path in the file index; then 3 blocks of Megatron-DeepSpeed lines the
+    # BigScience chronicles pasted around spikes they wrote up), labelled before the policy ran on them and never
+    # tuned on. 9 of 13 onsets found (69 %: short of the 90 % goal, which with 13 events needs 12; it was 7 of 10
+    # before the fifth batch, 7 of 9 before the fourth, 7 of 8 before the second, 9 of 10 before the Muon record,
+    # not in the file index, was removed with its two found spikes). Misses: a tanh RNN whose loss is above
+    # ln(vocabulary) from its first logged point (17.7 nats, no earlier point to compare with; loss-sustained flags
+    # its +0.7-nat rise at 1000, 4 intervals after the labelled onset); a Whisper fine-tune whose loss climbs 0.118
+    # -> 0.313 as its learning rate warms up, never more than +0.11 nats above its baseline (borderline in shape;
+    # under the ln 2 bars; a relative rule calibrated on the tune split finds it no earlier than 425,
+    # docs/detectors.md); a LLaMA-Factory SFT log at 122 nats and then exactly 0, whose mostly-zero loss is read as
+    # an RL surrogate, so the loss rules step aside (not judged, said so); and BLOOM-176B's first lm loss spike,
+    # labelled at 31216 (+0.39 nats, two points into its block), which loss-jump and loss-sustained flag at its
+    # peak, 31219: 3 intervals after the onset, outside the scoring's 2. The other two chronicle blocks are found at
+    # their onsets (6920, 17062). Healthy logs flagged: 1 of 43 (2.3 %, goal <= 5 %): a heavy-tailed per-batch loss
+    # labelled clean (borderline), where loss-sustained flags three points at +0.70 nats (242). Not judged, and said
+    # so: a DistilBERT classifier whose loss sits near ln 2 (read as a preference loss), three logs of one or two
+    # points, and the collapsed LLaMA-Factory run. Not tuned to the goal.
     result = score(entries=split("heldout"))
-    assert result.onsets == 10 and result.negatives == 43 and not result.unread
-    assert result.found == 7 and result.missed == [
+    assert result.onsets == 13 and result.negatives == 43 and not result.unread
+    assert result.found == 9 and result.missed == [
         "text/wlm-rnn-tanh-above-uniform/train.log@200",
         "hf/whisper-lr-rise/trainer_state.json@300",
         "jsonl/graduate-agent-zero-loss/trainer_log.jsonl@10",
+        "text/bloom-176b-first-spike/main_log.txt@31216",
     ]
     assert result.clean_flagged <= 0.05
     assert result.flagged == ["hf/assignment-noisy-sft/trainer_state.json"]
