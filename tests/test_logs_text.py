@@ -310,7 +310,7 @@ def test_epoch_counted_lines_printed_each_batch_are_numbered_not_merged_into_the
     (rec,) = read_runs(path)
     assert rec.metrics["step"].tolist() == list(range(1, 121)) and rec.metrics["loss"][60] == 9.0
     assert rec.metrics["epoch"][[0, 40, 119]].tolist() == [1.0, 2.0, 3.0]
-    assert any("several share an epoch (epoch 1): numbered 1, 2, 3" in n for n in rec.notes)
+    assert any("several log one metric in an epoch (epoch 1): numbered 1, 2, 3" in n for n in rec.notes)
     assert main(["check", str(path)]) == 1
     assert "  61    9" in capsys.readouterr().out  # the spike, at its line's number
     # two runs printed one after another: numbered again from 1 where the epoch goes back
@@ -320,3 +320,9 @@ def test_epoch_counted_lines_printed_each_batch_are_numbered_not_merged_into_the
     path.write_text("".join(f"Epoch {e} - loss={3 - 0.1 * e:.4f} ppl=20.1\n" for e in range(1, 9)))
     (rec,) = read_runs(path)
     assert rec.metrics["step"].tolist() == list(range(1, 9)) and "epoch" not in rec.metrics
+    # a training and a validation line an epoch name different metrics: one row an epoch, both in it
+    path.write_text(
+        "".join(f"Epoch {e} - loss={3 - 0.1 * e:.4f}\nEpoch {e} - val_loss={3.1 - 0.1 * e:.4f}\n" for e in range(1, 9))
+    )
+    (rec,) = read_runs(path)
+    assert rec.metrics["step"].tolist() == list(range(1, 9)) and rec.metrics["eval_loss"][0] == 3.0

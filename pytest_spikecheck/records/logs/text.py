@@ -65,11 +65,11 @@ def read(path: Path) -> Table:
     table, shared = _read(path, text, number_epoch_lines=False)
     if shared is None:
         return table
-    # Several lines count the same epoch: they are printed in the batch loop, and read at the epoch
-    # they would merge into one point (the last batch's), every other line's value lost unsaid.
+    # Lines of one epoch log the same metric again: they are printed in the batch loop, and read at
+    # the epoch they would merge into one point (the last batch's), every other line's value lost unsaid.
     table, _ = _read(path, text, number_epoch_lines=True)
     table.notes.append(
-        f"the {text_forms.EPOCH_FORM} lines count epochs, not steps, and several share an epoch (epoch "
+        f"the {text_forms.EPOCH_FORM} lines count epochs, not steps, and several log one metric in an epoch (epoch "
         f"{shared}): numbered 1, 2, 3, ... in their order, again from 1 where the epoch goes back (a new run); "
         f"their epoch kept as the epoch column"
     )
@@ -77,8 +77,9 @@ def read(path: Path) -> Table:
 
 
 def _read(path: Path, text: str, *, number_epoch_lines: bool) -> tuple[Table, int | None]:
-    """The table of ``text``, and the first epoch two lines of the epoch-counted form share (None:
-    each epoch has one line, read at its epoch). ``number_epoch_lines``: those lines numbered in
+    """The table of ``text``, and the first epoch in which two lines of the epoch-counted form log
+    the same name (None: one row an epoch, read at its epoch; a training and a validation line of
+    one epoch merge). ``number_epoch_lines``: those lines numbered in
     order instead (1, 2, 3, ..., again from 1 where the epoch goes back)."""
     steps: list[int] = []
     rows: list[dict] = []
@@ -97,6 +98,7 @@ def _read(path: Path, text: str, *, number_epoch_lines: bool) -> tuple[Table, in
     last_epoch: int | None = None  # the epoch of the last epoch-counted line
     epoch_line = 0  # its number in order (number_epoch_lines)
     shared: int | None = None  # the first epoch two epoch-counted lines share
+    epoch_keys: set[str] = set()  # the names the epoch-counted lines of the last epoch logged
 
     def add(step: int, values: dict, line: int, form: str) -> None:
         steps.append(step)
@@ -160,8 +162,14 @@ def _read(path: Path, text: str, *, number_epoch_lines: bool) -> tuple[Table, in
                 parsed = form.parse(segment)
                 if parsed is not None and form.name == text_forms.EPOCH_FORM:
                     epoch = parsed[0]
-                    if epoch == last_epoch and shared is None:
-                        shared = epoch
+                    # the same metric twice in one epoch: a line a batch (a training and a validation
+                    # line of one epoch hold different names, and merge into its row)
+                    if epoch != last_epoch:
+                        epoch_keys = set(parsed[1])
+                    else:
+                        if shared is None and epoch_keys.intersection(parsed[1]):
+                            shared = epoch
+                        epoch_keys |= set(parsed[1])
                     epoch_line = epoch_line + 1 if last_epoch is None or epoch >= last_epoch else 1
                     last_epoch = epoch
                     if number_epoch_lines:
