@@ -301,6 +301,9 @@ private:
     std::atomic<std::uint32_t> finished_{0};
 };
 
+// Held by every launch, of any kernel (see launch).
+inline std::mutex one_launch_at_a_time;
+
 // Run kernel<<<grid, block>>>(args...) and wait for it. Returns "" on success, else the error.
 // Blocks run one after another; the block's threads (the team's first block.x workers) run the
 // whole launch and meet at the block barrier between blocks.
@@ -317,9 +320,10 @@ std::string launch(void (*kernel)(Params...), dim3 grid, dim3 block,
         return "only 1-D grids and blocks are emulated";
     }
 
-    // One launch at a time: __shared__ variables are function statics, and the team serves one
-    // launch at a time.
-    static std::mutex one_launch_at_a_time;
+    // One launch at a time in the process, whatever the kernel: __shared__ variables are function
+    // statics, launch_error is one string, and the team serves one launch at a time. (A static
+    // mutex here would be one per instantiation of this template, i.e. per kernel signature: two
+    // threads launching two different kernels would hand the team two jobs at once and deadlock.)
     std::lock_guard<std::mutex> lock(one_launch_at_a_time);
     launch_error.clear();
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -193,6 +194,58 @@ def test_a_forked_child_launches_with_threads_of_its_own():
         os.waitpid(pid, 0)
         pytest.fail("the forked child's launch did not return: it waited for its parent's threads")
     assert os.waitstatus_to_exitcode(finished[1]) == 0, "the forked child's launch gave a wrong norm"
+
+
+# Two Python threads launching two different kernels at once (ctypes releases the GIL around each
+# launch). Run in a child process so that a deadlock is killed by the timeout, not the session.
+_TWO_THREADS_LAUNCHING = """
+import sys, threading
+import numpy as np
+from pathlib import Path
+from pytest_spikecheck.clipping.emulator_backend import EmulatorLauncher, load_emulator
+
+launcher = EmulatorLauncher(load_emulator(Path(sys.argv[1])))
+wrong = []
+
+def norms():
+    partial, outputs, flag = np.zeros(1, np.float32), np.zeros(2, np.float32), np.zeros(1, np.int32)
+    args = (np.uint64(partial.ctypes.data), np.int64(1), np.float32(1.0), np.float32(1e-6),
+            np.uint64(outputs.ctypes.data), np.uint64(outputs[1:].ctypes.data), np.uint64(flag.ctypes.data))
+    for i in range(200):
+        partial[0] = float((i % 7 + 1) ** 2)
+        launcher.launch(launcher.library, "k_grad_norm_final", 1, 64, args)
+        if outputs[0] != i % 7 + 1:
+            wrong.append(float(outputs[0]))
+
+def scales():  # a scale of 1: the kernel returns at once, having read it
+    one = np.ones(1, np.float32)
+    for _ in range(200):
+        launcher.launch(launcher.library, "k_grad_scale", 1, 64, (np.uint64(0), np.int32(0), np.int64(0), np.int64(512), np.uint64(one.ctypes.data)))
+
+threads = [threading.Thread(target=norms), threading.Thread(target=scales)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+sys.exit(1 if wrong else 0)
+"""
+
+
+def test_launches_of_different_kernels_from_two_threads_take_turns():
+    """The launches share one thread team, so every launch in the process must take the one lock
+    (a lock per kernel signature let k_grad_norm_final and k_grad_scale hand the team two jobs at
+    once: it deadlocked in the first launches)."""
+    library = build_emulator()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _TWO_THREADS_LAUNCHING, str(library)],
+            capture_output=True,
+            text=True,
+            timeout=60,  # a guard against the deadlock, not a time limit on the launches
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("two threads launching k_grad_norm_final and k_grad_scale deadlocked the thread team")
+    assert done.returncode == 0, f"a concurrent launch gave a wrong norm or failed: {done.stderr[-2000:]}"
 
 
 def test_launch_config_is_validated():

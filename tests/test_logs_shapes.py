@@ -64,6 +64,15 @@ def test_rows_with_no_step_are_left_out_not_the_log(tmp_path):
     assert rec.metrics["step"].tolist() == list(range(1, 8)) and sorted(rec.metrics) == ["loss", "step"]
     assert rec.notes[0].startswith("1 row with no 'step' (first at line 1) left out")
     assert rec.notes[0].endswith("so are the columns only they hold (model, lr, batch_size)")  # no series of nothing
+    # A column the training rows log as null and the config line does not hold is theirs, unknown
+    # at every step: it stays (a series not judged), and the note does not say the config line held it.
+    jsonl.write_text(
+        '{"model": "gpt2", "seed": 1}\n'
+        + "".join(json.dumps({"step": s, "loss": 3 - 0.1 * s, "grad_norm": None}) + "\n" for s in range(1, 8))
+    )
+    rec = read_log(jsonl)
+    assert sorted(rec.metrics) == ["grad_norm", "loss", "step"] and rec.missing["grad_norm"].all()
+    assert rec.notes[0].endswith("so are the columns only they hold (model, seed)")
     csv = tmp_path / "metrics.csv"
     csv.write_text("global_step,loss,eval_loss\n1,3.0,\n2,2.9,\n,,2.95\n3,2.8,\n")
     rec = read_log(csv)

@@ -288,3 +288,41 @@ def test_a_one_step_overflow_in_an_fp16_stdout_log_is_a_skip(tmp_path, capsys):
     assert main(["check", str(path)]) == 0
     assert "grad_norm = inf at step 30: a skipped step (overflow (inferred" in capsys.readouterr().out
     assert main(["check", str(path), "--strict-finite"]) == 1
+
+
+def _epoch_lines(epochs: int, batches: int, spike_at: tuple[int, int] | None = None) -> str:
+    """A loop that prints ``Epoch N | loss: X`` at every batch (no step): 0.01 nats of noise on a slow
+    descent; at ``spike_at`` (epoch, batch) the loss is 9 nats."""
+    rng = np.random.default_rng(0)
+    out = []
+    for e in range(1, epochs + 1):
+        for b in range(batches):
+            loss = 9.0 if (e, b) == spike_at else 3.0 - 0.1 * e - 0.001 * b + 0.01 * rng.standard_normal()
+            out.append(f"Epoch {e} | loss: {loss:.4f}\n")
+    return "".join(out)
+
+
+def test_epoch_counted_lines_printed_each_batch_are_numbered_not_merged_into_the_epoch(tmp_path, capsys):
+    # Read at the epoch, 40 lines an epoch would merge into one point (the last batch's): the spike at
+    # epoch 2, batch 20 would vanish and the log pass. Numbered in order, every line is a point.
+    path = tmp_path / "train.log"
+    path.write_text(_epoch_lines(3, 40, spike_at=(2, 20)))
+    (rec,) = read_runs(path)
+    assert rec.metrics["step"].tolist() == list(range(1, 121)) and rec.metrics["loss"][60] == 9.0
+    assert rec.metrics["epoch"][[0, 40, 119]].tolist() == [1.0, 2.0, 3.0]
+    assert any("several log one metric in an epoch (epoch 1): numbered 1, 2, 3" in n for n in rec.notes)
+    assert main(["check", str(path)]) == 1
+    assert "  61    9" in capsys.readouterr().out  # the spike, at its line's number
+    # two runs printed one after another: numbered again from 1 where the epoch goes back
+    path.write_text(_epoch_lines(2, 10) + _epoch_lines(2, 10))
+    assert [r.metrics["step"].tolist() for r in read_runs(path)] == [list(range(1, 21))] * 2
+    # one line an epoch (simple-nmt's): still read at the epoch
+    path.write_text("".join(f"Epoch {e} - loss={3 - 0.1 * e:.4f} ppl=20.1\n" for e in range(1, 9)))
+    (rec,) = read_runs(path)
+    assert rec.metrics["step"].tolist() == list(range(1, 9)) and "epoch" not in rec.metrics
+    # a training and a validation line an epoch name different metrics: one row an epoch, both in it
+    path.write_text(
+        "".join(f"Epoch {e} - loss={3 - 0.1 * e:.4f}\nEpoch {e} - val_loss={3.1 - 0.1 * e:.4f}\n" for e in range(1, 9))
+    )
+    (rec,) = read_runs(path)
+    assert rec.metrics["step"].tolist() == list(range(1, 9)) and rec.metrics["eval_loss"][0] == 3.0

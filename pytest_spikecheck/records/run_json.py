@@ -18,6 +18,9 @@ from pytest_spikecheck.scenario import Scenario
 
 
 def check_version(src: Path, meta: dict[str, Any]) -> None:
+    """Raise :class:`~pytest_spikecheck.errors.ConfigError` unless the run.json ``meta`` of the run
+    folder ``src`` is a format this version reads (1, or :data:`FORMAT_VERSION`; no
+    ``format_version``: 1). Checked first: a future format's manifest may not be one this code can check."""
     version = meta.get("format_version", 1)
     if version not in (1, FORMAT_VERSION):
         raise ConfigError(
@@ -48,6 +51,8 @@ def read_run_facts(directory: str | Path) -> RunFacts:
 
 
 def read_meta(path: Path) -> dict[str, Any]:
+    """The JSON object in the run.json at ``path`` ({} when there is none); a file that is not
+    valid JSON, or holds no object, is refused as a damaged run folder (:func:`.integrity.refuse`)."""
     if not path.is_file():
         return {}
     try:

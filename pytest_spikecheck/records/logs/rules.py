@@ -118,9 +118,14 @@ def _without_stepless_rows(
         f"{dropped.size} row{'s' if dropped.size != 1 else ''} with no {name!r} (first at {first}) left out: "
         f"a row that logs no step is no training step (a config line, an evaluation row)"
     )
+
     # A column only those rows hold (a config line's model, seed, ...; an epoch summary's eval_loss) has
-    # no value left: it goes with them, said so, rather than stay a series of nothing.
-    only_there = [n for n, c in columns.items() if c.missing[keep].all()]
+    # no value left: it goes with them, said so, rather than stay a series of nothing. A column no row
+    # holds (null at every step) is the training rows' own unknown, and stays.
+    def held_there(c: Column) -> bool:  # a number or a text cell on a row left out
+        return bool((~c.missing[~keep]).any()) or (c.first_text is not None and not keep[c.first_text[0]])
+
+    only_there = [n for n, c in columns.items() if c.missing[keep].all() and held_there(c)]
     if only_there:
         columns = {n: c for n, c in columns.items() if n not in only_there}
         note += f"; so are the columns only they hold ({names.listing(only_there)})"

@@ -62,6 +62,25 @@ def fp16_of(text: str) -> bool | None:
 
 def read(path: Path) -> Table:
     text = _ANSI.sub("", read_text(path, DESCRIPTION, keep_carriage_returns=True, max_line=MAX_LINE))
+    table, shared = _read(path, text, number_epoch_lines=False)
+    if shared is None:
+        return table
+    # Lines of one epoch log the same metric again: they are printed in the batch loop, and read at
+    # the epoch they would merge into one point (the last batch's), every other line's value lost unsaid.
+    table, _ = _read(path, text, number_epoch_lines=True)
+    table.notes.append(
+        f"the {text_forms.EPOCH_FORM} lines count epochs, not steps, and several log one metric in an epoch (epoch "
+        f"{shared}): numbered 1, 2, 3, ... in their order, again from 1 where the epoch goes back (a new run); "
+        f"their epoch kept as the epoch column"
+    )
+    return table
+
+
+def _read(path: Path, text: str, *, number_epoch_lines: bool) -> tuple[Table, int | None]:
+    """The table of ``text``, and the first epoch in which two lines of the epoch-counted form log
+    the same name (None: one row an epoch, read at its epoch; a training and a validation line of
+    one epoch merge). ``number_epoch_lines``: those lines numbered in
+    order instead (1, 2, 3, ..., again from 1 where the epoch goes back)."""
     steps: list[int] = []
     rows: list[dict] = []
     lines: list[int] = []
@@ -76,6 +95,10 @@ def read(path: Path) -> Table:
     epoch_batches: dict[int, int] = {}  # ... and the most batches its bar showed
     shown: dict[str, float | None] = {}  # the values a Lightning bar showed last
     waiting: list[tuple[dict, int]] = []  # stepless validations that belong to the next step line
+    last_epoch: int | None = None  # the epoch of the last epoch-counted line
+    epoch_line = 0  # its number in order (number_epoch_lines)
+    shared: int | None = None  # the first epoch two epoch-counted lines share
+    epoch_keys: set[str] = set()  # the names the epoch-counted lines of the last epoch logged
 
     def add(step: int, values: dict, line: int, form: str) -> None:
         steps.append(step)
@@ -137,6 +160,20 @@ def read(path: Path) -> Table:
                 bars[int(total)] = int(count)
             for form in text_forms.FORMS:
                 parsed = form.parse(segment)
+                if parsed is not None and form.name == text_forms.EPOCH_FORM:
+                    epoch = parsed[0]
+                    # the same metric twice in one epoch: a line a batch (a training and a validation
+                    # line of one epoch hold different names, and merge into its row)
+                    if epoch != last_epoch:
+                        epoch_keys = set(parsed[1])
+                    else:
+                        if shared is None and epoch_keys.intersection(parsed[1]):
+                            shared = epoch
+                        epoch_keys |= set(parsed[1])
+                    epoch_line = epoch_line + 1 if last_epoch is None or epoch >= last_epoch else 1
+                    last_epoch = epoch
+                    if number_epoch_lines:
+                        parsed = (epoch_line, {**parsed[1], "epoch": float(epoch)})
                 if parsed is not None:
                     for values, line in waiting:  # build-nanogpt's validation: at the step line after it
                         add(parsed[0], values, line, "stepless validation")
@@ -182,7 +219,7 @@ def read(path: Path) -> Table:
     columns, _ = columns_of(rows)
     # A field that never held a number ("eta 1.06m", "memory: 30.1GiB(31.7%)") is no series.
     columns = {name: c for name, c in columns.items() if not c.missing.all()}
-    return Table(np.asarray(steps, dtype=np.int64), columns, line_where(np.asarray(lines)), notes, fp16=fp16_of(text))
+    return Table(np.asarray(steps, dtype=np.int64), columns, line_where(np.asarray(lines)), notes, fp16=fp16_of(text)), shared
 
 
 READER = Reader("text", DESCRIPTION, detect, read, steps_own="a text log's lines carry their own step")

@@ -278,11 +278,39 @@ _PAIR = re.compile(
 )
 _WORD_STEP = re.compile(r"\b(?:global[ _](?:batch|step)|step|iteration)\s+(\d+)\s*(?:\([^)]*\)\s*)?(?:[,|;]|$)", re.I)
 _LEADING_STEP = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*(step|iter|iteration)\s+(\d+)(?:\s*/\s*\d+)?\s*[|,:]", re.I)
+#: The form of lines that count epochs and no steps (:func:`_epoch_counted`).
+EPOCH_FORM = "epoch-counted"
 #: A line that counts epochs and no steps, one row an epoch (its mean): ``Epoch 5 - ... loss=4.36``.
 _LEADING_EPOCH = re.compile(r"^\s*(?:\[[^\]]*\]\s*)*epoch\s*[:=]?\s*(\d+)(?:\s*/\s*\d+)?\s*[-|,:]", re.I)
 
 
 def _generic(segment: str) -> Parsed | None:
+    step, values = _generic_fields(segment)
+    if step is None or not any(v is not None for v in values.values()):
+        return None
+    return step, values
+
+
+def _epoch_counted(segment: str) -> Parsed | None:
+    """A line that counts epochs and no steps (kh-kim/simple-nmt's ``Epoch 5 - ... loss=4.36``):
+    read at its epoch. The text reader numbers them in order instead where several share an
+    epoch (a line a batch: ``Epoch 1 | loss: 2.31`` printed in the batch loop)."""
+    if "%|" in segment:  # a progress bar counts batches
+        return None
+    m = _LEADING_EPOCH.match(segment)
+    if m is None:
+        return None
+    step, values = _generic_fields(segment)
+    if step is not None:  # the line counts steps too: the generic form's
+        return None
+    values.pop("epoch", None)
+    if not any(v is not None for v in values.values()):
+        return None
+    return int(m.group(1)), values
+
+
+def _generic_fields(segment: str) -> tuple[int | None, dict[str, float | None]]:
+    """The step a ``key=value`` / ``key: value`` line counts (None: none) and its fields."""
     values: dict[str, float | None] = {}
     step = None
     lead = _LEADING_STEP.match(segment)
@@ -306,12 +334,6 @@ def _generic(segment: str) -> Parsed | None:
     m = _WORD_STEP.search(segment)
     if step is None and m is not None:  # Python logging: "Epoch 1, Global Batch 120, Training Loss: 3.2"
         step = int(m.group(1))
-    m = _LEADING_EPOCH.match(segment) if "%|" not in segment else None  # a progress bar counts batches
-    if step is None and m is not None:  # no step counted, only epochs (kh-kim/simple-nmt): the epoch
-        step = int(m.group(1))
-        values.pop("epoch", None)
-    if step is None or not any(v is not None for v in values.values()):
-        return None
     return step, values
 
 
@@ -331,6 +353,7 @@ FORMS: tuple[LineForm, ...] = (
         _word_language_model,
     ),
     LineForm("key=value / key: value", "step=100 loss=2.31 grad_norm=0.42", _generic),
+    LineForm(EPOCH_FORM, "Epoch 5 - loss=4.3587e+00 ppl=78.23", _epoch_counted),
 )
 #: Forms the reader tries around a line rather than on it (named in the "forms tried" error).
 OTHER_FORMS = (
