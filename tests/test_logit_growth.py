@@ -187,3 +187,20 @@ def test_a_run_folder_whose_facts_say_nothing_of_qk_clip_steps_aside(tmp_path, c
     cli(["check", str(folder), "--json"])
     entry = _logit_entry(capsys.readouterr().out)
     assert entry["status"] == "skipped" and "assert_qk_clip_contains(run, tau=...)" in entry["message"]
+
+
+def test_a_run_folders_facts_are_read_without_its_config(tmp_path, capsys):
+    # A format-2 run.json states its facts; a config.yaml this version cannot parse (another
+    # version's keys) must not refuse the folder `spikecheck check` reads the metrics and facts of.
+    from pytest_spikecheck.cli import main as cli
+
+    from pytest_spikecheck.records import integrity
+
+    folder = _save_run_folder(tmp_path, "muon-qk-clip", qk_clip_tau=TAU)
+    (folder / "config.yaml").write_text("name: from-another-version\nkey_this_version_does_not_know: 1\n")
+    meta = json.loads((folder / "run.json").read_text())  # saved with it, as that version's writer would
+    meta.pop(integrity.MANIFEST_KEY)
+    meta[integrity.MANIFEST_KEY] = integrity.manifest_of(folder, meta, len(RUNS["muon-qk-clip"]["attn_logit_max"]))
+    (folder / "run.json").write_text(json.dumps(meta))
+    assert cli(["check", str(folder / "metrics.jsonl"), "--json"]) == 0
+    assert _logit_entry(capsys.readouterr().out)["status"] != "skipped"

@@ -47,6 +47,10 @@ def read_run_facts(directory: str | Path) -> RunFacts:
     src = Path(directory)
     meta = read_meta(src / "run.json")
     check_version(src, meta)
+    if meta.get("format_version", 1) != 1:
+        # format 2 states its facts: the config.yaml beside them is not read (one written by another
+        # version of this package must not refuse a folder whose metrics and facts are readable)
+        return RunFacts.from_json(meta.get("facts"), where=f"{src / 'run.json'} facts")
     return scenario_and_facts(src, meta)[1]
 
 
