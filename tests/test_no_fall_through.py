@@ -57,6 +57,14 @@ def test_a_format_1_trainer_is_decoded_by_name(trainer, source):
     assert not math.isnan(facts.clip.max_norm)
 
 
+def test_a_format_1_block_silent_on_the_clip_leaves_it_unknown():
+    # unknown is null, never a default: a block without max_grad_norm says nothing of the clip;
+    # one that wrote it as null (or HF's 0) said there was none
+    assert facts_from_format_1({"recorded": {"trainer": "loop"}}, None).clip is None
+    assert facts_from_format_1({"recorded": {"trainer": "loop", "max_grad_norm": None}}, None).clip == ClipSpec("none", None)
+    assert facts_from_format_1({"recorded": {"trainer": "hf", "max_grad_norm": 0}}, None).clip == ClipSpec("none", None)
+
+
 def test_an_unknown_format_1_trainer_is_not_the_recorder():
     with pytest.raises(ConfigError, match=r"^run.json recorded.trainer must be one of hf, lightning, loop, was 'keras'$"):
         facts_from_format_1({"recorded": {"trainer": "keras"}}, None)

@@ -246,7 +246,10 @@ def facts_from_format_1(meta: Mapping[str, Any], scenario: Scenario | None) -> R
         source=FORMAT_1_TRAINERS[trainer],
         model=ModelFacts(parameters=meta.get("parameters")),
         optimizers=(OptimizerGroup(lr=float(lr)),) if isinstance(lr, (int, float)) and math.isfinite(lr) else None,
-        clip=ClipSpec(kind="global", max_norm=float(clip)) if clip else ClipSpec(kind="none", max_norm=None),
+        # a block that never said max_grad_norm says nothing of the clip: unknown, not "no clip"
+        clip=ClipSpec(kind="global", max_norm=float(clip))
+        if clip
+        else (ClipSpec(kind="none", max_norm=None) if "max_grad_norm" in recorded else None),
         accumulation=recorded.get("accumulation"),
         batch_size=recorded.get("batch_size"),
         seed=recorded.get("seed"),
