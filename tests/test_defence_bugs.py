@@ -459,3 +459,31 @@ def test_each_bug_fails_its_assertion_and_its_fixed_twin_passes():
     with pytest.raises(AssertionError, match=r"^at step 1 the optimizer counted 0 steps but 1 were applied"):
         assert_optimizer_steps(frozen)
     assert frozen["update_rms"][1] > 1.3 * skip["update_rms"][1]  # step 2: the bias correction of step 1 again
+
+
+def test_under_a_scaler_an_overflowed_norm_of_finite_gradients_is_no_scaler_skip():
+    """GradScaler skips a step for an inf or NaN gradient element, not for a norm that overflows
+    float32 while every element is finite: it steps, so the recorder must not excuse the norm as
+    the scaler's overflow (it once did, and the step's event was never recorded)."""
+    import torch
+
+    from pytest_spikecheck import record
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1, bias=False)
+    sgd = torch.optim.SGD(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    rec = record(model, sgd, scaler=scaler)
+    loss = model(torch.full((1, 2), 3e19)).sum()  # a finite weight gradient of 3e19: float32 norm inf
+    scaler.scale(loss).backward()
+    scaler.unscale_(sgd)
+    with rec.clipping():
+        torch.nn.utils.get_total_norm([p.grad for p in model.parameters()])
+    before = model.weight.detach().clone()
+    scaler.step(sgd)
+    scaler.update()
+    rec.step(loss=loss)
+    run = rec.run()
+    assert not torch.equal(before, model.weight)  # the scaler stepped
+    assert run.skipped == {} and run.metrics["grad_finite_pre"].tolist() == [1.0]
+    assert [e.step for e in run.events] == [1]  # the overflowed norm is an event, not an excused skip

@@ -407,8 +407,10 @@ class Recorder:
             # element finite), so the elements are measured again, in float64, before the clip
             measured = per if tapped else float64_norm([g for g in grads if g is not None]).reshape(1)
             finite_pre = 1.0 if bool(torch.isfinite(measured).all()) else 0.0
-        if self.scaler is not None and not math.isfinite(pre):
-            verdict = self._watch.overflowed(step)  # the scaler skips this step: no spike, no failure
+        if self.scaler is not None and not math.isfinite(pre) and finite_pre != 1.0:
+            # an inf or NaN element: the scaler skips this step (no spike, no failure). Finite elements
+            # whose norm overflowed are not what a scaler checks: it steps, and the norm is judged.
+            verdict = self._watch.overflowed(step)
         else:
             verdict = self._watch.judge_norm(step, pre, nonfinite=not math.isfinite(pre))
         states = None
