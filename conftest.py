@@ -42,15 +42,27 @@ if importlib.util.find_spec("hypothesis") is not None:
     settings.register_profile("mutation", max_examples=25, derandomize=True, database=None, deadline=None)
     settings.load_profile("ci")
 
+
 # Under pytest-xdist (`make test`: `-n auto`, one worker per core) torch would give each worker
 # one intra-op thread per core: on 2 cores, 2 workers x 2 OpenMP threads. The engine trains on
 # one thread already (and restores the count after); the rest of a worker's torch work (the
 # clipping, conformance and model tests, the HF and Lightning trainers) runs on one as well, so
-# the workers do not compete for the cores (docs/testing.md, Suite time, 2026-12-02).
-if os.environ.get("PYTEST_XDIST_WORKER") and importlib.util.find_spec("torch") is not None:
-    import torch
+# the workers do not compete for the cores (docs/testing.md, Suite time, 2026-12-02). A worker is
+# known by its config (xdist's workerinput), not by PYTEST_XDIST_WORKER alone: the pytest sessions
+# a worker starts in subprocesses inherit that variable, and those that never train (tests/launch)
+# would import torch (2 CPU-s) for nothing; those that do use torch get one thread once their
+# tests are collected.
+def pytest_configure(config):
+    if hasattr(config, "workerinput") and importlib.util.find_spec("torch") is not None:
+        import torch
 
-    torch.set_num_threads(1)
+        torch.set_num_threads(1)
+
+
+def pytest_collection_finish(session):
+    if os.environ.get("PYTEST_XDIST_WORKER") and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
+
 
 # The documentation test: every fenced block of README.md and docs/ runs (docs/testing.md); only
 # the pages it names (an example's README.md is the example's, not one of ours).

@@ -8,6 +8,7 @@ pytest-spikecheck pays nothing until a test actually trains a scenario under ``-
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -171,7 +172,18 @@ def _refuse_unusable_settings(settings: Settings) -> None:
 
 
 def _cuda_device_present() -> bool:
-    import torch  # the header is printed under --spikecheck only, where the runs import torch anyway
+    """``torch.cuda.is_available()``, without importing torch where the answer is known: on Linux,
+    no CUDA runtime finds a device without the driver's ``libcuda.so.1``. The header is printed
+    by processes that train nothing (an xdist session's controller), where importing torch would
+    cost its 2 CPU-s start-up for this one line (docs/testing.md, Suite time)."""
+    if "torch" not in sys.modules and sys.platform.startswith("linux"):
+        import ctypes
+
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return False
+    import torch
 
     return bool(torch.cuda.is_available())
 

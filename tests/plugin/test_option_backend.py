@@ -50,3 +50,34 @@ def test_a_cuda_device_on_a_cpu_machine_is_one_usage_error(tiny):
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*spikecheck: device 'cuda' needs a CUDA device, and there is none usable here*"])
     assert "error" not in result.stdout.str().lower()  # not one setup error per test
+
+
+PROBE = """
+import ctypes, json, sys
+
+from pytest_spikecheck.plugin import _cuda_device_present
+
+present = _cuda_device_present()
+try:
+    ctypes.CDLL("libcuda.so.1")
+    driver = True
+except OSError:
+    driver = False
+print(json.dumps({"present": present, "torch": "torch" in sys.modules, "driver": driver}))
+"""
+
+
+def test_the_header_knows_a_machine_without_the_cuda_driver_without_importing_torch():
+    """The header's "is this a CUDA machine" is printed by processes that train nothing (an xdist
+    session's controller): without the driver's libcuda.so.1 no CUDA device is usable, so the
+    answer is False and torch is not imported for it (its 2 CPU-s start-up); with the driver it
+    is torch's own answer. In a fresh interpreter, where nothing has imported torch yet."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=True)
+    seen = json.loads(done.stdout)
+    assert seen["present"] == cuda_available()
+    if sys.platform.startswith("linux") and not seen["driver"]:
+        assert seen == {"present": False, "torch": False, "driver": False}
